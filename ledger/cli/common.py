@@ -1,0 +1,55 @@
+"""Helpers every CLI command shares: services, output, error → exit code."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from flask import current_app
+
+from ledger.errors import LedgerError, NotFound
+from ledger.services import Services
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+def services() -> Services:
+    """Return the current app's services."""
+    return current_app.extensions["ledger"]
+
+
+def emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> None:
+    """Print the result: one JSON object with --json, readable text otherwise."""
+    if as_json:
+        click.echo(json.dumps(payload, sort_keys=False))
+    else:
+        click.echo(text if text is not None else json.dumps(payload, indent=2))
+
+
+def read_stdin_secret(label: str) -> str:
+    """Read one secret line from stdin (never echoed, never logged)."""
+    value = sys.stdin.readline().rstrip("\r\n")
+    if not value:
+        raise click.UsageError(f"--{label}-stdin given but stdin held no {label}")
+    return value
+
+
+def handles_ledger_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn refused actions and missing records into exit code 1 with a clear message."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except LedgerError as error:
+            kind = "not_found" if isinstance(error, NotFound) else "refused"
+            if kwargs.get("as_json"):
+                click.echo(json.dumps({"error": kind, "detail": str(error)}))
+            click.echo(f"error: {error}", err=True)
+            sys.exit(1)
+
+    return wrapper

@@ -1,0 +1,60 @@
+"""`ledger credential …`: signing credentials of an integration."""
+
+from __future__ import annotations
+
+import click
+
+from ledger import audit
+from ledger.cli import ledger_cli
+from ledger.cli.common import (
+    emit,
+    handles_ledger_errors,
+    json_option,
+    read_stdin_secret,
+    services,
+)
+from ledger.integrations import add_credential, get_integration, list_credentials
+
+
+def _iso(moment):  # type: ignore[no-untyped-def]
+    """Return an ISO string or None."""
+    return moment.isoformat() if moment is not None else None
+
+
+@ledger_cli.group("credential")
+def credential_group() -> None:
+    """Signing credentials: add, rotate, revoke, list."""
+
+
+@credential_group.command("add")
+@click.option("--integration", "public_id", required=True, help="Integration id (in_…).")
+@click.option("--secret-stdin", is_flag=True, help="Read the secret from stdin.")
+@json_option
+@handles_ledger_errors
+def credential_add(public_id: str, secret_stdin: bool, as_json: bool) -> None:
+    """Add an active credential; its secret is printed once."""
+    secret = read_stdin_secret("secret") if secret_stdin else None
+    svc = services()
+    with svc.engine.begin() as conn:
+        integration = get_integration(conn, public_id)
+        credential = add_credential(conn, svc.box, audit.Actor.cli(), integration,
+                                    now=svc.clock.now(), secret=secret)
+    emit(as_json, {"key_id": credential.key_id, "secret": credential.secret},
+         text=f"key {credential.key_id} secret (shown once): {credential.secret}")
+
+
+@credential_group.command("list")
+@click.option("--integration", "public_id", required=True, help="Integration id (in_…).")
+@json_option
+@handles_ledger_errors
+def credential_list(public_id: str, as_json: bool) -> None:
+    """List credentials with their states and fingerprints (never secrets)."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        integration = get_integration(conn, public_id)
+        creds = list_credentials(conn, integration)
+    rows = [{"key_id": c.key_id, "state": c.state.value, "created_at": _iso(c.created_at),
+             "expires_at": _iso(c.expires_at), "revoked_at": _iso(c.revoked_at),
+             "fingerprint": c.fingerprint} for c in creds]
+    emit(as_json, {"credentials": rows},
+         text="\n".join(f"{r['key_id']}  {r['state']:<8}  {r['fingerprint']}" for r in rows))

@@ -1,0 +1,110 @@
+"""Settings from the environment (CONTRACT.md section 5), read once per process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+# Retention default, documented in README ("Retention"): the sender's maximum
+# retry window (Stripe retries for up to 3 days; GitHub allows manual
+# redelivery for 3 days) + an operational repair window of 4 days + a
+# clock-skew allowance of 5 minutes.
+SENDER_RETRY_WINDOW_SECONDS = 3 * 86400
+REPAIR_WINDOW_SECONDS = 4 * 86400
+CLOCK_SKEW_SECONDS = 300
+DEFAULT_RETENTION_SECONDS = SENDER_RETRY_WINDOW_SECONDS + REPAIR_WINDOW_SECONDS + CLOCK_SKEW_SECONDS
+DEFAULT_REVIEW_WINDOW_SECONDS = 14 * 86400
+
+
+def project_root() -> Path:
+    """Return the directory holding app.py, templates/, static/ and migrations/."""
+    return Path(__file__).resolve().parent.parent
+
+
+def database_url_from_env(env: Mapping[str, str] | None = None) -> str:
+    """Return DATABASE_URL, defaulting to the embedded SQLite file under var/."""
+    env = os.environ if env is None else env
+    url = env.get("DATABASE_URL")
+    if url:
+        return url
+    return f"sqlite:///{Path(env.get('LEDGER_VAR_DIR', 'var')).resolve() / 'ledger.sqlite3'}"
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    """Read an integer setting, refusing garbage with a clear message."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Every knob of the ledger, with the contract's defaults."""
+
+    database_url: str
+    var_dir: Path = field(default_factory=lambda: Path("var").resolve())
+    master_key: str | None = None
+    revocation_bound_seconds: int = 30
+    retention_seconds: int = DEFAULT_RETENTION_SECONDS
+    review_window_seconds: int = DEFAULT_REVIEW_WINDOW_SECONDS
+    max_body_bytes: int = 1024 * 1024
+    max_attempts: int = 8
+    retry_base_seconds: int = 10
+    retry_cap_seconds: int = 3600
+    max_event_age_seconds: int = 259200
+    lease_seconds: int = 60
+    demo_handlers: bool = False
+    handler_modules: tuple[str, ...] = ()
+    pool_size: int = 5
+    pool_timeout_seconds: float = 2.0
+    statement_timeout_ms: int = 5000
+    lock_timeout_ms: int = 2000
+    sqlite_synchronous: str = "FULL"
+    secret_key: str | None = None
+    event_id_hash_key: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from environment variables (os.environ by default)."""
+        env = os.environ if env is None else env
+        retention = _int(env, "LEDGER_RETENTION_SECONDS", DEFAULT_RETENTION_SECONDS, 1)
+        modules = tuple(m.strip() for m in env.get("LEDGER_HANDLER_MODULES", "").split(",")
+                        if m.strip())
+        return cls(
+            database_url=database_url_from_env(env),
+            var_dir=Path(env.get("LEDGER_VAR_DIR", "var")).resolve(),
+            master_key=env.get("LEDGER_MASTER_KEY") or None,
+            revocation_bound_seconds=_int(env, "LEDGER_REVOCATION_BOUND_SECONDS", 30),
+            retention_seconds=retention,
+            review_window_seconds=min(
+                _int(env, "LEDGER_REVIEW_WINDOW_SECONDS", DEFAULT_REVIEW_WINDOW_SECONDS, 1),
+                retention),
+            max_body_bytes=_int(env, "LEDGER_MAX_BODY_BYTES", 1024 * 1024, 1),
+            max_attempts=_int(env, "LEDGER_MAX_ATTEMPTS", 8, 1),
+            retry_base_seconds=_int(env, "LEDGER_RETRY_BASE_SECONDS", 10),
+            retry_cap_seconds=_int(env, "LEDGER_RETRY_CAP_SECONDS", 3600),
+            max_event_age_seconds=_int(env, "LEDGER_MAX_EVENT_AGE_SECONDS", 259200, 1),
+            lease_seconds=_int(env, "LEDGER_LEASE_SECONDS", 60, 1),
+            demo_handlers=env.get("LEDGER_DEMO_HANDLERS", "") in ("1", "true", "yes"),
+            handler_modules=modules,
+            pool_size=_int(env, "LEDGER_DB_POOL_SIZE", 5, 1),
+            pool_timeout_seconds=float(_int(env, "LEDGER_DB_POOL_TIMEOUT_MS", 2000, 1)) / 1000,
+            statement_timeout_ms=_int(env, "LEDGER_DB_STATEMENT_TIMEOUT_MS", 5000, 1),
+            lock_timeout_ms=_int(env, "LEDGER_DB_LOCK_TIMEOUT_MS", 2000, 1),
+            sqlite_synchronous=env.get("LEDGER_SQLITE_SYNCHRONOUS", "FULL").upper(),
+            secret_key=env.get("LEDGER_SECRET_KEY") or None,
+            event_id_hash_key=env.get("LEDGER_LOG_HASH_KEY") or None,
+        )
+
+    def with_(self, **changes: object) -> Settings:
+        """Return a copy with some fields changed (tests, the drill)."""
+        return replace(self, **changes)  # type: ignore[arg-type]

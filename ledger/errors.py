@@ -1,0 +1,53 @@
+"""Domain errors. Each carries data; ledger.web.errors maps them to HTTP answers."""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Base class of every error the ledger raises on purpose."""
+
+
+class NotFound(LedgerError):
+    """A record the caller named does not exist."""
+
+    def __init__(self, what: str, key: str) -> None:
+        super().__init__(f"{what} not found: {key}")
+        self.what = what
+        self.key = key
+
+
+class Refused(LedgerError):
+    """An action is not allowed in the record's current state."""
+
+
+class BodyTooLarge(LedgerError):
+    """The delivery body exceeds the configured limit."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"body exceeds {limit} bytes")
+        self.limit = limit
+
+
+class UnknownIntegration(LedgerError):
+    """No integration has the public id in the path."""
+
+
+class AuthenticationFailed(LedgerError):
+    """The delivery did not authenticate; `reason` is for logs and metrics only."""
+
+    def __init__(self, reason: str, *, key_id: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.key_id = key_id
+
+
+class InvalidEvent(LedgerError):
+    """The authenticated delivery does not carry a valid event."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class StorageUnavailable(LedgerError):
+    """The database could not be reached or did not answer in time."""

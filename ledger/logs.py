@@ -1,0 +1,64 @@
+"""Structured JSON logs (structlog) and the privacy-safe event reference."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import sys
+from typing import Any
+
+import structlog
+
+_configured = False
+# Keys whose values must never be logged, whatever a caller passes.
+FORBIDDEN_KEYS = frozenset({"secret", "signature", "body", "payload", "password", "token"})
+
+
+def _drop_forbidden(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """Remove fields that could carry secrets or payloads (defence in depth)."""
+    for key in FORBIDDEN_KEYS.intersection(event_dict):
+        event_dict[key] = "[redacted]"
+    return event_dict
+
+
+def configure_logging(level: str | None = None) -> None:
+    """Send JSON lines to stderr through the standard logging module (idempotent)."""
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    level_name = (level or os.environ.get("LEDGER_LOG_LEVEL", "INFO")).upper()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("ledger")
+    root.addHandler(handler)
+    root.setLevel(level_name)
+    root.propagate = True
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _drop_forbidden,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(sort_keys=True),
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+
+
+def get_logger(name: str) -> Any:
+    """Return a structlog logger writing under `name`."""
+    configure_logging()
+    return structlog.get_logger(name)
+
+
+def event_ref(scope: str, event_id: str, key: str | None = None) -> str:
+    """Return a keyed hash that correlates log lines without exposing the event id."""
+    secret = (key or os.environ.get("LEDGER_LOG_HASH_KEY") or "replay-ledger").encode()
+    digest = hmac.new(secret, f"{scope}\x00{event_id}".encode(), hashlib.sha256)
+    return "ev_" + digest.hexdigest()[:16]

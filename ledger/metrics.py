@@ -1,0 +1,47 @@
+"""Prometheus metrics. With PROMETHEUS_MULTIPROC_DIR set, values aggregate over processes."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+DELIVERIES = Counter(
+    "ledger_deliveries_total", "Deliveries answered by the intake, by outcome",
+    ["outcome"],
+)
+INTAKE_LATENCY = Histogram(
+    "ledger_intake_seconds", "Time from body read to answer",
+    buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+AUTH_FAILURES = Counter(
+    "ledger_auth_failures_total", "Deliveries refused as unauthenticated, by reason",
+    ["reason"],
+)
+DEAD_KEY_USE = Counter(
+    "ledger_dead_key_use_total", "Deliveries signed with a revoked or expired key",
+    ["state"],
+)
+ATTEMPTS = Counter(
+    "ledger_attempts_total", "Handler attempts by event type and outcome",
+    ["event_type", "outcome"],
+)
+TERMINAL_FAILURES = Counter(
+    "ledger_terminal_failures_total", "Receipts that became failed, by event type",
+    ["event_type"],
+)
+PURGED_ROWS = Counter("ledger_purged_rows_total", "Rows removed by the purge", ["kind"])
+SCHEDULER_RUNS = Counter(
+    "ledger_scheduler_runs_total", "Scheduled job runs by job and outcome", ["job", "outcome"],
+)
+RECEIPTS_BY_STATE = Gauge(
+    "ledger_receipts", "Receipts by state (from the latest rollup)", ["state"],
+    multiprocess_mode="max",
+)
+OLDEST_PENDING = Gauge(
+    "ledger_oldest_pending_seconds", "Age of the oldest pending receipt",
+    multiprocess_mode="max",
+)
+REVOCATION_LAG = Gauge(
+    "ledger_credential_view_age_seconds",
+    "Seconds since each instance last refreshed its credential view", ["instance"],
+    multiprocess_mode="max",
+)

@@ -1,0 +1,75 @@
+"""Signing secrets at rest: Fernet under a rotatable master key (MultiFernet)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+from ledger.errors import LedgerError
+from ledger.logs import get_logger
+
+DEV_KEY_FILE = "master.key"
+
+
+class MasterKeyError(LedgerError):
+    """The master key is missing, malformed, or cannot decrypt a stored secret."""
+
+
+class SecretBox:
+    """Encrypts with the newest master key, decrypts with any configured one."""
+
+    def __init__(self, keys: list[str]) -> None:
+        if not keys:
+            raise MasterKeyError("no master key configured")
+        try:
+            self._fernets = [Fernet(k.encode()) for k in keys]
+        except (ValueError, TypeError):
+            raise MasterKeyError("LEDGER_MASTER_KEY holds a malformed Fernet key") from None
+        self._multi = MultiFernet(self._fernets)
+
+    def encrypt(self, secret: str) -> str:
+        """Return the ciphertext of `secret` under the newest key."""
+        return self._multi.encrypt(secret.encode()).decode()
+
+    def decrypt(self, token: str) -> str:
+        """Return the plaintext of a stored secret."""
+        try:
+            return self._multi.decrypt(token.encode()).decode()
+        except InvalidToken:
+            raise MasterKeyError("stored secret does not decrypt under any master key") from None
+
+    def rotate(self, token: str) -> str:
+        """Re-encrypt a stored secret under the newest key."""
+        try:
+            return self._multi.rotate(token.encode()).decode()
+        except InvalidToken:
+            raise MasterKeyError("stored secret does not decrypt under any master key") from None
+
+
+def fingerprint(secret: str) -> str:
+    """Return a non-reversible short fingerprint that identifies a secret in listings."""
+    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:16]
+
+
+def load_box(master_key: str | None, var_dir: Path) -> SecretBox:
+    """Build the box from LEDGER_MASTER_KEY (comma-separated, newest first).
+
+    Without a configured key, and outside production, a key is generated into
+    var/ with a warning so that a first `make run` works.
+    """
+    if master_key:
+        return SecretBox([k.strip() for k in master_key.split(",") if k.strip()])
+    if os.environ.get("LEDGER_ENV") == "production":
+        raise MasterKeyError("LEDGER_MASTER_KEY must be set in production")
+    path = var_dir / DEV_KEY_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(Fernet.generate_key().decode())
+    get_logger("ledger.secrets").warning("master_key.development", path=str(path),
+                                         hint="set LEDGER_MASTER_KEY outside development")
+    return SecretBox([path.read_text().strip()])

@@ -1,0 +1,41 @@
+"""The long-lived objects one process needs, built once from Settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from ledger.clock import Clock, SystemClock
+from ledger.config import Settings
+from ledger.credential_view import CredentialView, ttl_for_bound
+from ledger.db import make_engine
+from ledger.intake import Intake
+from ledger.secrets_box import SecretBox, load_box
+
+
+@dataclass(slots=True, kw_only=True)
+class Services:
+    """Settings, engine, secret box, clock, credential view and intake of one process."""
+
+    settings: Settings
+    engine: Engine
+    box: SecretBox
+    clock: Clock
+    view: CredentialView
+    intake: Intake
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.engine.dispose()
+
+
+def build_services(settings: Settings, clock: Clock | None = None,
+                   engine: Engine | None = None) -> Services:
+    """Wire the process's services; opens no connection yet."""
+    clock = clock or SystemClock()
+    engine = engine or make_engine(settings)
+    box = load_box(settings.master_key, settings.var_dir)
+    view = CredentialView(engine, box, clock, ttl_for_bound(settings.revocation_bound_seconds))
+    return Services(settings=settings, engine=engine, box=box, clock=clock, view=view,
+                    intake=Intake(engine, view, clock))

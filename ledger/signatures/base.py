@@ -1,0 +1,63 @@
+"""What every sender profile provides: verify, sign, and find the event identity."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# Headers as the intake passes them: lower-cased names, every value received
+# (a header sent twice appears twice, so profiles can refuse duplicates).
+HeaderMap = Mapping[str, Sequence[str]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verified:
+    """A signature that matched one of the live secrets."""
+
+    secret_index: int
+    timestamp: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventIdentity:
+    """The event id and type as the sender put them, not yet validated."""
+
+    event_id: Any
+    event_type: Any
+
+
+class Profile(Protocol):
+    """A sender's signature scheme."""
+
+    name: str
+    # False when the event id is not covered by the signature (GitHub): a
+    # captured body can then be replayed under a fresh id.
+    id_is_signed: bool
+    has_timestamp: bool
+
+    def verify(
+        self,
+        headers: HeaderMap,
+        body: bytes,
+        secrets: Sequence[str],
+        *,
+        now: int,
+        tolerance: int,
+    ) -> Verified:
+        """Return which secret signed `body`, or raise AuthenticationFailed."""
+        ...
+
+    def sign(
+        self, secret: str, body: bytes, *, event_id: str, event_type: str, timestamp: int
+    ) -> dict[str, str]:
+        """Return the headers the real sender would attach to `body`."""
+        ...
+
+    def identity(self, headers: HeaderMap, payload: dict[str, Any]) -> EventIdentity:
+        """Find the event id and type in the headers or the parsed body."""
+        ...
+
+    def generate_secret(self) -> str:
+        """Return a fresh signing secret in the sender's format."""
+        ...

@@ -1,0 +1,122 @@
+"""Every SQL statement of the intake's hot path. Functions take `conn` and never commit.
+
+Each statement filters on the consumer scope (`scope_id`) first: the ledger can
+then be distributed or split by scope (see README, "Scaling past one database").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ledger.domain import ConflictKind, JobStatus, ReceiptState
+from ledger.schema import conflicts, jobs, receipts, unsigned_bodies
+
+
+def _insert(conn: Connection, table: Any) -> Any:
+    """Return the dialect's INSERT, which knows ON CONFLICT."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewEvent:
+    """An authenticated, validated delivery ready to be claimed."""
+
+    scope_id: int
+    event_id: str
+    event_type: str
+    body_sha256: bytes
+    payload: str
+    accepted_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedOutcome:
+    """What the ledger already holds for a (scope, event id)."""
+
+    state: ReceiptState
+    body_sha256: bytes
+    result_ref: str | None
+
+
+def claim_receipt(conn: Connection, event: NewEvent) -> bool:
+    """Insert the pending receipt; False when (scope, event id) is already claimed.
+
+    ON CONFLICT DO NOTHING makes the database decide between concurrent
+    deliveries: a SELECT-then-INSERT would let both see absence.
+    """
+    stmt = (
+        _insert(conn, receipts)
+        .values(scope_id=event.scope_id, event_id=event.event_id,
+                event_type=event.event_type, state=ReceiptState.PENDING.code, attempts=0,
+                accepted_at=event.accepted_at, body_sha256=event.body_sha256)
+        .on_conflict_do_nothing(index_elements=["scope_id", "event_id"])
+        .returning(receipts.c.scope_id)
+    )
+    return conn.execute(stmt).first() is not None
+
+
+def enqueue_job(conn: Connection, event: NewEvent) -> None:
+    """Insert the durable work item that carries the payload to a worker."""
+    conn.execute(
+        jobs.insert().values(
+            scope_id=event.scope_id, event_id=event.event_id, event_type=event.event_type,
+            accepted_at=event.accepted_at, run_at=event.accepted_at,
+            status=JobStatus.QUEUED.value, attempts=0, lease_token=0, payload=event.payload,
+        )
+    )
+
+
+def claim_unsigned_body(conn: Connection, event: NewEvent) -> bool:
+    """Record the body digest for a profile with unsigned ids; False when seen before."""
+    stmt = (
+        _insert(conn, unsigned_bodies)
+        .values(scope_id=event.scope_id, body_sha256=event.body_sha256,
+                event_id=event.event_id, accepted_at=event.accepted_at)
+        .on_conflict_do_nothing(index_elements=["scope_id", "body_sha256"])
+        .returning(unsigned_bodies.c.scope_id)
+    )
+    return conn.execute(stmt).first() is not None
+
+
+def original_of_body(conn: Connection, scope_id: int, body_sha256: bytes) -> str | None:
+    """Return the event id under which this body was first accepted in the scope."""
+    return conn.execute(
+        select(unsigned_bodies.c.event_id).where(
+            unsigned_bodies.c.scope_id == scope_id,
+            unsigned_bodies.c.body_sha256 == body_sha256)
+    ).scalar()
+
+
+def recorded_outcome(conn: Connection, scope_id: int, event_id: str) -> RecordedOutcome | None:
+    """Return the state, digest and result of an existing receipt."""
+    row = conn.execute(
+        select(receipts.c.state, receipts.c.body_sha256, receipts.c.result_ref).where(
+            receipts.c.scope_id == scope_id, receipts.c.event_id == event_id)
+    ).first()
+    if row is None:
+        return None
+    return RecordedOutcome(state=ReceiptState.from_code(row.state),
+                           body_sha256=bytes(row.body_sha256), result_ref=row.result_ref)
+
+
+def record_conflict(
+    conn: Connection, *, scope_id: int, event_id: str, kind: ConflictKind,
+    original_event_id: str, original_sha256: bytes, incoming_sha256: bytes, now: datetime,
+) -> None:
+    """Record (or count again) a delivery that contradicts the ledger."""
+    stmt = _insert(conn, conflicts).values(
+        scope_id=scope_id, event_id=event_id, kind=kind.value,
+        original_event_id=original_event_id, original_sha256=original_sha256,
+        incoming_sha256=incoming_sha256, first_seen=now, last_seen=now, count=1,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["scope_id", "event_id", "incoming_sha256"],
+        set_={"last_seen": now, "count": conflicts.c.count + 1},
+    )
+    conn.execute(stmt)

@@ -1,0 +1,1 @@
+"""The one Flask-aware corner of the ledger: blueprints, error mapping, services."""

@@ -1,0 +1,32 @@
+"""Operations endpoints for load balancers and Prometheus."""
+
+from __future__ import annotations
+
+from flask import Blueprint, current_app, jsonify
+from sqlalchemy import text
+
+from ledger.db import migration_status
+
+bp = Blueprint("ops", __name__)
+
+
+@bp.get("/healthz")
+def healthz():  # type: ignore[no-untyped-def]
+    """Answer while the process runs."""
+    return jsonify({"status": "ok"})
+
+
+@bp.get("/readyz")
+def readyz():  # type: ignore[no-untyped-def]
+    """Answer ready only when the database answers and migrations are at head."""
+    engine = current_app.extensions["ledger"].engine
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        current, head = migration_status(engine)
+    except Exception as error:  # any failure here means: do not route traffic to us
+        return jsonify({"status": "unready", "detail": f"database: {type(error).__name__}"}), 503
+    if current != head:
+        return jsonify({"status": "unready",
+                        "detail": f"migrations at {current}, head is {head}"}), 503
+    return jsonify({"status": "ready"})

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite needs when they are missing.
+set -euo pipefail
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+if [ ${#need[@]} -eq 0 ]; then exit 0; fi
+if [ "$(id -u)" != "0" ]; then
+  echo "missing system packages: ${need[*]} (install them, or run as root)" >&2
+  exit 0
+fi
+echo "installing system packages: ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -1,0 +1,183 @@
+"""Shared fixtures: one parametrized database fixture runs every ledger test on SQLite AND
+PostgreSQL, each test on its own database cloned from a migrated template."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography.fernet import Fernet
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from ledger.config import Settings
+from ledger.db import make_engine, upgrade
+
+PG_ADMIN_URL = os.environ.get(
+    "LEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+TEST_MASTER_KEY = Fernet.generate_key().decode()
+
+
+def _pg_reachable(url: str) -> str | None:
+    """Return None when the server answers, else the reason it does not."""
+    engine = create_engine(url, connect_args={"connect_timeout": 3})
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return None
+    except Exception as error:
+        return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    finally:
+        engine.dispose()
+
+
+def _start_throwaway_cluster(tmp: Path) -> str | None:
+    """Start a private PostgreSQL from the installed binaries (pytest-postgresql)."""
+    try:
+        from pytest_postgresql.executor import PostgreSQLExecutor
+    except ImportError:
+        return None
+    pg_ctl = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))), None)
+    if pg_ctl is None or os.geteuid() == 0:  # initdb refuses to run as root
+        return None
+    executor = PostgreSQLExecutor(
+        executable=str(pg_ctl), host="127.0.0.1", port=55432, datadir=str(tmp / "pgdata"),
+        unixsocketdir=str(tmp), logfile=str(tmp / "pg.log"), startparams="-w",
+        dbname="postgres", user="postgres", password="", options="", postgres_options="")
+    executor.start()
+    _THROWAWAY.append(executor)
+    return "postgresql+psycopg://postgres@127.0.0.1:55432/postgres"
+
+
+_THROWAWAY: list[object] = []
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """Return an admin URL of a PostgreSQL server, or None (never in CI) with a loud note."""
+    reason = _pg_reachable(PG_ADMIN_URL)
+    if reason is None:
+        yield PG_ADMIN_URL
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true and PostgreSQL at {PG_ADMIN_URL} is unreachable ({reason}); "
+                    "PostgreSQL tests must run in CI", pytrace=False)
+    url = _start_throwaway_cluster(tmp_path_factory.mktemp("pg"))
+    if url is None:
+        print(f"\n!!! PostgreSQL unreachable ({reason}) and no throwaway cluster could "
+              "be started: every PostgreSQL test is SKIPPED on this machine !!!\n")
+    yield url
+    for executor in _THROWAWAY:
+        executor.stop()  # type: ignore[attr-defined]
+
+
+def _settings(url: str, tmp: Path) -> Settings:
+    """Settings for a test database."""
+    return Settings(database_url=url, var_dir=tmp, master_key=TEST_MASTER_KEY)
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin_url: str | None) -> Iterator[str | None]:
+    """Create and migrate a template database once per session."""
+    if pg_admin_url is None:
+        yield None
+        return
+    name = f"ledger_tmpl_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(_settings(url, Path("/tmp")))
+    upgrade(engine)
+    engine.dispose()
+    yield name
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Migrate one SQLite file per session; tests copy it."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.sqlite3"
+    engine = make_engine(_settings(f"sqlite:///{path}", path.parent))
+    upgrade(engine)
+    engine.dispose()
+    return path
+
+
+def _pg_database(pg_admin_url: str, template: str) -> Iterator[str]:
+    """Clone the template into a fresh database; drop it afterwards."""
+    name = f"ledger_t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY'))
+    try:
+        yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, migrated database URL: every test using it runs on both engines."""
+    if request.param == "sqlite":
+        path = tmp_path / "ledger.sqlite3"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite:///{path}"
+        return
+    yield from _pg_or_skip(request)
+
+
+def _pg_or_skip(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Yield a fresh PostgreSQL database, or skip loudly outside CI when none exists."""
+    admin = request.getfixturevalue("pg_admin_url")
+    template = request.getfixturevalue("pg_template")
+    if admin is None or template is None:
+        pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
+    yield from _pg_database(admin, template)
+
+
+@pytest.fixture
+def pg_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh PostgreSQL database for tests that only make sense there."""
+    yield from _pg_or_skip(request)
+
+
+@pytest.fixture
+def test_env(db_url: str, tmp_path: Path) -> dict[str, str]:
+    """Environment overrides for an app or CLI on the test database."""
+    return {
+        "DATABASE_URL": db_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
+        "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_SECRET_KEY": "test-secret-key",
+        "LEDGER_DEMO_HANDLERS": "1",
+    }
+
+
+@pytest.fixture
+def app(test_env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """The web app on a fresh database (both engines)."""
+    from app import create_app
+
+    application = create_app(test_env)
+    yield application
+    application.extensions["ledger"].close()
+
+
+@pytest.fixture
+def client(app):  # type: ignore[no-untyped-def]
+    """A test client of the app."""
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app):  # type: ignore[no-untyped-def]
+    """A CLI runner bound to the app."""
+    return app.test_cli_runner()
