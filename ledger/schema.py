@@ -217,6 +217,28 @@ api_tokens = Table(
     Column("last_used_at", UTCDateTime),
 )
 
+# Dashboard sessions: the cookie holds a random id, the server keeps only its
+# hash, so logout, a role change or disabling an operator ends it at once.
+operator_sessions = Table(
+    "operator_sessions",
+    metadata,
+    Column("id_sha256", LargeBinary(32), primary_key=True),
+    Column("operator_id", Integer, nullable=False, index=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("last_seen_at", UTCDateTime, nullable=False),
+    Column("ended_at", UTCDateTime),
+)
+
+# Failed dashboard logins per (username, client address), shared by every process.
+login_failures = Table(
+    "login_failures",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key", Text, nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+)
+Index("ix_login_failures_key_at", login_failures.c.key, login_failures.c.at)
+
 instances = Table(
     "instances",
     metadata,

@@ -180,6 +180,21 @@ def _create_operations_tables() -> None:
         sa.Column("last_used_at", TS),
     )
     op.create_table(
+        "operator_sessions",
+        sa.Column("id_sha256", sa.LargeBinary(32), primary_key=True),
+        sa.Column("operator_id", sa.Integer, nullable=False, index=True),
+        sa.Column("created_at", TS, nullable=False),
+        sa.Column("last_seen_at", TS, nullable=False),
+        sa.Column("ended_at", TS),
+    )
+    op.create_table(
+        "login_failures",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("key", sa.Text, nullable=False),
+        sa.Column("at", TS, nullable=False),
+    )
+    op.create_index("ix_login_failures_key_at", "login_failures", ["key", "at"])
+    op.create_table(
         "instances",
         sa.Column("id", sa.Text, primary_key=True),
         sa.Column("kind", sa.Text, nullable=False),
@@ -259,7 +274,7 @@ def _forbid_audit_changes() -> None:
 def downgrade() -> None:
     """Drop everything (development only)."""
     for table in ("hourly_series", "scope_counts", "findings", "scheduler_runs", "instances",
-                  "api_tokens", "operators", "demo_balances", "attempts", "conflicts",
+                  "login_failures", "operator_sessions", "api_tokens", "operators", "demo_balances", "attempts", "conflicts",
                   "unsigned_bodies", "jobs", "receipts", "credentials", "integrations"):
         op.drop_table(table)
     if op.get_bind().dialect.name == "postgresql":
