@@ -71,6 +71,13 @@ class Settings:
     sqlite_synchronous: str = "FULL"
     secret_key: str | None = None
     event_id_hash_key: str | None = None
+    # Dashboard sessions and logins (README "Dashboard").
+    session_idle_seconds: int = 1800
+    session_absolute_seconds: int = 12 * 3600
+    cookie_secure: bool = False
+    login_max_failures: int = 5
+    login_window_seconds: int = 900
+    stuck_pending_seconds: int = 900
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -103,6 +110,12 @@ class Settings:
             sqlite_synchronous=env.get("LEDGER_SQLITE_SYNCHRONOUS", "FULL").upper(),
             secret_key=env.get("LEDGER_SECRET_KEY") or None,
             event_id_hash_key=env.get("LEDGER_LOG_HASH_KEY") or None,
+            session_idle_seconds=_int(env, "LEDGER_SESSION_IDLE_SECONDS", 1800, 60),
+            session_absolute_seconds=_int(env, "LEDGER_SESSION_ABSOLUTE_SECONDS", 43200, 60),
+            cookie_secure=env.get("LEDGER_COOKIE_SECURE", "") in ("1", "true", "yes"),
+            login_max_failures=_int(env, "LEDGER_LOGIN_MAX_FAILURES", 5, 1),
+            login_window_seconds=_int(env, "LEDGER_LOGIN_WINDOW_SECONDS", 900, 1),
+            stuck_pending_seconds=_int(env, "LEDGER_STUCK_PENDING_SECONDS", 900, 1),
         )
 
     def with_(self, **changes: object) -> Settings:
