@@ -1,0 +1,89 @@
+"""Real servers for tests: gunicorn processes and in-process werkzeug threads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import requests
+from werkzeug.serving import make_server
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    """Return a free TCP port on the loopback interface."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until_up(base_url: str, process: subprocess.Popen | None = None,
+                  timeout: float = 30.0) -> None:
+    """Poll /healthz until it answers, failing fast if the process died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            if requests.get(f"{base_url}/healthz", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{base_url} did not come up in {timeout}s")
+
+
+@contextmanager
+def gunicorn_server(env: dict[str, str], *, workers: int = 4,
+                    extra_args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run `gunicorn 'app:create_app()'` on a free loopback port; stop it afterwards."""
+    port = free_port()
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [str(BIN / "gunicorn"), "app:create_app()", "--bind", f"127.0.0.1:{port}",
+         "--workers", str(workers), "--log-level", "warning", *extra_args],
+        cwd=str(ROOT), env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(base_url, process)
+        yield base_url, process
+    finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop a server we started: TERM, then KILL after a grace period."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+    if process.stderr is not None:
+        process.stderr.close()
+
+
+@contextmanager
+def thread_server(app: Any) -> Iterator[str]:
+    """Serve a Flask app from a werkzeug thread on a free loopback port."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
