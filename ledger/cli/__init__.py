@@ -12,11 +12,16 @@ ledger_cli = AppGroup("ledger", help="Replay Ledger administration.")
 def _register() -> None:
     """Attach every command module to the group (import order is the help order)."""
     from ledger.cli import (  # noqa: F401
+        audit_cmds,
         credential_cmds,
         db_cmds,
         demo_cmds,
+        dev_cmds,
+        drill_cmds,
         integration_cmds,
+        operator_cmds,
         receipt_cmds,
+        secrets_cmds,
     )
 
 

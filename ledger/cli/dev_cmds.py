@@ -1,0 +1,52 @@
+"""`ledger dev`: web + worker + scheduler in one process, for a first look."""
+
+from __future__ import annotations
+
+import threading
+
+import click
+from flask import current_app
+from werkzeug.serving import run_simple
+
+from ledger.cli import ledger_cli
+from ledger.cli.common import services
+from ledger.services import Services
+
+
+def _start_worker(svc: Services, stop: threading.Event) -> threading.Thread:
+    """Run a worker in a daemon thread until `stop` is set."""
+    from ledger.worker import run_worker
+
+    thread = threading.Thread(target=run_worker, args=(svc,),
+                              kwargs={"stop": stop, "worker_id": "dev-worker"},
+                              name="ledger-worker", daemon=True)
+    thread.start()
+    return thread
+
+
+def _start_scheduler(svc: Services, stop: threading.Event) -> threading.Thread:
+    """Run the scheduled jobs in a daemon thread until `stop` is set."""
+    from ledger.scheduler import run_scheduler
+
+    thread = threading.Thread(target=run_scheduler, args=(svc,), kwargs={"stop": stop},
+                              name="ledger-scheduler", daemon=True)
+    thread.start()
+    return thread
+
+
+@ledger_cli.command("dev")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=5000, show_default=True, type=int)
+def dev(host: str, port: int) -> None:
+    """Serve the dashboard and intake with a worker and the scheduler in one process."""
+    svc = services()
+    stop = threading.Event()
+    _start_worker(svc, stop)
+    _start_scheduler(svc, stop)
+    click.echo(f"Replay Ledger on http://{host}:{port}/  (dashboard: /login, "
+               f"intake: POST /hooks/<integration id>, health: /healthz)")
+    try:
+        run_simple(host, port, current_app._get_current_object(),  # type: ignore[attr-defined]
+                   threaded=True, use_reloader=False)
+    finally:
+        stop.set()
