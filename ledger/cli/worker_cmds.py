@@ -1,0 +1,52 @@
+"""`ledger worker`: claim and run due jobs until stopped (or, with --burst, until none is due)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+import click
+
+from ledger.cli import ledger_cli
+from ledger.cli.common import services
+from ledger.logs import get_logger
+from ledger.worker import run_worker
+
+log = get_logger("ledger.worker")
+
+
+def _install_stop_signals(stop: threading.Event) -> dict[int, Any]:
+    """Make SIGTERM/SIGINT finish the current job and exit; a second SIGINT interrupts."""
+    previous: dict[int, Any] = {}
+
+    def graceful(signum: int, _frame: FrameType | None) -> None:
+        log.info("worker.stopping", signal=signal.Signals(signum).name)
+        stop.set()
+        # A second Ctrl-C means "now": restore the default KeyboardInterrupt.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, graceful)
+    return previous
+
+
+@ledger_cli.command("worker")
+@click.option("--burst", is_flag=True, help="Exit 0 once no job is due.")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Worker loops (threads) in this process.")
+def worker(burst: bool, concurrency: int) -> None:
+    """Claim due jobs and run their handlers; SIGTERM/SIGINT finish the current job first."""
+    svc = services()
+    stop = threading.Event()
+    previous = _install_stop_signals(stop)
+    try:
+        processed = run_worker(svc, burst=burst, concurrency=concurrency, stop=stop)
+    except ValueError as error:  # a bad LEDGER_HANDLER_MODULES entry, for instance
+        raise click.UsageError(str(error)) from None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    click.echo(f"processed {processed} job(s)", err=True)

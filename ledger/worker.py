@@ -1,0 +1,326 @@
+"""The worker: claim a due job, run its handler, commit the outcome exactly once.
+
+One attempt is three short transactions and never holds one across slow work:
+
+1. Claim (`worker_store.select_due_job` + `lease_job`): lock the oldest due job
+   (PostgreSQL `FOR UPDATE SKIP LOCKED`; SQLite's BEGIN IMMEDIATE), count the
+   attempt, write a lease with a new fencing token (`lease_token`), push
+   `run_at` to the lease's end, open an `attempts` row. Commit.
+2. `prepare(event)`, if the handler declares one, with NO transaction open:
+   network calls and sleeps belong here (demo.slow sleeps here).
+3. Complete: a transaction that first re-checks the token (`hold_lease`), then
+   runs the handler with that connection (its local effects), marks the
+   receipt complete with the handler's result_ref, deletes the job and closes
+   the attempt. A worker whose lease was taken over finds its token gone and
+   rolls back: it changes nothing.
+
+If the handler raises, its transaction rolls back and a fenced transaction
+records the error (class and message, never the payload) and schedules a
+full-jitter retry, or makes the receipt `failed` at LEDGER_MAX_ATTEMPTS /
+LEDGER_MAX_EVENT_AGE_SECONDS. A worker that dies leaves its job leased until
+`run_at` (the lease's end) passes; the next claim marks the lost attempt and
+counts a new one, so a job that keeps killing workers still reaches `failed`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy import exc as sa_exc
+
+from ledger import metrics
+from ledger.db import make_engine
+from ledger.handlers import NO_HANDLER_RESULT, Event, HandlerSpec, Registry, load_registry
+from ledger.integrations import get_integration_by_id
+from ledger.logs import event_ref, get_logger
+from ledger.retry import RandomSource, RetryPolicy
+from ledger.services import Services
+from ledger.worker_store import (
+    ClaimedJob,
+    complete_job,
+    fail_job,
+    fail_unstarted,
+    finish_attempt,
+    hold_lease,
+    lease_job,
+    schedule_retry,
+    select_due_job,
+    set_job_failed,
+)
+
+log = get_logger("ledger.worker")
+POLL_SECONDS = 0.5
+MAX_IDLE_BACKOFF_SECONDS = 30.0
+BURST_ERROR_LIMIT = 5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerHooks:
+    """Observation points for crash tests: inside the completion transaction, and after it."""
+
+    before_commit: Callable[[Connection, Event], None] | None = None
+    after_commit: Callable[[Event], None] | None = None
+
+
+class LeaseLost(Exception):
+    """Internal: our fencing token is gone; roll the transaction back."""
+
+
+def error_summary(error: BaseException) -> str:
+    """Return "Class: first line of message", without SQL parameters or tracebacks."""
+    if isinstance(error, sa_exc.StatementError) and error.orig is not None:
+        error = error.orig  # the driver's message, not SQLAlchemy's [SQL]/[parameters] dump
+    lines = str(error).strip().splitlines()
+    message = lines[0] if lines else ""
+    return f"{type(error).__name__}: {message}"[:500] if message else type(error).__name__
+
+
+def default_worker_id() -> str:
+    """Return host:pid:random, unique per worker process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """Claims and runs jobs against one database."""
+
+    def __init__(self, services: Services, *, worker_id: str | None = None,
+                 handlers: Registry | None = None, rng: RandomSource | None = None,
+                 hooks: WorkerHooks | None = None, engine: Engine | None = None) -> None:
+        self.services = services
+        self.engine = engine or services.engine
+        self.worker_id = worker_id or default_worker_id()
+        self.registry = handlers if handlers is not None else load_registry(services.settings)
+        self.policy = RetryPolicy.from_settings(services.settings)
+        self.rng = rng or random.SystemRandom()
+        self.hooks = hooks or WorkerHooks()
+        self._scopes: dict[int, str] = {}
+
+    def process_one(self) -> bool:
+        """Claim and run one due job; False when none is due."""
+        claimed = self._claim()
+        if claimed is None:
+            return False
+        if claimed is True:
+            return True  # ended at claim time (out of attempts or too old)
+        job, scope = claimed
+        spec = self.registry.get(job.event_type)
+        try:
+            event = self._event(job, scope)
+            if spec is not None and spec.prepare is not None:
+                event = _with_prepared(event, spec.prepare(event))  # no transaction open
+            self._complete(job, event, spec)
+        except LeaseLost:
+            self._transition(job, scope, "running", "fenced", outcome="fenced")
+            return True
+        except Exception as error:
+            self._record_failure(job, scope, error)
+            return True
+        self._transition(job, scope, "running", "complete", outcome="complete")
+        if self.hooks.after_commit is not None:
+            self.hooks.after_commit(event)
+        return True
+
+    def _claim(self) -> tuple[ClaimedJob, str] | bool | None:
+        """Lease the oldest due job (transaction 1), or end it if it may not start."""
+        now = self.services.clock.now()
+        with self.engine.begin() as conn:
+            due = select_due_job(conn, now)
+            if due is None:
+                return None
+            scope = self._scope(conn, due.scope_id)
+            refusal = self.policy.refuse_to_start(due.attempts + 1, now=now,
+                                                  window_start=due.window_start)
+            if refusal is not None:
+                fail_unstarted(conn, due, worker_id=self.worker_id, reason=refusal, now=now)
+                job = None
+            else:
+                job = lease_job(conn, due, worker_id=self.worker_id, now=now,
+                                lease_seconds=self.services.settings.lease_seconds)
+                if job is None:  # a job without a receipt: park it, never loop on it
+                    set_job_failed(conn, due.scope_id, due.event_id)
+        if refusal is not None or job is None:
+            self._log("job.transition", scope=scope, event_id=due.event_id,
+                      event_type=due.event_type, attempt=due.attempts + 1,
+                      accepted_at=due.window_start,
+                      from_state="queued", to_state="failed",
+                      reason=refusal or "orphan job: no receipt")
+            self._count(due.event_type, "not-run", terminal=True)
+            return True
+        self._transition(job, scope, "queued", "running")
+        return job, scope
+
+    def _scope(self, conn: Connection, scope_id: int) -> str:
+        """Return `account/integration` of a scope id (cached: it never changes)."""
+        scope = self._scopes.get(scope_id)
+        if scope is None:
+            scope = self._scopes[scope_id] = get_integration_by_id(conn, scope_id).scope
+        return scope
+
+    def _event(self, job: ClaimedJob, scope: str) -> Event:
+        """Build the handler's view of the job."""
+        payload = json.loads(job.payload) if job.payload is not None else None
+        if not isinstance(payload, dict):
+            raise ValueError("the job's payload is missing or not a JSON object")
+        return Event(scope=scope, scope_id=job.scope_id, event_id=job.event_id,
+                     event_type=job.event_type, payload=payload, attempt=job.number,
+                     accepted_at=job.accepted_at)
+
+    def _complete(self, job: ClaimedJob, event: Event, spec: HandlerSpec | None) -> str:
+        """Run the handler and record its outcome in one fenced transaction (2)."""
+        with self.engine.begin() as conn:
+            if not hold_lease(conn, job):
+                raise LeaseLost()
+            result_ref = spec.apply(conn, event) if spec is not None else NO_HANDLER_RESULT
+            if not isinstance(result_ref, str) or not result_ref:
+                raise TypeError(f"handler of {job.event_type} returned {type(result_ref)!r}, "
+                                "not a non-empty str result_ref")
+            complete_job(conn, job, result_ref=result_ref, now=self.services.clock.now())
+            if self.hooks.before_commit is not None:
+                self.hooks.before_commit(conn, event)
+        return result_ref
+
+    def _record_failure(self, job: ClaimedJob, scope: str, error: Exception) -> None:
+        """Record the failed attempt and schedule a retry or end the job (transaction 3)."""
+        summary = error_summary(error)
+        now = self.services.clock.now()
+        with self.engine.begin() as conn:
+            if not hold_lease(conn, job):
+                self._transition(job, scope, "running", "fenced", outcome="fenced")
+                return
+            decision = self.policy.after_failure(job.attempt, now=now,
+                                                 window_start=job.window_start, rng=self.rng)
+            run_at = decision.run_at
+            if run_at is None:
+                finish_attempt(conn, job, outcome="failed", now=now, error=summary)
+                fail_job(conn, job, now=now)
+            else:
+                finish_attempt(conn, job, outcome="retry", now=now, error=summary)
+                schedule_retry(conn, job, run_at=run_at)
+        if run_at is None:
+            self._transition(job, scope, "running", "failed", outcome="failed",
+                             error=summary, reason=decision.reason)
+        else:
+            self._transition(job, scope, "running", "retrying", outcome="retry", error=summary,
+                             retry_in_seconds=round((run_at - now).total_seconds(), 3))
+
+    def _transition(self, job: ClaimedJob, scope: str, from_state: str, to_state: str, *,
+                    outcome: str | None = None, **extra: Any) -> None:
+        """Log one state transition and count the attempt's outcome."""
+        self._log("job.transition", scope=scope, event_id=job.event_id,
+                  event_type=job.event_type, attempt=job.number, from_state=from_state,
+                  to_state=to_state, accepted_at=job.accepted_at, **extra)
+        if outcome is not None:
+            self._count(job.event_type, outcome, terminal=to_state == "failed")
+
+    def _log(self, message: str, *, scope: str, event_id: str,
+             accepted_at: datetime | None = None, **fields: Any) -> None:
+        """Write a structured line: a keyed hash instead of the event id, never the payload."""
+        if accepted_at is not None:
+            age = (self.services.clock.now() - accepted_at).total_seconds()
+            fields["event_age_seconds"] = round(age, 3)
+        log.info(message, scope=scope, event_ref=event_ref(scope, event_id),
+                 worker_id=self.worker_id, **fields)
+
+    def _count(self, event_type: str, outcome: str, *, terminal: bool) -> None:
+        """Update the attempt metrics (event types without a handler share one label)."""
+        label = event_type if self.registry.get(event_type) is not None else "unhandled"
+        metrics.ATTEMPTS.labels(event_type=label, outcome=outcome).inc()
+        if terminal:
+            metrics.TERMINAL_FAILURES.labels(event_type=label).inc()
+
+    def run(self, *, burst: bool = False, stop: threading.Event | None = None,
+            poll_seconds: float = POLL_SECONDS) -> int:
+        """Process jobs until `stop` is set (or, with burst, until none is due)."""
+        stop = stop or threading.Event()
+        processed = errors = 0
+        while not stop.is_set():
+            try:
+                worked = self.process_one()
+                errors = 0
+            except Exception as error:  # storage trouble: back off, the lease protects the job
+                errors += 1
+                log.warning("worker.error", worker_id=self.worker_id,
+                            error=error_summary(error), consecutive=errors)
+                if burst and errors >= BURST_ERROR_LIMIT:
+                    raise
+                stop.wait(min(MAX_IDLE_BACKOFF_SECONDS, poll_seconds * 2**errors))
+                continue
+            if worked:
+                processed += 1
+            elif burst:
+                break
+            else:
+                stop.wait(poll_seconds * (0.5 + random.random()))  # jitter: no lockstep polls
+        return processed
+
+
+def _with_prepared(event: Event, prepared: Any) -> Event:
+    """Return the event carrying the result of its handler's prepare step."""
+    return replace(event, prepared=prepared)
+
+
+def process_one(services: Services, worker_id: str, *, handlers: Registry | None = None,
+                rng: RandomSource | None = None, hooks: WorkerHooks | None = None) -> bool:
+    """Claim and run exactly one due job; False when none is due."""
+    worker = Worker(services, worker_id=worker_id, handlers=handlers, rng=rng, hooks=hooks)
+    return worker.process_one()
+
+
+def _engine_for(services: Services, concurrency: int) -> Engine:
+    """Return an engine whose pool has a connection for every thread."""
+    settings = services.settings
+    if concurrency <= settings.pool_size or settings.database_url.startswith("sqlite"):
+        return services.engine
+    return make_engine(settings.with_(pool_size=concurrency))
+
+
+def run_worker(services: Services, *, burst: bool = False, concurrency: int = 1,
+               stop: threading.Event | None = None, worker_id: str | None = None,
+               handlers: Registry | None = None, hooks: WorkerHooks | None = None) -> int:
+    """Run `concurrency` worker loops until `stop` is set; return the jobs processed."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    stop = stop or threading.Event()
+    base_id = worker_id or default_worker_id()
+    registry = handlers if handlers is not None else load_registry(services.settings)
+    engine = _engine_for(services, concurrency)
+    workers = [Worker(services, worker_id=base_id if concurrency == 1 else f"{base_id}/{i}",
+                      handlers=registry, hooks=hooks, engine=engine)
+               for i in range(concurrency)]
+    log.info("worker.start", worker_id=base_id, concurrency=concurrency, burst=burst,
+             handlers=registry.types())
+    try:
+        if concurrency == 1:
+            return workers[0].run(burst=burst, stop=stop)
+        return _run_threads(workers, burst=burst, stop=stop)
+    finally:
+        if engine is not services.engine:
+            engine.dispose()
+        log.info("worker.stop", worker_id=base_id)
+
+
+def _run_threads(workers: list[Worker], *, burst: bool, stop: threading.Event) -> int:
+    """Run each worker loop in its own thread; join them while staying signal-responsive."""
+    counts = [0] * len(workers)
+
+    def loop(index: int) -> None:
+        counts[index] = workers[index].run(burst=burst, stop=stop)
+
+    threads = [threading.Thread(target=loop, args=(i,), name=f"ledger-worker-{i}", daemon=True)
+               for i in range(len(workers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+    return sum(counts)
