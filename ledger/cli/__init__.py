@@ -22,6 +22,7 @@ def _register() -> None:
         operator_cmds,
         receipt_cmds,
         secrets_cmds,
+        worker_cmds,
     )
 
 
