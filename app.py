@@ -45,6 +45,8 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     settings = Settings.from_env(env)
     app.config.update(SECRET_KEY=_secret_key(settings), JSON_SORT_KEYS=False)
     app.extensions["ledger"] = build_services(settings, clock=clock)
+    # A process that serves requests registers itself in `instances` (revocation propagation).
+    app.before_request(app.extensions["ledger"].heartbeat.ensure_started)
     register_error_handlers(app)
     app.register_blueprint(ingest.bp)
     app.register_blueprint(ops.bp)

@@ -92,6 +92,10 @@ class CredentialView:
             self._entries = {}
             self.refreshed_at = self._clock.now()
 
+    def drop_if_stale(self) -> None:
+        """Drop the view if it outlived its ttl (the heartbeat does this for idle processes)."""
+        self._expire_if_stale()
+
     def _expire_if_stale(self) -> None:
         """Drop the view once it is older than the ttl."""
         now = self._clock.now()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, insert, select
 from sqlalchemy.exc import IntegrityError
@@ -93,7 +94,7 @@ def get_integration_by_scope(conn: Connection, scope: str) -> Integration:
 def add_credential(
     conn: Connection, box: SecretBox, actor: audit.Actor, integration: Integration, *,
     now: datetime, secret: str | None = None, action: str = "credential.add",
-    reason: str | None = None,
+    reason: str | None = None, detail: dict[str, Any] | None = None,
 ) -> NewCredential:
     """Add an active credential to the integration; audited. Returns the secret once."""
     profile = get_profile(integration.profile)
@@ -110,7 +111,7 @@ def add_credential(
     )
     audit.record(conn, actor, action, key_id, at=now, scope=integration.scope, reason=reason,
                  detail={"integration": integration.public_id,
-                         "fingerprint": fingerprint(secret)})
+                         "fingerprint": fingerprint(secret), **(detail or {})})
     return NewCredential(key_id=key_id, secret=secret)
 
 

@@ -41,6 +41,14 @@ class SecretBox:
         except InvalidToken:
             raise MasterKeyError("stored secret does not decrypt under any master key") from None
 
+    def is_current(self, token: str) -> bool:
+        """Tell whether a stored secret is already encrypted under the newest key."""
+        try:
+            self._fernets[0].decrypt(token.encode())
+        except InvalidToken:
+            return False
+        return True
+
     def rotate(self, token: str) -> str:
         """Re-encrypt a stored secret under the newest key."""
         try:

@@ -10,6 +10,7 @@ from ledger.clock import Clock, SystemClock
 from ledger.config import Settings
 from ledger.credential_view import CredentialView, ttl_for_bound
 from ledger.db import make_engine
+from ledger.instances import InstanceHeartbeat, beat_interval
 from ledger.intake import Intake
 from ledger.secrets_box import SecretBox, load_box
 
@@ -24,9 +25,12 @@ class Services:
     clock: Clock
     view: CredentialView
     intake: Intake
+    heartbeat: InstanceHeartbeat | None = None
 
     def close(self) -> None:
-        """Release the connection pool."""
+        """Stop the heartbeat (if this process served) and release the connection pool."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         self.engine.dispose()
 
 
@@ -36,6 +40,11 @@ def build_services(settings: Settings, clock: Clock | None = None,
     clock = clock or SystemClock()
     engine = engine or make_engine(settings)
     box = load_box(settings.master_key, settings.var_dir)
-    view = CredentialView(engine, box, clock, ttl_for_bound(settings.revocation_bound_seconds))
+    bound = settings.revocation_bound_seconds
+    # The heartbeat starts only when the process serves HTTP (app.py), never for a CLI run.
+    heartbeat = InstanceHeartbeat(engine, clock, interval=beat_interval(bound))
+    view = CredentialView(engine, box, clock, ttl_for_bound(bound),
+                          on_refresh=heartbeat.on_refresh)
+    heartbeat.attach(view)
     return Services(settings=settings, engine=engine, box=box, clock=clock, view=view,
-                    intake=Intake(engine, view, clock))
+                    intake=Intake(engine, view, clock), heartbeat=heartbeat)

@@ -13,6 +13,12 @@ from ledger.cli.common import (
     read_stdin_secret,
     services,
 )
+from ledger.credentials import (
+    DEFAULT_OVERLAP_SECONDS,
+    MAX_OVERLAP_SECONDS,
+    revoke_credential,
+    rotate_credential,
+)
 from ledger.integrations import add_credential, get_integration, list_credentials
 
 
@@ -58,3 +64,43 @@ def credential_list(public_id: str, as_json: bool) -> None:
              "fingerprint": c.fingerprint} for c in creds]
     emit(as_json, {"credentials": rows},
          text="\n".join(f"{r['key_id']}  {r['state']:<8}  {r['fingerprint']}" for r in rows))
+
+
+@credential_group.command("rotate")
+@click.option("--integration", "public_id", required=True, help="Integration id (in_…).")
+@click.option("--secret-stdin", is_flag=True, help="Read the replacement secret from stdin.")
+@click.option("--overlap", "overlap", type=click.IntRange(0, MAX_OVERLAP_SECONDS),
+              default=DEFAULT_OVERLAP_SECONDS, show_default=True,
+              help="Seconds the old keys keep verifying (0 stops them now).")
+@json_option
+@handles_ledger_errors
+def credential_rotate(public_id: str, secret_stdin: bool, overlap: int, as_json: bool) -> None:
+    """Add a replacement key on the same scope; the old live keys retire after the overlap."""
+    secret = read_stdin_secret("secret") if secret_stdin else None
+    svc = services()
+    with svc.engine.begin() as conn:
+        integration = get_integration(conn, public_id)
+        rotation = rotate_credential(conn, svc.box, audit.Actor.cli(), integration,
+                                     now=svc.clock.now(), overlap_seconds=overlap,
+                                     secret=secret)
+    retiring = "\n".join(f"retiring {k} until {at.isoformat()}" for k, at in rotation.retiring)
+    emit(as_json, rotation.to_json(),
+         text=f"key {rotation.key_id} secret (shown once): {rotation.secret}\n{retiring}".strip())
+
+
+@credential_group.command("revoke")
+@click.option("--key-id", "key_id", required=True, help="Credential id (key_…).")
+@click.option("--reason", required=True, help="Why (kept in the audit log).")
+@json_option
+@handles_ledger_errors
+def credential_revoke(key_id: str, reason: str, as_json: bool) -> None:
+    """Revoke a credential now; every instance refuses it within the propagation bound."""
+    svc = services()
+    with svc.engine.begin() as conn:
+        credential = revoke_credential(conn, audit.Actor.cli(), key_id, reason=reason,
+                                       now=svc.clock.now())
+    bound = svc.settings.revocation_bound_seconds
+    emit(as_json, {"key_id": credential.key_id, "state": credential.state.value,
+                   "revoked_at": _iso(credential.revoked_at),
+                   "propagation_bound_seconds": bound},
+         text=f"revoked {credential.key_id}; every instance refuses it within {bound} s")

@@ -1,0 +1,117 @@
+"""Scheduled credential jobs: expire retiring keys, and check that revocations propagated.
+
+Both are plain functions of (engine, [settings,] clock) that open their own
+transaction; the scheduler decides when they run (once per period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ledger import audit, metrics
+from ledger.clock import Clock
+from ledger.config import Settings
+from ledger.credentials import SCHEDULER, expire_due_credentials
+from ledger.domain import CredentialState
+from ledger.instances import Instance, live_instances
+from ledger.logs import get_logger
+from ledger.schema import credentials, findings
+
+log = get_logger("ledger.jobs.credentials")
+REVOCATION_LAG = "revocation_lag"
+_exported: set[str] = set()  # instance labels this process exports, to drop departed ones
+
+
+def expire_credentials(engine: Engine, clock: Clock) -> int:
+    """Mark every retiring credential past its expires_at as expired; return how many."""
+    with engine.begin() as conn:
+        count = expire_due_credentials(conn, now=clock.now(), actor=SCHEDULER)
+    if count:
+        log.info("credentials.expired", count=count)
+    return count
+
+
+def latest_revocation(conn: Connection) -> datetime | None:
+    """Return when the newest revocation happened (None if no key was ever revoked)."""
+    return conn.execute(
+        select(func.max(credentials.c.revoked_at))
+        .where(credentials.c.state == CredentialState.REVOKED.value)
+    ).scalar()
+
+
+def lagging(instance: Instance, revoked_at: datetime) -> bool:
+    """Tell whether an instance's credential view predates the revocation."""
+    refreshed = instance.credentials_refreshed_at
+    return refreshed is None or refreshed < revoked_at
+
+
+def check_revocation_propagation(engine: Engine, settings: Settings, clock: Clock) -> int:
+    """Flag every live instance still on a view older than the newest revocation + bound."""
+    now = clock.now()
+    bound = settings.revocation_bound_seconds
+    with engine.begin() as conn:
+        # "Live" = beat within the bound; a beat is due every quarter of it.
+        live = live_instances(conn, now=now, within_seconds=bound)
+        _export_view_ages(live, now)
+        revoked_at = latest_revocation(conn)
+        flagged: list[Instance] = []
+        if revoked_at is not None and now >= revoked_at + timedelta(seconds=bound):
+            flagged = [i for i in live if lagging(i, revoked_at)]
+        for instance in flagged:
+            _open_finding(conn, instance, revoked_at, bound=bound, now=now)  # type: ignore[arg-type]
+        _resolve_others(conn, {i.id for i in flagged}, now=now)
+    for instance in flagged:
+        log.warning("credentials.revocation_lag", instance=instance.id, bound_seconds=bound)
+    return len(flagged)
+
+
+def _export_view_ages(live: list[Instance], now: datetime) -> None:
+    """Expose how old each live instance's credential view is; forget departed instances."""
+    current = {i.id for i in live}
+    for gone in _exported - current:
+        with contextlib.suppress(KeyError):
+            metrics.REVOCATION_LAG.remove(gone)
+    _exported.clear()
+    _exported.update(current)
+    for instance in live:
+        refreshed = instance.credentials_refreshed_at or instance.started_at
+        metrics.REVOCATION_LAG.labels(instance.id).set((now - refreshed).total_seconds())
+
+
+def _open_finding(conn: Connection, instance: Instance, revoked_at: datetime, *,
+                  bound: int, now: datetime) -> None:
+    """Record (or refresh) the finding; audit it when it opens."""
+    refreshed = instance.credentials_refreshed_at
+    detail = json.dumps({
+        "revoked_at": revoked_at.isoformat(), "bound_seconds": bound,
+        "credentials_refreshed_at": refreshed.isoformat() if refreshed else None,
+        "heartbeat_at": instance.heartbeat_at.isoformat(),
+    }, sort_keys=True)
+    existing = conn.execute(
+        select(findings.c.id, findings.c.resolved_at)
+        .where(findings.c.kind == REVOCATION_LAG, findings.c.subject == instance.id)
+    ).first()
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(findings).values(kind=REVOCATION_LAG, subject=instance.id,
+                                           detail=detail, first_seen=now, last_seen=now)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=["kind", "subject"],
+        set_={"detail": detail, "last_seen": now, "resolved_at": None}))
+    if existing is None or existing.resolved_at is not None:
+        audit.record(conn, SCHEDULER, "instance.revocation_lag", instance.id, at=now,
+                     detail=json.loads(detail))
+
+
+def _resolve_others(conn: Connection, flagged: set[str], *, now: datetime) -> None:
+    """Close the open lag findings of instances that caught up or went away."""
+    query = (update(findings)
+             .where(findings.c.kind == REVOCATION_LAG, findings.c.resolved_at.is_(None))
+             .values(resolved_at=now))
+    if flagged:
+        query = query.where(findings.c.subject.not_in(flagged))
+    conn.execute(query)
