@@ -1,0 +1,159 @@
+"""Retention purge and payload expiry (jobs/retention.py, `ledger purge`), both databases."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select, update
+
+from jobs.retention import purge
+from ledger.clock import FixedClock
+from ledger.config import DEFAULT_RETENTION_SECONDS
+from ledger.domain import JobStatus, ReceiptState
+from ledger.schema import audit_log, jobs, receipts
+from tests.helpers import deliver, make_sender
+from tests.integration.ledger_rows import add_receipt, count
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+OLD = NOW - timedelta(seconds=DEFAULT_RETENTION_SECONDS + 60)
+RECENT = NOW - timedelta(seconds=DEFAULT_RETENTION_SECONDS - 60)
+
+
+def _seed(app):
+    """Write one receipt of every kind around the retention boundary."""
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    s = sender.scope_id
+    with svc.engine.begin() as conn:
+        add_receipt(conn, s, "old-complete", state=ReceiptState.COMPLETE, accepted_at=OLD,
+                    n_attempts=2, unsigned=True, conflict=True)
+        add_receipt(conn, s, "old-failed", state=ReceiptState.FAILED, accepted_at=OLD,
+                    job=JobStatus.FAILED, n_attempts=3)
+        add_receipt(conn, s, "old-pending", state=ReceiptState.PENDING, accepted_at=OLD,
+                    job=JobStatus.QUEUED)
+        add_receipt(conn, s, "recent-complete", state=ReceiptState.COMPLETE,
+                    accepted_at=RECENT)
+    return svc
+
+
+def test_purge_removes_finished_receipts_past_retention_with_their_history(app):
+    svc = _seed(app)
+    result = purge(svc.engine, svc.settings, FixedClock(NOW))
+    assert result.expired_receipts == 2 and result.dry_run is False
+    with svc.engine.connect() as conn:
+        left = set(conn.execute(select(receipts.c.event_id)).scalars())
+        assert left == {"old-pending", "recent-complete"}
+        # the pending one keeps its job and history; the purged ones keep nothing
+        assert count(conn, "jobs") == 1
+        assert count(conn, "attempts", "event_id LIKE 'old-%' AND event_id <> 'old-pending'") == 0
+        assert count(conn, "attempts", "event_id = 'old-pending'") == 1
+        assert count(conn, "unsigned_bodies") == 0
+        assert count(conn, "conflicts") == 0
+
+
+def test_dry_run_counts_without_deleting(app):
+    svc = _seed(app)
+    dry = purge(svc.engine, svc.settings, FixedClock(NOW), dry_run=True)
+    # review window = min(14 days, retention of ~7 days): the old failed payload is due
+    assert dry.to_json() == {"expired_receipts": 2, "payloads_dropped": 1, "dry_run": True}
+    with svc.engine.connect() as conn:
+        assert count(conn, "receipts") == 4
+    real = purge(svc.engine, svc.settings, FixedClock(NOW))
+    assert (real.expired_receipts, real.payloads_dropped) == (2, 1)
+
+
+def test_purge_in_small_batches_reaches_everything(app):
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    with svc.engine.begin() as conn:
+        for i in range(23):
+            add_receipt(conn, sender.scope_id, f"e{i}", state=ReceiptState.COMPLETE,
+                        accepted_at=OLD - timedelta(seconds=i))
+    seen: list[int] = []
+    result = purge(svc.engine, svc.settings, FixedClock(NOW), batch_size=5,
+                   on_batch=seen.append)
+    assert result.expired_receipts == 23
+    assert seen == [5, 10, 15, 20, 23]
+    with svc.engine.connect() as conn:
+        assert count(conn, "receipts") == 0 and count(conn, "attempts") == 0
+
+
+def test_failed_payload_is_dropped_after_the_review_window_but_the_receipt_stays(test_env):
+    from app import create_app
+
+    # retention 30 days, so the 14-day review window is the shorter one
+    app = create_app({**test_env, "LEDGER_RETENTION_SECONDS": str(30 * 86400)})
+    try:
+        svc = app.extensions["ledger"]
+        sender = make_sender(app)
+        with svc.engine.begin() as conn:
+            add_receipt(conn, sender.scope_id, "reviewed", state=ReceiptState.FAILED,
+                        accepted_at=NOW - timedelta(days=15), job=JobStatus.FAILED)
+            add_receipt(conn, sender.scope_id, "in-review", state=ReceiptState.FAILED,
+                        accepted_at=NOW - timedelta(days=13), job=JobStatus.FAILED)
+            add_receipt(conn, sender.scope_id, "queued", state=ReceiptState.PENDING,
+                        accepted_at=NOW - timedelta(days=15), job=JobStatus.QUEUED)
+        result = purge(svc.engine, svc.settings, FixedClock(NOW))
+        assert (result.expired_receipts, result.payloads_dropped) == (0, 1)
+        with svc.engine.connect() as conn:
+            payloads = dict(conn.execute(select(jobs.c.event_id, jobs.c.payload)).all())
+            assert payloads["reviewed"] is None
+            assert payloads["in-review"] is not None and payloads["queued"] is not None
+            assert count(conn, "receipts") == 3
+        again = purge(svc.engine, svc.settings, FixedClock(NOW))
+        assert again.payloads_dropped == 0
+    finally:
+        app.extensions["ledger"].close()
+
+
+@pytest.mark.parametrize("profile", ["stripe", "github"])
+def test_a_replay_after_expiry_becomes_new_work(app, client, profile):
+    """The seed's stated consequence: past retention the ledger cannot prove the event ran."""
+    svc = app.extensions["ledger"]
+    sender = make_sender(app, profile=profile)
+    first = deliver(client, sender, "evt_boundary")
+    assert first.status_code == 202
+    with svc.engine.begin() as conn:  # the worker's outcome: complete, job deleted
+        conn.execute(update(receipts).values(state=ReceiptState.COMPLETE.code,
+                                             result_ref="credit:1",
+                                             completed_at=svc.clock.now()))
+        conn.execute(jobs.delete())
+    inside = deliver(client, sender, "evt_boundary")
+    assert inside.status_code == 200 and inside.get_json()["status"] == "duplicate"
+
+    later = svc.clock.now() + timedelta(seconds=svc.settings.retention_seconds + 1)
+    assert purge(svc.engine, svc.settings, FixedClock(later)).expired_receipts == 1
+    replay = deliver(client, sender, "evt_boundary")
+    assert replay.status_code == 202
+    assert replay.get_json() == {"status": "accepted", "event_id": "evt_boundary",
+                                 "state": "pending"}
+    with svc.engine.connect() as conn:
+        fresh = conn.execute(select(receipts)).one()
+    assert fresh.state == ReceiptState.PENDING.code and fresh.attempts == 0
+
+
+def test_purge_command_prints_the_contract_json_and_audits(app, runner):
+    svc = _seed(app)
+    # the app's clock is the wall clock: make the seeded rows old relative to it
+    shift = datetime.now(UTC) - NOW
+    with svc.engine.begin() as conn:
+        for row in conn.execute(select(receipts.c.event_id, receipts.c.accepted_at)).all():
+            conn.execute(update(receipts).where(receipts.c.event_id == row.event_id)
+                         .values(accepted_at=row.accepted_at + shift))
+        conn.execute(update(jobs).values(accepted_at=OLD + shift))
+    dry = runner.invoke(args=["ledger", "purge", "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.output) == {"expired_receipts": 2, "payloads_dropped": 1,
+                                      "dry_run": True}
+    real = runner.invoke(args=["ledger", "purge", "--json"])
+    assert json.loads(real.output) == {"expired_receipts": 2, "payloads_dropped": 1,
+                                       "dry_run": False}
+    with svc.engine.connect() as conn:
+        entry = conn.execute(select(audit_log).where(audit_log.c.action == "receipts.purge")
+                             ).one()
+    assert entry.actor.startswith("cli:")
+    assert json.loads(entry.detail)["expired_receipts"] == 2
+    empty = runner.invoke(args=["ledger", "purge", "--json"])
+    assert json.loads(empty.output)["expired_receipts"] == 0
