@@ -15,23 +15,28 @@ from __future__ import annotations
 
 import json
 import secrets
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cryptography.fernet import Fernet
-from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy import Connection, delete, func, select
 
 from ledger import audit
-from ledger.clock import FixedClock, unix
 from ledger.credentials import revoke_credential, rotate_credential
-from ledger.domain import JobStatus, ReceiptState
+from ledger.domain import ReceiptState
+from ledger.drill_sandbox import (
+    PROFILE,
+    SandboxSender,
+    StepFailed,
+    event_body,
+    expect,
+    retention_replay,
+    sign,
+)
 from ledger.instances import live_instances
 from ledger.integrations import create_integration, get_integration_by_id
 from ledger.schema import (
@@ -46,13 +51,10 @@ from ledger.schema import (
     scope_counts,
     unsigned_bodies,
 )
-from ledger.signatures import get_profile
 
 if TYPE_CHECKING:
     from ledger.services import Services
 
-PROFILE = "standard-webhooks"
-EVENT_TYPE = "drill.check"
 POLL_SECONDS = 0.2
 HTTP_TIMEOUT_SECONDS = 10.0
 # Tables keyed by scope id that a sandbox integration can leave rows in.
@@ -87,34 +89,11 @@ class DrillReport:
                           for s in self.steps]}
 
 
-class StepFailed(Exception):
-    """A step's check did not hold; the message is the step's detail."""
-
-
-@dataclass(slots=True, kw_only=True)
-class SandboxSender:
-    """A sandbox integration and the secret it currently signs with."""
-
-    integration_id: int
-    public_id: str
-    scope: str
-    key_id: str
-    secret: str
-
-
-def _body(event_id: str) -> bytes:
-    """Return a small standard-webhooks body (no business handler: type drill.check)."""
-    return json.dumps({"type": EVENT_TYPE, "data": {"drill": event_id}},
-                      separators=(",", ":")).encode()
-
-
 def post_event(base_url: str, sender: SandboxSender, event_id: str, *, now: datetime,
                secret: str | None = None) -> tuple[int, dict[str, Any]]:
     """Sign and POST one delivery like the sender would; return (status, JSON answer)."""
-    body = _body(event_id)
-    headers = get_profile(PROFILE).sign(secret or sender.secret, body, event_id=event_id,
-                                        event_type=EVENT_TYPE, timestamp=unix(now))
-    headers["Content-Type"] = "application/json"
+    body = event_body(event_id)
+    headers = sign(secret or sender.secret, body, event_id, now)
     request = urllib.request.Request(f"{base_url.rstrip('/')}/hooks/{sender.public_id}",
                                      data=body, headers=headers, method="POST")
     try:
@@ -140,12 +119,6 @@ def scope_snapshot(conn: Connection, scope_id: int) -> dict[str, Any]:
               for name, table in (("jobs", jobs), ("conflicts", conflicts))}
     return {"receipts": [(r.event_id, r.state, r.accepted_at.isoformat()) for r in rows],
             **counts}
-
-
-def _expect(condition: bool, detail: str) -> None:
-    """Fail the step with `detail` unless `condition` holds."""
-    if not condition:
-        raise StepFailed(detail)
 
 
 class Drill:
@@ -194,14 +167,14 @@ class Drill:
             assert sender is not None
             for event_id in ("evt-1", "evt-2"):
                 status, answer = self.post(sender, event_id)
-                _expect(status == 202 and answer.get("status") == "accepted",
+                expect(status == 202 and answer.get("status") == "accepted",
                         f"{sender.scope} {event_id}: expected 202 accepted, got {status} "
                         f"{answer.get('status') or answer.get('error')}")
             status, answer = self.post(sender, "evt-1")
-            _expect(answer.get("status") == "duplicate",
+            expect(answer.get("status") == "duplicate",
                     f"{sender.scope} duplicate evt-1: expected duplicate, got {status}")
             held = len(self.snapshot(sender)["receipts"])
-            _expect(held == 2, f"{sender.scope}: expected 2 receipts, found {held} "
+            expect(held == 2, f"{sender.scope}: expected 2 receipts, found {held} "
                                "(is the server on this DATABASE_URL?)")
         return "2 accepted + 1 duplicate per account; 2 receipts per scope"
 
@@ -213,7 +186,7 @@ class Drill:
                                         reason="leaked-key drill", now=self.now())
         started = time.monotonic()
         refused_after = self._poll_until(lambda: self.post(self.a, "evt-1")[0] == 401)
-        _expect(refused_after is not None and refused_after <= self.bound,
+        expect(refused_after is not None and refused_after <= self.bound,
                 f"revoked key still accepted after {time.monotonic() - started:.1f} s "
                 f"(bound {self.bound} s)")
         self._await_instances(revoked.revoked_at, started)  # type: ignore[arg-type]
@@ -252,15 +225,15 @@ class Drill:
         assert self.a is not None
         before = self.snapshot(self.a)
         answers = [self.post(self.a, event_id)[0] for event_id in ("evt-3", "evt-2")]
-        _expect(answers == [401, 401], f"revoked key answered {answers}, expected 401s")
-        _expect(self.snapshot(self.a) == before, "A's ledger changed under a revoked key")
+        expect(answers == [401, 401], f"revoked key answered {answers}, expected 401s")
+        expect(self.snapshot(self.a) == before, "A's ledger changed under a revoked key")
         return "new and duplicate deliveries under the revoked key: 401, ledger unchanged"
 
     def b_keeps_accepting(self) -> str:
         """B's credential is untouched by A's revocation."""
         assert self.b is not None
         status, answer = self.post(self.b, "evt-3")
-        _expect(status == 202 and answer.get("status") == "accepted",
+        expect(status == 202 and answer.get("status") == "accepted",
                 f"B's new event answered {status} {answer.get('status') or answer.get('error')}")
         return "B accepted a new event after A's revocation"
 
@@ -281,13 +254,13 @@ class Drill:
             return status != 401
 
         took = self._poll_until(replay)
-        _expect(took is not None, f"new key not accepted within {self.bound} s")
+        expect(took is not None, f"new key not accepted within {self.bound} s")
         after = self.snapshot(self.a)
         states = {ReceiptState.from_code(s).value for e, s, _ in before["receipts"] + after[
             "receipts"] if e == "evt-1"}
-        _expect(answer.get("status") == "duplicate" and answer.get("state") in states,
+        expect(answer.get("status") == "duplicate" and answer.get("state") in states,
                 f"replay under the new key answered {answer}, receipt states {sorted(states)}")
-        _expect(len(after["receipts"]) == len(before["receipts"]) and after["jobs"] <= before[
+        expect(len(after["receipts"]) == len(before["receipts"]) and after["jobs"] <= before[
             "jobs"], "the replay under the new key created new work")
         return (f"replay under {rotation.key_id} answered duplicate/{answer['state']} "
                 f"(the original receipt) after {took:.1f} s; one receipt, same scope")
@@ -301,7 +274,7 @@ class Drill:
                  ("other_account_keeps_accepting", self.b_keeps_accepting),
                  ("rotated_key_gets_original_outcome", self.rotate_a),
                  ("replay_after_retention_runs_again",
-                  lambda: retention_replay(self.svc.settings.retention_seconds)))
+                  lambda: retention_replay(self.svc.settings)))
         try:
             for name, step in steps:
                 if not _run_step(report, name, step):
@@ -359,81 +332,3 @@ def run_drill(base_url: str, services: Services, *,
     report = DrillReport()
     Drill(base_url, services, actor or audit.Actor.cli()).run(report)
     return report
-
-
-# --- the isolated retention sandbox -------------------------------------------------------
-
-
-def retention_replay(retention_seconds: int) -> str:
-    """In a throwaway ledger, replay an event after its receipt expired: it runs again."""
-    from ledger.config import Settings
-    from ledger.db import upgrade
-    from ledger.services import build_services
-
-    with tempfile.TemporaryDirectory(prefix="ledger-drill-") as tmp:
-        settings = Settings(database_url=f"sqlite:///{Path(tmp) / 'sandbox.sqlite3'}",
-                            var_dir=Path(tmp), master_key=Fernet.generate_key().decode(),
-                            retention_seconds=retention_seconds)
-        clock = FixedClock()
-        svc = build_services(settings, clock=clock)
-        try:
-            upgrade(svc.engine)
-            return _replay_across_retention(svc, clock)
-        finally:
-            svc.close()
-
-
-def _sandbox_accept(svc: Services, sender: SandboxSender, event_id: str) -> dict[str, Any]:
-    """Deliver through the sandbox's real intake pipeline, signed at the sandbox's time."""
-    body = _body(event_id)
-    headers = get_profile(PROFILE).sign(sender.secret, body, event_id=event_id,
-                                        event_type=EVENT_TYPE, timestamp=unix(svc.clock.now()))
-    header_map = {k.lower(): [v] for k, v in headers.items()}
-    answer = svc.intake.accept(svc.intake.lookup(sender.public_id), header_map, body)
-    return answer.body
-
-
-def _replay_across_retention(svc: Services, clock: FixedClock) -> str:
-    """Accept, complete, replay (duplicate), pass retention, purge, replay (new work)."""
-    from jobs.retention import purge
-
-    with svc.engine.begin() as conn:
-        integration, cred = create_integration(
-            conn, svc.box, audit.Actor(name="drill", role="sandbox"), account="sandbox",
-            name="retention", profile=PROFILE, now=clock.now(), sandbox=True)
-    sender = SandboxSender(integration_id=integration.id, public_id=integration.public_id,
-                           scope=integration.scope, key_id=cred.key_id, secret=cred.secret)
-    _expect(_sandbox_accept(svc, sender, "evt-old")["status"] == "accepted",
-            "sandbox: first delivery not accepted")
-    first = _complete_like_a_worker(svc, integration.id, "evt-old")
-    inside = _sandbox_accept(svc, sender, "evt-old")
-    _expect(inside["status"] == "duplicate", f"sandbox: replay inside retention got {inside}")
-    clock.advance(svc.settings.retention_seconds + 1)
-    purged = purge(svc.engine, svc.settings, clock).expired_receipts
-    again = _sandbox_accept(svc, sender, "evt-old")
-    with svc.engine.connect() as conn:
-        fresh = conn.execute(select(receipts.c.accepted_at, receipts.c.state).where(
-            receipts.c.scope_id == integration.id, receipts.c.event_id == "evt-old")).first()
-    _expect(again["status"] == "accepted" and fresh is not None and fresh.accepted_at > first,
-            f"sandbox: replay after retention answered {again} (purged {purged})")
-    return (f"inside retention: duplicate; after {svc.settings.retention_seconds} s and a purge "
-            f"({purged} expired): accepted again as a fresh pending receipt")
-
-
-def _complete_like_a_worker(svc: Services, scope_id: int, event_id: str) -> datetime:
-    """Finish the sandbox's one job the way a worker commits it; return when it was accepted.
-
-    TODO(integrator): run the real worker (`ledger worker --burst` equivalent) here
-    once its in-process entry point is settled; the end state is the same.
-    """
-    now = svc.clock.now()
-    with svc.engine.begin() as conn:
-        conn.execute(update(receipts).where(receipts.c.scope_id == scope_id,
-                                            receipts.c.event_id == event_id)
-                     .values(state=ReceiptState.COMPLETE.code, completed_at=now,
-                             attempts=1, result_ref="ignored:no-handler"))
-        conn.execute(delete(jobs).where(jobs.c.scope_id == scope_id,
-                                        jobs.c.event_id == event_id,
-                                        jobs.c.status == JobStatus.QUEUED.value))
-        return conn.execute(select(receipts.c.accepted_at).where(
-            receipts.c.scope_id == scope_id, receipts.c.event_id == event_id)).scalar_one()
