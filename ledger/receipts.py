@@ -59,8 +59,8 @@ def requeue_receipt(conn: Connection, actor: audit.Actor, *, scope: str, event_i
         raise Refused(f"only failed receipts can be requeued; {scope}:{event_id} is "
                       f"{receipt.state.value}")
     if job is None or job.payload is None or job.status != JobStatus.FAILED.value or (
-        review_window_seconds is not None and receipt.completed_at is not None
-        and now >= receipt.completed_at + timedelta(seconds=review_window_seconds)
+        review_window_seconds is not None
+        and job.window_start < now - timedelta(seconds=review_window_seconds)
     ):
         raise Refused(f"the payload of {scope}:{event_id} was dropped at the end of its "
                       "review window; it cannot be requeued (ask the sender to redeliver "

@@ -221,15 +221,18 @@ class ParkedJob:
 
     payload: str | None
     status: int
+    window_start: datetime  # the retention purge drops a failed payload a review window later
 
 
 def lock_job(conn: Connection, scope_id: int, event_id: str) -> ParkedJob | None:
     """Lock one job row for an operator action; None if it no longer exists."""
     row = conn.execute(
-        select(jobs.c.payload, jobs.c.status).where(*_job_key(scope_id, event_id))
-        .with_for_update()
+        select(jobs.c.payload, jobs.c.status, jobs.c.accepted_at)
+        .where(*_job_key(scope_id, event_id)).with_for_update()
     ).first()
-    return None if row is None else ParkedJob(payload=row.payload, status=row.status)
+    if row is None:
+        return None
+    return ParkedJob(payload=row.payload, status=row.status, window_start=row.accepted_at)
 
 
 def requeue_job(conn: Connection, scope_id: int, event_id: str, now: datetime) -> None:

@@ -1,0 +1,373 @@
+"""The worker on both databases: completion, retries, terminal states, requeue, poison events."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client import REGISTRY
+from sqlalchemy import select
+
+from app import create_app
+from ledger.audit import verify_chain
+from ledger.clock import FixedClock, unix
+from ledger.demo import balance
+from ledger.receipts import get_receipt
+from ledger.schema import attempts, audit_log, jobs
+from ledger.worker import WorkerHooks, process_one
+from tests.helpers import deliver, make_sender
+
+
+class FixedRandom:
+    """An RNG that always answers the same fraction."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def random(self) -> float:
+        """Return the fixed fraction."""
+        return self.value
+
+
+class SimulatedCrash(BaseException):
+    """Stands for a worker dying mid-job: nothing catches it, nothing is recorded."""
+
+
+@pytest.fixture
+def make_app(test_env):
+    """Build apps on the test database with a FixedClock and extra settings."""
+    made = []
+
+    def factory(**env: str):
+        app = create_app({**test_env, **env}, clock=FixedClock(datetime.now(UTC)))
+        made.append(app)
+        return app
+
+    yield factory
+    for app in made:
+        app.extensions["ledger"].close()
+
+
+def _send(app, sender, event_id, event_type="demo.credit", data=None):
+    """Deliver one event signed at the app's clock time; assert it was accepted."""
+    now = unix(app.extensions["ledger"].clock.now())
+    response = deliver(app.test_client(), sender, event_id, event_type,
+                       data if data is not None else {"amount": 5}, timestamp=now)
+    assert response.status_code == 202, response.get_json()
+    return response
+
+
+def _receipt(app, sender, event_id):
+    with app.extensions["ledger"].engine.connect() as conn:
+        return get_receipt(conn, sender.scope, event_id)
+
+
+def _history(app, sender, event_id):
+    with app.extensions["ledger"].engine.connect() as conn:
+        return [(r.number, r.outcome, r.error) for r in conn.execute(
+            select(attempts).where(attempts.c.scope_id == sender.scope_id,
+                                   attempts.c.event_id == event_id)
+            .order_by(attempts.c.number)).all()]
+
+
+def _job(app, sender, event_id):
+    with app.extensions["ledger"].engine.connect() as conn:
+        return conn.execute(select(jobs).where(jobs.c.scope_id == sender.scope_id,
+                                               jobs.c.event_id == event_id)).first()
+
+
+def _balance(app, sender):
+    with app.extensions["ledger"].engine.connect() as conn:
+        return balance(conn, sender.scope_id)
+
+
+def _drain(app, rng=None, hooks=None):
+    """Process every due job; return how many ran."""
+    svc = app.extensions["ledger"]
+    count = 0
+    while process_one(svc, "w-test", rng=rng or FixedRandom(0.5), hooks=hooks):
+        count += 1
+        assert count < 1000
+    return count
+
+
+def test_credit_completes_once_and_its_payload_leaves(make_app):
+    app = make_app()
+    sender = make_sender(app)
+    _send(app, sender, "evt_1", data={"amount": 5})
+    _send(app, sender, "evt_2", data={"amount": 7})
+    assert _drain(app) == 2
+    assert _balance(app, sender) == 12
+    receipt = _receipt(app, sender, "evt_1")
+    assert (receipt.state.value, receipt.result_ref, receipt.attempts) == (
+        "complete", "credit:5", 1)
+    assert receipt.completed_at is not None
+    assert _job(app, sender, "evt_1") is None  # the payload left the hot ledger
+    assert _history(app, sender, "evt_1") == [(1, "complete", None)]
+    duplicate = deliver(app.test_client(), sender, "evt_1", "demo.credit", {"amount": 5},
+                        timestamp=unix(app.extensions["ledger"].clock.now()))
+    assert (duplicate.status_code, duplicate.get_json()["result_ref"]) == (200, "credit:5")
+    assert _drain(app) == 0
+    assert _balance(app, sender) == 12
+
+
+def test_type_without_handler_completes_as_ignored(make_app):
+    app = make_app()
+    sender = make_sender(app)
+    _send(app, sender, "evt_x", "invoice.paid", {"amount": 5})
+    assert _drain(app) == 1
+    receipt = _receipt(app, sender, "evt_x")
+    assert (receipt.state.value, receipt.result_ref) == ("complete", "ignored:no-handler")
+
+
+def test_demo_handlers_are_absent_unless_enabled(make_app):
+    app = make_app(LEDGER_DEMO_HANDLERS="0")
+    sender = make_sender(app)
+    _send(app, sender, "evt_c", "demo.credit", {"amount": 5})
+    _drain(app)
+    assert _receipt(app, sender, "evt_c").result_ref == "ignored:no-handler"
+    assert _balance(app, sender) == 0
+
+
+def test_flaky_retries_with_backoff_then_credits(make_app):
+    app = make_app(LEDGER_RETRY_BASE_SECONDS="10")
+    clock = app.extensions["ledger"].clock
+    sender = make_sender(app)
+    _send(app, sender, "evt_f", "demo.flaky", {"amount": 3, "fail_times": 2})
+    assert _drain(app) == 1
+    # Full jitter with the injected RNG at 0.5: half of min(cap, 10 * 2^0).
+    assert _job(app, sender, "evt_f").run_at == clock.now() + timedelta(seconds=5)
+    assert _receipt(app, sender, "evt_f").state.value == "pending"
+    clock.advance(4.9)
+    assert _drain(app) == 0  # not due yet
+    clock.advance(0.1)
+    assert _drain(app) == 1
+    assert _job(app, sender, "evt_f").run_at == clock.now() + timedelta(seconds=10)
+    clock.advance(10)
+    assert _drain(app) == 1
+    receipt = _receipt(app, sender, "evt_f")
+    assert (receipt.state.value, receipt.result_ref, receipt.attempts) == (
+        "complete", "credit:3", 3)
+    assert [(n, o) for n, o, _ in _history(app, sender, "evt_f")] == [
+        (1, "retry"), (2, "retry"), (3, "complete")]
+    assert _history(app, sender, "evt_f")[0][2] == "DemoFailure: demo.flaky fails attempt 1 of 2"
+    assert _balance(app, sender) == 3
+
+
+def _terminal_count(event_type: str) -> float:
+    value = REGISTRY.get_sample_value("ledger_terminal_failures_total",
+                                      {"event_type": event_type})
+    return value or 0.0
+
+
+def test_terminal_at_max_attempts_keeps_payload_for_review(make_app):
+    app = make_app(LEDGER_MAX_ATTEMPTS="3", LEDGER_RETRY_BASE_SECONDS="10")
+    clock = app.extensions["ledger"].clock
+    sender = make_sender(app)
+    _send(app, sender, "evt_p", "demo.fail", {})
+    before = _terminal_count("demo.fail")
+    for _ in range(3):
+        assert _drain(app) == 1
+        clock.advance(3600)
+    receipt = _receipt(app, sender, "evt_p")
+    assert (receipt.state.value, receipt.attempts) == ("failed", 3)
+    assert receipt.last_error == "DemoFailure: demo.fail always fails"
+    job = _job(app, sender, "evt_p")
+    assert job.status == 1 and json.loads(job.payload) == {
+        "id": "evt_p", "object": "event", "type": "demo.fail", "data": {}}
+    assert [o for _, o, _ in _history(app, sender, "evt_p")] == ["retry", "retry", "failed"]
+    assert _terminal_count("demo.fail") == before + 1
+    clock.advance(86400)
+    assert _drain(app) == 0  # terminal: never claimed again
+    duplicate = deliver(app.test_client(), sender, "evt_p", "demo.fail", {},
+                        timestamp=unix(clock.now()))
+    assert (duplicate.status_code, duplicate.get_json()["state"]) == (200, "failed")
+
+
+def test_terminal_at_max_event_age(make_app):
+    app = make_app(LEDGER_MAX_EVENT_AGE_SECONDS="100", LEDGER_RETRY_BASE_SECONDS="10")
+    clock = app.extensions["ledger"].clock
+    sender = make_sender(app)
+    _send(app, sender, "evt_old", "demo.fail", {})
+    assert _drain(app) == 1  # attempt 1 fails, retry due 5 s later
+    clock.advance(200)  # the workers were away: the retry is now too old to start
+    assert _drain(app) == 1
+    receipt = _receipt(app, sender, "evt_old")
+    assert (receipt.state.value, receipt.attempts) == ("failed", 1)
+    assert receipt.last_error.startswith("MaxEventAgeExceeded: event is 200s old")
+    assert [o for _, o, _ in _history(app, sender, "evt_old")] == ["retry", "not-run"]
+
+
+def test_retry_that_would_start_past_max_age_fails_at_once(make_app):
+    app = make_app(LEDGER_MAX_EVENT_AGE_SECONDS="100", LEDGER_RETRY_BASE_SECONDS="1000",
+                   LEDGER_RETRY_CAP_SECONDS="1000")
+    sender = make_sender(app)
+    _send(app, sender, "evt_far", "demo.fail", {})
+    assert _drain(app) == 1  # the retry would wait 500 s: past the 100 s age limit
+    receipt = _receipt(app, sender, "evt_far")
+    assert (receipt.state.value, receipt.last_error) == (
+        "failed", "DemoFailure: demo.fail always fails")
+
+
+def _crash(_conn, _event):
+    raise SimulatedCrash()
+
+
+def test_crashes_count_as_attempts_so_a_killer_job_still_fails(make_app):
+    app = make_app(LEDGER_MAX_ATTEMPTS="2", LEDGER_LEASE_SECONDS="60")
+    clock = app.extensions["ledger"].clock
+    sender = make_sender(app)
+    _send(app, sender, "evt_k", data={"amount": 5})
+    for _ in range(2):
+        with pytest.raises(SimulatedCrash):
+            _drain(app, hooks=WorkerHooks(before_commit=_crash))
+        assert _drain(app) == 0  # leased: nobody else may take it yet
+        clock.advance(61)
+    assert _drain(app) == 1  # the third claim finds two attempts spent
+    receipt = _receipt(app, sender, "evt_k")
+    assert (receipt.state.value, receipt.attempts) == ("failed", 2)
+    assert receipt.last_error.startswith("MaxAttemptsExceeded")
+    assert [o for _, o, _ in _history(app, sender, "evt_k")] == ["lost", "lost", "not-run"]
+    assert _balance(app, sender) == 0  # the crashed transactions never committed
+
+
+def test_crashed_worker_job_is_claimable_after_its_lease(make_app):
+    app = make_app(LEDGER_LEASE_SECONDS="60")
+    clock = app.extensions["ledger"].clock
+    sender = make_sender(app)
+    _send(app, sender, "evt_l", data={"amount": 9})
+    with pytest.raises(SimulatedCrash):
+        _drain(app, hooks=WorkerHooks(before_commit=_crash))
+    clock.advance(59)
+    assert _drain(app) == 0
+    clock.advance(2)
+    assert _drain(app) == 1
+    receipt = _receipt(app, sender, "evt_l")
+    assert (receipt.state.value, receipt.result_ref, receipt.attempts) == (
+        "complete", "credit:9", 2)
+    assert [(n, o) for n, o, _ in _history(app, sender, "evt_l")] == [(1, "lost"), (2, "complete")]
+
+
+def test_poison_event_does_not_block_good_ones(make_app):
+    app = make_app(LEDGER_RETRY_BASE_SECONDS="10")
+    clock = app.extensions["ledger"].clock
+    sender = make_sender(app)
+    _send(app, sender, "evt_poison", "demo.fail", {})
+    for n in range(5):
+        clock.advance(1)
+        _send(app, sender, f"evt_good_{n}", data={"amount": n + 1})
+    assert _drain(app) == 6
+    assert all(_receipt(app, sender, f"evt_good_{n}").state.value == "complete"
+               for n in range(5))
+    assert _receipt(app, sender, "evt_poison").state.value == "pending"  # still retrying
+    _send(app, sender, "evt_late", data={"amount": 100})
+    clock.advance(5)
+    assert _drain(app) == 2  # the poison's retry and the late good event
+    assert _receipt(app, sender, "evt_late").state.value == "complete"
+    assert _balance(app, sender) == 115
+    assert _receipt(app, sender, "evt_poison").attempts == 2
+
+
+def _fail_to_terminal(app, sender, event_id):
+    clock = app.extensions["ledger"].clock
+    while _receipt(app, sender, event_id).state.value == "pending":
+        assert _drain(app) >= 1
+        clock.advance(3600)
+
+
+def test_requeue_keeps_history_and_is_audited(make_app):
+    app = make_app(LEDGER_MAX_ATTEMPTS="2")
+    sender = make_sender(app)
+    _send(app, sender, "evt_r", "demo.flaky", {"amount": 4, "fail_times": 2})
+    _fail_to_terminal(app, sender, "evt_r")
+    assert _receipt(app, sender, "evt_r").attempts == 2
+    result = app.test_cli_runner().invoke(args=[
+        "ledger", "receipt", "requeue", "--scope", sender.scope, "--event-id", "evt_r",
+        "--reason", "downstream fixed", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"scope": sender.scope, "event_id": "evt_r",
+                                         "state": "pending"}
+    job = _job(app, sender, "evt_r")
+    assert (job.status, job.attempts) == (0, 0)
+    assert job.run_at == app.extensions["ledger"].clock.now()  # due now
+    assert _drain(app) == 1
+    receipt = _receipt(app, sender, "evt_r")
+    assert (receipt.state.value, receipt.result_ref, receipt.attempts) == (
+        "complete", "credit:4", 3)
+    assert [(n, o) for n, o, _ in _history(app, sender, "evt_r")] == [
+        (1, "retry"), (2, "failed"), (3, "complete")]
+    with app.extensions["ledger"].engine.connect() as conn:
+        rows = conn.execute(select(audit_log).where(audit_log.c.action == "receipt.requeue")).all()
+        assert verify_chain(conn)["ok"]
+    assert [(r.target, r.reason, r.scope) for r in rows] == [
+        (f"{sender.scope}:evt_r", "downstream fixed", sender.scope)]
+
+
+def _requeue(app, *args):
+    result = app.test_cli_runner().invoke(args=["ledger", "receipt", "requeue", *args, "--json"])
+    return result.exit_code, json.loads(result.output.splitlines()[0])
+
+
+def _requeue_audits(app):
+    with app.extensions["ledger"].engine.connect() as conn:
+        return len(conn.execute(select(audit_log.c.id)
+                                .where(audit_log.c.action == "receipt.requeue")).all())
+
+
+def test_requeue_refuses_what_it_cannot_do(make_app):
+    app = make_app(LEDGER_MAX_ATTEMPTS="1", LEDGER_REVIEW_WINDOW_SECONDS="86400")
+    sender = make_sender(app)
+    _send(app, sender, "evt_pending", data={"amount": 1})
+    code, answer = _requeue(app, "--scope", sender.scope, "--event-id", "evt_pending",
+                            "--reason", "why not")
+    assert (code, answer["error"]) == (1, "refused")
+    assert "only failed receipts" in answer["detail"]
+    code, answer = _requeue(app, "--scope", sender.scope, "--event-id", "nope", "--reason", "x")
+    assert (code, answer["error"]) == (1, "not_found")
+    _send(app, sender, "evt_dead", "demo.fail", {})
+    _fail_to_terminal(app, sender, "evt_dead")
+    code, answer = _requeue(app, "--scope", sender.scope, "--event-id", "evt_dead",
+                            "--reason", "  ")
+    assert (code, answer["error"]) == (1, "refused")
+    assert "reason is required" in answer["detail"]
+    app.extensions["ledger"].clock.advance(86401)  # the review window is over
+    code, answer = _requeue(app, "--scope", sender.scope, "--event-id", "evt_dead",
+                            "--reason", "too late")
+    assert (code, answer["error"]) == (1, "refused")
+    assert "review window" in answer["detail"]
+    assert _requeue_audits(app) == 0
+    assert _receipt(app, sender, "evt_dead").state.value == "failed"
+
+
+def test_requeue_refused_once_the_payload_was_dropped(make_app):
+    app = make_app(LEDGER_MAX_ATTEMPTS="1")
+    sender = make_sender(app)
+    _send(app, sender, "evt_gone", "demo.fail", {})
+    _fail_to_terminal(app, sender, "evt_gone")
+    with app.extensions["ledger"].engine.begin() as conn:  # what the retention purge does
+        conn.execute(jobs.update().where(jobs.c.event_id == "evt_gone").values(payload=None))
+    code, answer = _requeue(app, "--scope", sender.scope, "--event-id", "evt_gone",
+                            "--reason", "retry")
+    assert (code, answer["error"]) == (1, "refused")
+    assert "payload" in answer["detail"] and "dropped" in answer["detail"]
+    assert _requeue_audits(app) == 0
+
+
+def test_transition_logs_are_privacy_safe(make_app, caplog):
+    app = make_app()
+    sender = make_sender(app)
+    _send(app, sender, "evt_secret_id", "demo.fail", {"amount": 31337})
+    with caplog.at_level(logging.INFO, logger="ledger"):
+        _drain(app)
+    lines = [json.loads(r.getMessage()) for r in caplog.records
+             if r.name == "ledger.worker" and "job.transition" in r.getMessage()]
+    assert [(line["from_state"], line["to_state"]) for line in lines] == [
+        ("queued", "running"), ("running", "retrying")]
+    for line in lines:
+        assert line["scope"] == sender.scope and line["event_ref"].startswith("ev_")
+        assert line["attempt"] == 1 and line["event_type"] == "demo.fail"
+        assert line["event_age_seconds"] >= 0
+    text = caplog.text
+    assert "evt_secret_id" not in text and "31337" not in text
