@@ -6,7 +6,7 @@ import getpass
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, text
@@ -60,6 +60,8 @@ def record(conn: Connection, actor: Actor, action: str, target: str, *, at: date
     prev = conn.execute(
         select(audit_log.c.row_hash).order_by(audit_log.c.id.desc()).limit(1)
     ).scalar()
+    # Hash what the database gives back: UTC (a +02:00 instant would read back as UTC).
+    at = at.astimezone(UTC)
     values = {
         "at": at, "actor": actor.name, "role": actor.role, "action": action,
         "target": target, "scope": scope, "reason": reason, "request_id": actor.request_id,
