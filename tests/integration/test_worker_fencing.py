@@ -1,0 +1,185 @@
+"""Fencing and the run loop: a worker whose lease was taken over commits nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import select
+
+from app import create_app
+from ledger.clock import FixedClock, unix
+from ledger.demo import balance
+from ledger.demo_handlers import credit
+from ledger.handlers import HandlerSpec, Registry
+from ledger.receipts import get_receipt
+from ledger.schema import attempts, jobs
+from ledger.worker import Worker, run_worker
+from tests.helpers import deliver, make_sender
+
+WAIT = 20  # seconds: the bound of every wait in this module
+
+
+@pytest.fixture
+def fixed_app(test_env):
+    """The app with a FixedClock and a 60 s lease."""
+    app = create_app({**test_env, "LEDGER_LEASE_SECONDS": "60"},
+                     clock=FixedClock(datetime.now(UTC)))
+    yield app
+    app.extensions["ledger"].close()
+
+
+def _send(app, sender, event_id, event_type="demo.credit", data=None):
+    now = unix(app.extensions["ledger"].clock.now())
+    response = deliver(app.test_client(), sender, event_id, event_type,
+                       data if data is not None else {"amount": 5}, timestamp=now)
+    assert response.status_code == 202, response.get_json()
+
+
+def _state(app, sender, event_id):
+    svc = app.extensions["ledger"]
+    with svc.engine.connect() as conn:
+        receipt = get_receipt(conn, sender.scope, event_id)
+        history = [(r.number, r.worker_id, r.outcome) for r in conn.execute(
+            select(attempts).where(attempts.c.event_id == event_id)
+            .order_by(attempts.c.number)).all()]
+        job = conn.execute(select(jobs.c.event_id).where(jobs.c.event_id == event_id)).first()
+        return receipt, history, job, balance(conn, sender.scope_id)
+
+
+class CountingCredit:
+    """demo.credit that counts how often its transaction body ran."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, conn, event) -> str:
+        self.calls.append(threading.current_thread().name)
+        return credit(conn, event)
+
+
+def test_late_commit_after_takeover_is_refused_while_b_holds_the_lease(fixed_app):
+    """A pauses after its claim, its lease expires, B claims; A's commit changes nothing."""
+    app, clock = fixed_app, fixed_app.extensions["ledger"].clock
+    sender = make_sender(app)
+    _send(app, sender, "evt_fence", data={"amount": 5})
+    paused = {1: (threading.Event(), threading.Event()), 2: (threading.Event(), threading.Event())}
+
+    def pause(event) -> None:  # the out-of-transaction step: where slow work happens
+        claimed, go = paused[event.attempt]
+        claimed.set()
+        assert go.wait(WAIT)
+
+    apply = CountingCredit()
+    registry = Registry({"demo.credit": HandlerSpec(event_type="demo.credit", apply=apply,
+                                                    prepare=pause)})
+    svc = app.extensions["ledger"]
+    worker_a = Worker(svc, worker_id="worker-a", handlers=registry)
+    worker_b = Worker(svc, worker_id="worker-b", handlers=registry)
+    thread_a = threading.Thread(target=worker_a.process_one, name="A")
+    thread_b = threading.Thread(target=worker_b.process_one, name="B")
+    thread_a.start()
+    assert paused[1][0].wait(WAIT)
+    clock.advance(61)  # A's lease is over
+    thread_b.start()
+    assert paused[2][0].wait(WAIT)  # B took the job over
+    paused[1][1].set()  # A wakes up and tries to commit
+    thread_a.join(WAIT)
+    receipt, history, job, credited = _state(app, sender, "evt_fence")
+    assert (receipt.state.value, credited, job is not None) == ("pending", 0, True)
+    assert apply.calls == []  # A's transaction was rolled back before its handler wrote
+    paused[2][1].set()
+    thread_b.join(WAIT)
+    receipt, history, job, credited = _state(app, sender, "evt_fence")
+    assert (receipt.state.value, receipt.result_ref, credited, job) == (
+        "complete", "credit:5", 5, None)
+    assert history == [(1, "worker-a", "lost"), (2, "worker-b", "complete")]
+    assert apply.calls == ["B"]
+
+
+def test_late_commit_after_b_completed_changes_nothing(fixed_app):
+    """B takes over and finishes while A sleeps; A's late commit is refused: credited once."""
+    app, clock = fixed_app, fixed_app.extensions["ledger"].clock
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    _send(app, sender, "evt_once", data={"amount": 8})
+    apply = CountingCredit()
+    worker_b = Worker(svc, worker_id="worker-b",
+                      handlers=Registry({"demo.credit": HandlerSpec(event_type="demo.credit",
+                                                                    apply=apply)}))
+
+    def stall(event) -> None:
+        clock.advance(61)  # A stalls past its lease ...
+        assert worker_b.process_one()  # ... and B runs the whole job meanwhile
+
+    worker_a = Worker(svc, worker_id="worker-a", handlers=Registry({"demo.credit": HandlerSpec(
+        event_type="demo.credit", apply=apply, prepare=stall)}))
+    assert worker_a.process_one()
+    receipt, history, job, credited = _state(app, sender, "evt_once")
+    assert (receipt.state.value, receipt.result_ref, credited, job) == (
+        "complete", "credit:8", 8, None)
+    assert history == [(1, "worker-a", "lost"), (2, "worker-b", "complete")]
+    assert len(apply.calls) == 1
+
+
+def test_burst_runs_every_due_job_then_exits_zero(app, runner):
+    sender = make_sender(app)
+    for n in range(3):
+        assert deliver(app.test_client(), sender, f"evt_b{n}", "demo.credit",
+                       {"amount": 2}).status_code == 202
+    result = runner.invoke(args=["ledger", "worker", "--burst", "--concurrency", "2"])
+    assert result.exit_code == 0, result.output
+    assert _state(app, sender, "evt_b2")[3] == 6
+    assert all(_state(app, sender, f"evt_b{n}")[0].state.value == "complete" for n in range(3))
+
+
+def test_run_worker_stops_when_told(app):
+    sender = make_sender(app)
+    stop = threading.Event()
+    counted: list[int] = []
+    thread = threading.Thread(
+        target=lambda: counted.append(run_worker(app.extensions["ledger"], stop=stop,
+                                                 concurrency=2, worker_id="loop")))
+    thread.start()
+    try:
+        assert deliver(app.test_client(), sender, "evt_loop", "demo.credit",
+                       {"amount": 4}).status_code == 202
+        deadline = time.monotonic() + WAIT
+        while _state(app, sender, "evt_loop")[0].state.value != "complete":
+            assert time.monotonic() < deadline, "the running worker never completed the job"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(WAIT)
+    assert not thread.is_alive()
+    assert counted == [1]
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_current_job_then_exits(app, test_env):
+    sender = make_sender(app)
+    assert deliver(app.test_client(), sender, "evt_slow", "demo.slow",
+                   {"amount": 3, "seconds": 2}).status_code == 202
+    process = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "ledger"), "worker"],
+        env={**os.environ, **test_env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + WAIT
+        while not _state(app, sender, "evt_slow")[1]:  # the attempt row: it is sleeping
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(WAIT) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(WAIT)
+    receipt, _history, job, credited = _state(app, sender, "evt_slow")
+    assert (receipt.state.value, receipt.result_ref, credited, job) == (
+        "complete", "credit:3", 3, None)
