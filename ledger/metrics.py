@@ -32,6 +32,10 @@ PURGED_ROWS = Counter("ledger_purged_rows_total", "Rows removed by the purge", [
 SCHEDULER_RUNS = Counter(
     "ledger_scheduler_runs_total", "Scheduled job runs by job and outcome", ["job", "outcome"],
 )
+OPEN_FINDINGS = Gauge(
+    "ledger_findings_open", "Open stuck-work and integrity findings (latest sweep), by kind",
+    ["kind"], multiprocess_mode="max",
+)
 RECEIPTS_BY_STATE = Gauge(
     "ledger_receipts", "Receipts by state (from the latest rollup)", ["state"],
     multiprocess_mode="max",

@@ -1,0 +1,164 @@
+"""Stuck-work and integrity sweep: record what needs an operator as `findings` rows.
+
+Kinds of finding (subject `"<account>/<integration>:<event_id>"`):
+- `lease_expired`: a queued job was claimed, its lease ran out more than a lease
+  ago, and no worker took it over (are the workers running?).
+- `overdue`: a queued job was due more than LEDGER_STUCK_PENDING_SECONDS ago.
+- `pending_without_job`: a pending receipt has no job, so nothing will ever
+  finish it (integrity: receipt and job are written in one transaction).
+- `job_without_receipt`: a job whose receipt is gone (integrity).
+- `job_of_complete_receipt`: a job still queued for a receipt already complete.
+A finding no longer true is resolved (resolved_at); one that comes back reopens.
+The sweep also marks scheduler runs whose holder died as abandoned.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, case, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ledger.clock import Clock
+from ledger.config import Settings
+from ledger.domain import JobStatus, ReceiptState
+from ledger.metrics import OPEN_FINDINGS
+from ledger.runs import mark_abandoned_runs
+from ledger.schema import findings, integrations, jobs, receipts
+
+KINDS = ("lease_expired", "overdue", "pending_without_job", "job_without_receipt",
+         "job_of_complete_receipt")
+# A backlog of a million stuck jobs needs one alert, not a million rows.
+MAX_FINDINGS_PER_KIND = 1000
+ABANDONED_RUN_GRACE_SECONDS = 300
+
+Found = dict[tuple[str, str], dict[str, Any]]
+
+
+def run(engine: Engine, settings: Settings, clock: Clock) -> int:
+    """Scheduled entry point: sweep and return the rows written."""
+    return sweep(engine, settings, clock)
+
+
+def sweep(engine: Engine, settings: Settings, clock: Clock, *,
+          abandoned_grace_seconds: float = ABANDONED_RUN_GRACE_SECONDS) -> int:
+    """Find stuck and inconsistent work, upsert findings, resolve the stale ones."""
+    now = clock.now()
+    with engine.connect() as conn:
+        found, capped = collect(conn, settings, now)
+    with engine.begin() as conn:
+        written = record_findings(conn, found, now)
+        written += resolve_findings(conn, set(found), capped, now)
+        written += mark_abandoned_runs(conn, now=now, grace_seconds=abandoned_grace_seconds)
+    for kind in KINDS:
+        OPEN_FINDINGS.labels(kind).set(sum(1 for k, _ in found if k == kind))
+    return written
+
+
+def collect(conn: Connection, settings: Settings, now: datetime) -> tuple[Found, set[str]]:
+    """Return the findings true right now, and the kinds whose list was cut at the cap."""
+    scopes = {row.id: f"{row.account}/{row.name}" for row in conn.execute(
+        select(integrations.c.id, integrations.c.account, integrations.c.name))}
+    found: Found = {}
+    capped: set[str] = set()
+    for kind, query in _queries(settings, now).items():
+        rows = conn.execute(query.limit(MAX_FINDINGS_PER_KIND + 1)).all()
+        if len(rows) > MAX_FINDINGS_PER_KIND:
+            capped.add(kind)
+            rows = rows[:MAX_FINDINGS_PER_KIND]
+        for row in rows:
+            key = (kind, f"{scopes.get(row.scope_id, f'scope#{row.scope_id}')}:{row.event_id}")
+            if key[0] == "overdue" and ("lease_expired", key[1]) in found:
+                continue
+            found[key] = _detail(row)
+    return found, capped
+
+
+def _detail(row: Any) -> dict[str, Any]:
+    """Return the JSON detail of a finding (ids and times only, never a payload)."""
+    detail: dict[str, Any] = {}
+    for name, value in row._mapping.items():
+        if name in ("scope_id", "event_id"):
+            continue
+        detail[name] = value.isoformat() if isinstance(value, datetime) else value
+    return detail
+
+
+def _queries(settings: Settings, now: datetime) -> dict[str, Any]:
+    """Return the query of each finding kind; every one reads a small or indexed set."""
+    queued = jobs.c.status == JobStatus.QUEUED.value
+    lease_grace = now - timedelta(seconds=settings.lease_seconds)
+    overdue_since = now - timedelta(seconds=settings.stuck_pending_seconds)
+    job_cols = (jobs.c.scope_id, jobs.c.event_id, jobs.c.run_at, jobs.c.attempts)
+    receipt_of_job = and_(receipts.c.scope_id == jobs.c.scope_id,
+                          receipts.c.event_id == jobs.c.event_id)
+    job_of_receipt = and_(jobs.c.scope_id == receipts.c.scope_id,
+                          jobs.c.event_id == receipts.c.event_id)
+    return {
+        # A claim sets run_at to the lease end; a worker that reschedules moves
+        # run_at past it. run_at <= leased_until therefore means "claimed, never
+        # rescheduled, never finished".
+        "lease_expired": select(*job_cols, jobs.c.leased_by, jobs.c.leased_until).where(
+            queued, jobs.c.leased_until.is_not(None), jobs.c.leased_until < lease_grace,
+            jobs.c.run_at <= jobs.c.leased_until).order_by(jobs.c.run_at),
+        "overdue": select(*job_cols).where(queued, jobs.c.run_at < overdue_since)
+        .order_by(jobs.c.run_at),
+        "pending_without_job": select(receipts.c.scope_id, receipts.c.event_id,
+                                      receipts.c.accepted_at)
+        .where(receipts.c.state == ReceiptState.PENDING.code,
+               ~select(jobs.c.scope_id).where(job_of_receipt).exists())
+        .order_by(receipts.c.accepted_at),
+        "job_without_receipt": select(*job_cols, jobs.c.status)
+        .where(~select(receipts.c.scope_id).where(receipt_of_job).exists())
+        .order_by(jobs.c.accepted_at),
+        "job_of_complete_receipt": select(*job_cols).join(receipts, receipt_of_job)
+        .where(queued, receipts.c.state == ReceiptState.COMPLETE.code)
+        .order_by(jobs.c.accepted_at),
+    }
+
+
+def record_findings(conn: Connection, found: Found, now: datetime) -> int:
+    """Upsert every current finding; a resolved one that recurs starts over."""
+    if not found:
+        return 0
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(findings)
+    reopened = findings.c.resolved_at.is_not(None)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["kind", "subject"],
+        set_={"last_seen": stmt.excluded.last_seen, "detail": stmt.excluded.detail,
+              "first_seen": case((reopened, stmt.excluded.first_seen),
+                                 else_=findings.c.first_seen),
+              "resolved_at": None},
+    )
+    rows = [{"kind": kind, "subject": subject, "detail": json.dumps(detail, sort_keys=True),
+             "first_seen": now, "last_seen": now, "resolved_at": None}
+            for (kind, subject), detail in found.items()]
+    conn.execute(stmt, rows)
+    return len(rows)
+
+
+def resolve_findings(conn: Connection, current: set[tuple[str, str]], capped: set[str],
+                     now: datetime) -> int:
+    """Resolve open findings of the sweep's kinds that were not seen this time."""
+    kinds = [k for k in KINDS if k not in capped]  # a capped list proves nothing absent
+    open_rows = conn.execute(
+        select(findings.c.id, findings.c.kind, findings.c.subject)
+        .where(findings.c.kind.in_(kinds), findings.c.resolved_at.is_(None))
+    ).all()
+    gone = [row.id for row in open_rows if (row.kind, row.subject) not in current]
+    if gone:
+        conn.execute(update(findings).where(findings.c.id.in_(gone)).values(resolved_at=now))
+    return len(gone)
+
+
+def open_findings(conn: Connection, *, limit: int = 100) -> list[dict[str, Any]]:
+    """Return open findings, newest first (dashboard, API)."""
+    rows = conn.execute(
+        select(findings).where(findings.c.resolved_at.is_(None))
+        .order_by(findings.c.last_seen.desc(), findings.c.id.desc()).limit(limit))
+    return [{"kind": r.kind, "subject": r.subject,
+             "detail": json.loads(r.detail) if r.detail else None,
+             "first_seen": r.first_seen, "last_seen": r.last_seen} for r in rows]

@@ -1,0 +1,111 @@
+"""Stuck-work and integrity sweep (jobs/sweep.py), both databases."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, update
+
+from jobs.sweep import open_findings, sweep
+from ledger import runs
+from ledger.clock import FixedClock
+from ledger.domain import JobStatus, ReceiptState
+from ledger.metrics import OPEN_FINDINGS
+from ledger.schema import findings, jobs, receipts, scheduler_runs
+from tests.helpers import make_sender
+from tests.integration.ledger_rows import add_receipt
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def _stuck_ledger(app):
+    """Write healthy work plus one case of every finding kind."""
+    svc = app.extensions["ledger"]
+    s = make_sender(app).scope_id
+    ago = lambda seconds: NOW - timedelta(seconds=seconds)  # noqa: E731
+    with svc.engine.begin() as conn:
+        # healthy: due a moment ago, leased and still inside its lease, finished
+        add_receipt(conn, s, "fresh", state=ReceiptState.PENDING, accepted_at=ago(5),
+                    job=JobStatus.QUEUED)
+        add_receipt(conn, s, "leased", state=ReceiptState.PENDING, accepted_at=ago(30),
+                    job=JobStatus.QUEUED, run_at=ago(-30), leased_until=ago(-30))
+        add_receipt(conn, s, "done", state=ReceiptState.COMPLETE, accepted_at=ago(3600))
+        add_receipt(conn, s, "dead-letter", state=ReceiptState.FAILED, accepted_at=ago(9000),
+                    job=JobStatus.FAILED)
+        # stuck and inconsistent
+        add_receipt(conn, s, "lost-lease", state=ReceiptState.PENDING, accepted_at=ago(600),
+                    job=JobStatus.QUEUED, run_at=ago(400), leased_until=ago(400))
+        add_receipt(conn, s, "overdue", state=ReceiptState.PENDING, accepted_at=ago(2000),
+                    job=JobStatus.QUEUED, run_at=ago(1000))
+        add_receipt(conn, s, "no-job", state=ReceiptState.PENDING, accepted_at=ago(100))
+        add_receipt(conn, s, "orphan", state=ReceiptState.PENDING, accepted_at=ago(100),
+                    job=JobStatus.QUEUED)
+        conn.execute(receipts.delete().where(receipts.c.event_id == "orphan"))
+        add_receipt(conn, s, "twice", state=ReceiptState.COMPLETE, accepted_at=ago(100),
+                    job=JobStatus.QUEUED)
+    return svc
+
+
+def _open(svc) -> dict[str, str]:
+    with svc.engine.connect() as conn:
+        return {f["subject"].split(":", 1)[1]: f["kind"] for f in open_findings(conn)}
+
+
+def test_sweep_records_one_finding_per_stuck_or_inconsistent_item(app):
+    svc = _stuck_ledger(app)
+    sweep(svc.engine, svc.settings, FixedClock(NOW))
+    assert _open(svc) == {
+        "lost-lease": "lease_expired", "overdue": "overdue", "no-job": "pending_without_job",
+        "orphan": "job_without_receipt", "twice": "job_of_complete_receipt",
+    }
+    with svc.engine.connect() as conn:
+        row = conn.execute(select(findings).where(findings.c.kind == "lease_expired")).one()
+    assert row.subject == "acme/stripe-prod:lost-lease"
+    assert json.loads(row.detail)["leased_by"] == "w1"
+    assert OPEN_FINDINGS.labels("overdue")._value.get() == 1
+
+
+def test_findings_resolve_when_fixed_and_reopen_when_back(app):
+    svc = _stuck_ledger(app)
+    clock = FixedClock(NOW)
+    sweep(svc.engine, svc.settings, clock)
+    with svc.engine.begin() as conn:  # a worker picks up the overdue job
+        conn.execute(update(jobs).where(jobs.c.event_id == "overdue")
+                     .values(run_at=NOW + timedelta(seconds=60)))
+    later = clock.advance(60)
+    sweep(svc.engine, svc.settings, clock)
+    assert "overdue" not in _open(svc)
+    with svc.engine.connect() as conn:
+        resolved = conn.execute(select(findings).where(findings.c.kind == "overdue")).one()
+        lasting = conn.execute(select(findings).where(findings.c.kind == "lease_expired")).one()
+    assert resolved.resolved_at == later
+    assert (lasting.first_seen, lasting.last_seen) == (NOW, later)
+
+    with svc.engine.begin() as conn:  # stuck again an hour later
+        conn.execute(update(jobs).where(jobs.c.event_id == "overdue").values(run_at=NOW))
+    again = clock.advance(3600)
+    sweep(svc.engine, svc.settings, clock)
+    with svc.engine.connect() as conn:
+        back = conn.execute(select(findings).where(
+            findings.c.subject == "acme/stripe-prod:overdue")).one()
+    assert back.resolved_at is None and back.first_seen == again
+
+
+def test_sweep_marks_runs_of_a_dead_scheduler_abandoned(app):
+    svc = app.extensions["ledger"]
+    hour = timedelta(hours=1)
+    with svc.engine.begin() as conn:
+        dead = runs.claim_run(conn, job="rollups", period_start=NOW - 3 * hour,
+                              instance="host:1:dead", now=NOW - 3 * hour)
+        live = runs.claim_run(conn, job="retention", period_start=NOW - hour,
+                              instance="host:2:live", now=NOW - hour)
+        newer = runs.claim_run(conn, job="rollups", period_start=NOW - 2 * hour,
+                               instance="host:2:live", now=NOW - 2 * hour)
+        runs.finish_run(conn, newer, outcome=runs.RunOutcome.OK, now=NOW - 2 * hour,
+                        rows_affected=3)
+    sweep(svc.engine, svc.settings, FixedClock(NOW))
+    with svc.engine.connect() as conn:
+        outcome = dict(conn.execute(select(scheduler_runs.c.id, scheduler_runs.c.outcome)).all())
+    # no later finished run of 'retention' exists, so that run may still be working
+    assert outcome == {dead: "abandoned", live: "running", newer: "ok"}
