@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import Counter, Gauge, Histogram
+
+# In multiprocess mode the unlabelled metrics below open their files as they are
+# defined: make sure the directory exists (a worker may start before gunicorn).
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
 
 DELIVERIES = Counter(
     "ledger_deliveries_total", "Deliveries answered by the intake, by outcome",

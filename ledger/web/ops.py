@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, Response, current_app, jsonify
 from sqlalchemy import text
 
 from ledger.db import migration_status
+from ledger.metrics_export import render_metrics
 
 bp = Blueprint("ops", __name__)
 
@@ -30,3 +31,12 @@ def readyz():  # type: ignore[no-untyped-def]
         return jsonify({"status": "unready",
                         "detail": f"migrations at {current}, head is {head}"}), 503
     return jsonify({"status": "ready"})
+
+
+@bp.get("/metrics")
+def prometheus_metrics() -> Response:
+    """Serve Prometheus metrics, aggregated over every process of this server."""
+    svc = current_app.extensions["ledger"]
+    body, content_type = render_metrics(
+        svc.engine, svc.clock, revocation_bound_seconds=svc.settings.revocation_bound_seconds)
+    return Response(body, content_type=content_type)
