@@ -21,6 +21,7 @@ def _register() -> None:
         integration_cmds,
         operator_cmds,
         receipt_cmds,
+        scheduler_cmds,
         secrets_cmds,
         worker_cmds,
     )

@@ -1,0 +1,60 @@
+"""`ledger scheduler`, `ledger purge`, `ledger capacity`: scheduled jobs and their figures."""
+
+from __future__ import annotations
+
+import click
+
+from ledger import audit
+from ledger.cli import ledger_cli
+from ledger.cli.common import emit, handles_ledger_errors, json_option, services
+
+
+@ledger_cli.command("scheduler")
+@click.option("--instance-id", default=None, help="Name of this instance in the runs table.")
+def scheduler_command(instance_id: str | None) -> None:
+    """Run the scheduled jobs until stopped (any number of instances; each job runs once
+    per period across all of them)."""
+    from ledger.scheduler import period_scale_from_env, periods_from_env, run_scheduler
+
+    try:
+        overrides, scale = periods_from_env(), period_scale_from_env()
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+    click.echo("scheduler running; stop with Ctrl-C or SIGTERM", err=True)
+    run_scheduler(services(), instance_id=instance_id, period_overrides=overrides,
+                  period_scale=scale)
+
+
+@ledger_cli.command("purge")
+@click.option("--dry-run", is_flag=True, help="Count what would go; delete nothing.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Receipts deleted per transaction.")
+@json_option
+@handles_ledger_errors
+def purge_command(dry_run: bool, batch_size: int, as_json: bool) -> None:
+    """Expire finished receipts older than the retention and drop reviewed failed payloads."""
+    from jobs.retention import purge
+
+    svc = services()
+    result = purge(svc.engine, svc.settings, svc.clock, dry_run=dry_run,
+                   batch_size=batch_size, actor=audit.Actor.cli())
+    verb = "would expire" if dry_run else "expired"
+    emit(as_json, result.to_json(),
+         text=f"{verb} {result.expired_receipts} receipts; "
+              f"{'would drop' if dry_run else 'dropped'} {result.payloads_dropped} payloads")
+
+
+@ledger_cli.command("capacity")
+@click.option("--replicas", type=click.IntRange(min=1), default=None,
+              help="Copies of the database (primary + standbys); multiplies the projection.")
+@json_option
+@handles_ledger_errors
+def capacity_command(replicas: int | None, as_json: bool) -> None:
+    """Measure bytes per receipt and project events/day x retention days x bytes."""
+    from ledger.capacity import describe, measure
+
+    svc = services()
+    figures = measure(svc.engine, svc.settings, replicas=replicas or 1, now=svc.clock.now())
+    if replicas is not None:
+        figures["replicas"] = replicas
+    emit(as_json, figures, text=describe(figures))

@@ -1,0 +1,111 @@
+"""The once-per-period guard and the scheduler's wiring (ledger/scheduler.py), both databases."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.blocking import BlockingScheduler
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import select
+
+from ledger import runs
+from ledger.clock import FixedClock
+from ledger.scheduler import (
+    ScheduledJob,
+    build_scheduler,
+    period_start,
+    periods_from_env,
+    run_once,
+    run_scheduler,
+)
+from ledger.schema import scheduler_runs
+
+NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
+
+
+def _rows(svc) -> list:
+    with svc.engine.connect() as conn:
+        return conn.execute(select(scheduler_runs).order_by(scheduler_runs.c.id)).all()
+
+
+def test_only_one_instance_runs_a_period_and_the_next_period_runs_again(app):
+    svc = app.extensions["ledger"]
+    calls: list[str] = []
+    job = ScheduledJob(name="tick", period_seconds=60,
+                       func=lambda engine, settings, clock: calls.append("x") or 7)
+    clock = FixedClock(NOW)
+    first = run_once(svc.engine, svc.settings, clock, job, instance="a")
+    second = run_once(svc.engine, svc.settings, clock, job, instance="b")
+    assert (first, second, len(calls)) == (runs.RunOutcome.OK, None, 1)
+    clock.advance(60)
+    assert run_once(svc.engine, svc.settings, clock, job, instance="b") is runs.RunOutcome.OK
+    rows = _rows(svc)
+    assert [(r.instance, r.period_start, r.outcome, r.rows_affected) for r in rows] == [
+        ("a", datetime(2026, 6, 1, 12, 0, tzinfo=UTC), "ok", 7),
+        ("b", datetime(2026, 6, 1, 12, 1, tzinfo=UTC), "ok", 7)]
+    assert rows[0].finished_at == NOW
+
+
+def test_a_failing_job_records_its_error_class_without_parameters(app):
+    svc = app.extensions["ledger"]
+
+    def broken(engine, settings, clock):
+        raise sa_exc.IntegrityError("DELETE FROM jobs WHERE payload = %s",
+                                    {"payload": "card=4242"}, ValueError("constraint x"))
+
+    job = ScheduledJob(name="broken", period_seconds=60, func=broken)
+    assert run_once(svc.engine, svc.settings, FixedClock(NOW), job,
+                    instance="a") is runs.RunOutcome.ERROR
+    (row,) = _rows(svc)
+    assert row.outcome == "error" and row.rows_affected is None
+    assert row.error == "ValueError: constraint x"
+
+
+def test_period_start_is_the_floor_of_now_over_the_period():
+    assert period_start(NOW, 60) == datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    assert period_start(NOW, 3600) == datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    assert period_start(NOW, 7) == datetime.fromtimestamp(NOW.timestamp() // 7 * 7, UTC)
+
+
+def test_build_scheduler_registers_every_job_with_overrides_and_scale(app):
+    svc = app.extensions["ledger"]
+    scheduler = build_scheduler(svc, period_overrides={"sweep": 5, "rollups": 0},
+                                period_scale=0.5)
+    assert isinstance(scheduler, BlockingScheduler)
+    periods = {j.id: j.trigger.interval.total_seconds() for j in scheduler.get_jobs()}
+    assert periods == {"retention": 1800, "sweep": 5, "credential_expiry": 30,
+                       "revocation_propagation": 15}
+    assert isinstance(build_scheduler(svc, background=True), BackgroundScheduler)
+
+
+def test_periods_from_env_reads_overrides_and_refuses_garbage():
+    assert periods_from_env({"LEDGER_SCHEDULER_PERIODS": "sweep=1, rollups=2.5"}) == {
+        "sweep": 1.0, "rollups": 2.5}
+    with pytest.raises(ValueError, match="LEDGER_SCHEDULER_PERIODS"):
+        periods_from_env({"LEDGER_SCHEDULER_PERIODS": "sweep=soon"})
+
+
+def test_run_scheduler_in_a_thread_runs_the_real_jobs_until_stopped(app):
+    svc = app.extensions["ledger"]
+    stop = threading.Event()
+    thread = threading.Thread(target=run_scheduler, args=(svc, stop), kwargs={
+        "period_overrides": {"retention": 1, "sweep": 1, "rollups": 1, "credential_expiry": 0,
+                             "revocation_propagation": 0}})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            done = {r.job for r in _rows(svc) if r.outcome == "ok"}
+            if done >= {"retention", "sweep", "rollups"}:
+                break
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        thread.join(timeout=15)
+    assert not thread.is_alive()
+    assert done >= {"retention", "sweep", "rollups"}, [tuple(r) for r in _rows(svc)]
+    assert all(r.outcome == "ok" for r in _rows(svc))
