@@ -68,6 +68,8 @@ class Settings:
     pool_timeout_seconds: float = 2.0
     statement_timeout_ms: int = 5000
     lock_timeout_ms: int = 2000
+    # Behind PgBouncer transaction pooling: no startup options, no prepared statements.
+    db_pgbouncer: bool = False
     sqlite_synchronous: str = "FULL"
     secret_key: str | None = None
     event_id_hash_key: str | None = None
@@ -107,6 +109,7 @@ class Settings:
             pool_timeout_seconds=float(_int(env, "LEDGER_DB_POOL_TIMEOUT_MS", 2000, 1)) / 1000,
             statement_timeout_ms=_int(env, "LEDGER_DB_STATEMENT_TIMEOUT_MS", 5000, 1),
             lock_timeout_ms=_int(env, "LEDGER_DB_LOCK_TIMEOUT_MS", 2000, 1),
+            db_pgbouncer=env.get("LEDGER_DB_PGBOUNCER", "") in ("1", "true", "yes"),
             sqlite_synchronous=env.get("LEDGER_SQLITE_SYNCHRONOUS", "FULL").upper(),
             secret_key=env.get("LEDGER_SECRET_KEY") or None,
             event_id_hash_key=env.get("LEDGER_LOG_HASH_KEY") or None,

@@ -25,13 +25,19 @@ def make_engine(settings: Settings, **overrides: Any) -> Engine:
     options = (f"-c statement_timeout={settings.statement_timeout_ms} "
                f"-c lock_timeout={settings.lock_timeout_ms} "
                "-c idle_in_transaction_session_timeout=60000")
+    connect_args: dict[str, Any] = {"connect_timeout": 3, "options": options}
+    if settings.db_pgbouncer:
+        # Transaction pooling: a server connection changes between transactions, so
+        # session state (startup options, prepared statements) cannot be relied on.
+        # The timeouts move to the role: ALTER ROLE ... SET statement_timeout (README).
+        connect_args = {"connect_timeout": 3, "prepare_threshold": None}
     kwargs: dict[str, Any] = {
         "pool_size": settings.pool_size,
         "max_overflow": 0,
         # A request that cannot get a connection quickly answers 503 instead of hanging.
         "pool_timeout": settings.pool_timeout_seconds,
         "pool_recycle": 1800,
-        "connect_args": {"connect_timeout": 3, "options": options},
+        "connect_args": connect_args,
     }
     kwargs.update(overrides)
     return create_engine(url, **kwargs)
