@@ -39,7 +39,7 @@ from ledger.schema import (
     unsigned_bodies,
 )
 
-log = get_logger("jobs.retention")
+log = get_logger("ledger.jobs.retention")
 DEFAULT_BATCH_SIZE = 10_000
 FINISHED = (ReceiptState.COMPLETE.code, ReceiptState.FAILED.code)
 LOCK_RETRIES = 3

@@ -21,6 +21,7 @@ import secrets
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -166,6 +167,7 @@ def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob
         SCHEDULER_RUNS.labels(job.name, "skipped").inc()
         return None
     outcome, rows, error_text = runs.RunOutcome.OK, None, None
+    started = time.perf_counter()
     try:
         rows = int(job.func(engine, settings, clock))
     except Exception as error:
@@ -179,7 +181,8 @@ def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob
         log.warning("scheduler could not record a run", job=job.name,
                     error=describe_error(error))
     SCHEDULER_RUNS.labels(job.name, outcome.value).inc()
-    log.info("scheduled job ran", job=job.name, outcome=outcome.value, rows_affected=rows)
+    log.info("scheduled job ran", job=job.name, outcome=outcome.value, rows_affected=rows,
+             latency_ms=round((time.perf_counter() - started) * 1000, 2))
     return outcome
 
 

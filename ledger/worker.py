@@ -29,6 +29,7 @@ import os
 import random
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -104,6 +105,7 @@ class Worker:
         self.rng = rng or random.SystemRandom()
         self.hooks = hooks or WorkerHooks()
         self._scopes: dict[int, str] = {}
+        self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
 
     def process_one(self) -> bool:
         """Claim and run one due job; False when none is due."""
@@ -113,6 +115,7 @@ class Worker:
         if claimed is True:
             return True  # ended at claim time (out of attempts or too old)
         job, scope = claimed
+        self._attempt_started = time.perf_counter()
         spec = self.registry.get(job.event_type)
         try:
             event = self._event(job, scope)
@@ -216,6 +219,11 @@ class Worker:
     def _transition(self, job: ClaimedJob, scope: str, from_state: str, to_state: str, *,
                     outcome: str | None = None, **extra: Any) -> None:
         """Log one state transition and count the attempt's outcome."""
+        if outcome is not None:
+            extra["outcome"] = outcome
+            if self._attempt_started is not None:
+                extra["latency_ms"] = round(
+                    (time.perf_counter() - self._attempt_started) * 1000, 2)
         self._log("job.transition", scope=scope, event_id=job.event_id,
                   event_type=job.event_type, attempt=job.number, from_state=from_state,
                   to_state=to_state, accepted_at=job.accepted_at, **extra)

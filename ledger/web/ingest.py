@@ -73,7 +73,7 @@ def receive(public_id: str):  # type: ignore[no-untyped-def]
     outcome = answer.body["status"]
     metrics.DELIVERIES.labels(outcome).inc()
     metrics.INTAKE_LATENCY.observe(elapsed)
-    log.info("delivery." + outcome, scope=answer.scope,
+    log.info("delivery." + outcome, outcome=outcome, scope=answer.scope,
              event_ref=event_ref(answer.scope, answer.event_id), event_type=answer.event_type,
              http_status=answer.status, latency_ms=round(elapsed * 1000, 2))
     response = jsonify(answer.body)
