@@ -1,0 +1,130 @@
+"""Real scheduler processes against one database: once per period, and survival of a kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, select
+
+from ledger import runs
+from ledger.schema import scheduler_runs
+from tests.conftest import TEST_MASTER_KEY
+
+ROOT = Path(__file__).resolve().parents[2]
+LEDGER = str(Path(sys.executable).parent / "ledger")
+pytestmark = pytest.mark.slow
+
+
+def _wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    """Poll `predicate` until it returns something truthy, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Terminate our processes (SIGTERM, then SIGKILL) and reap them."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _runs(engine, job: str) -> list:
+    with engine.connect() as conn:
+        return conn.execute(select(scheduler_runs).where(scheduler_runs.c.job == job)
+                            .order_by(scheduler_runs.c.period_start)).all()
+
+
+def _lines(log: Path) -> Counter:
+    text = log.read_text() if log.exists() else ""
+    return Counter(line.split()[0] for line in text.splitlines())
+
+
+def test_three_schedulers_run_each_period_once_and_survive_a_killed_holder(pg_url, tmp_path):
+    env = {**os.environ, "DATABASE_URL": pg_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
+           "LEDGER_VAR_DIR": str(tmp_path), "TEST_SLOW_SECONDS": "2.5"}
+    log = tmp_path / "executions.log"
+    engine = create_engine(pg_url)
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.integration.scheduler_proc",
+                               str(log)], cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+             for _ in range(3)]
+    try:
+        _wait_for(lambda: _lines(log)["ready"] == 3, 30, "three schedulers to start")
+        _wait_for(lambda: len(_runs(engine, "tick")) >= 5, 30, "five periods of tick")
+        # kill -9 whoever is inside a slow run right now
+        running = _wait_for(lambda: [r for r in _runs(engine, "slow")
+                                     if r.outcome == "running"], 15, "a slow run in progress")
+        victim = running[-1]
+        pid = int(victim.instance.split(":")[1])
+        assert pid in {p.pid for p in procs}
+        os.kill(pid, signal.SIGKILL)
+        killed_at = datetime.now(UTC)
+        _wait_for(lambda: [r for r in _runs(engine, "slow") if r.outcome == "ok"
+                           and r.period_start > killed_at], 30, "a slow run after the kill")
+        _wait_for(lambda: [r for r in _runs(engine, "tick") if r.period_start > killed_at
+                           and r.outcome == "ok"], 15, "a tick after the kill")
+    finally:
+        _stop(procs)
+    ticks, slows = _runs(engine, "tick"), _runs(engine, "slow")
+    executions = _lines(log)
+    # every recorded run executed exactly once: no period ran twice
+    assert executions["tick"] == len(ticks), (executions, len(ticks))
+    assert executions["slow-start"] == len(slows)
+    starts = [r.period_start.timestamp() for r in ticks]
+    assert len(starts) == len(set(starts))
+    # and the schedulers kept the cadence: few periods in the observed span went unrun
+    span = int(starts[-1] - starts[0]) + 1
+    assert len(starts) >= 0.8 * span, (len(starts), span)
+    assert len({r.instance for r in ticks + slows}) >= 2  # the work did move between them
+    # the killed holder's run stays 'running' until the sweep labels it
+    with engine.begin() as conn:
+        assert conn.execute(select(scheduler_runs.c.outcome).where(
+            scheduler_runs.c.id == victim.id)).scalar_one() == "running"
+        runs.mark_abandoned_runs(conn, now=datetime.now(UTC), grace_seconds=0)
+        assert conn.execute(select(scheduler_runs.c.outcome).where(
+            scheduler_runs.c.id == victim.id)).scalar_one() == "abandoned"
+    engine.dispose()
+
+
+def test_ledger_scheduler_command_runs_the_jobs_and_stops_on_sigterm(test_env, tmp_path):
+    env = {**os.environ, **test_env,
+           "LEDGER_SCHEDULER_PERIODS": "retention=1,sweep=1,rollups=1"}
+    proc = subprocess.Popen([LEDGER, "scheduler"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    engine = create_engine(test_env["DATABASE_URL"])
+    try:
+        def jobs_done() -> set[str]:
+            with engine.connect() as conn:
+                return set(conn.execute(select(scheduler_runs.c.job).where(
+                    scheduler_runs.c.outcome == "ok")).scalars())
+
+        _wait_for(lambda: {"retention", "sweep", "rollups"} <= jobs_done(), 30,
+                  "one run of each job")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        _stop([proc])
+        engine.dispose()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert out == b""  # logs go to stderr
+    logged = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
+    assert any(entry.get("event") == "scheduled job ran" for entry in logged)
