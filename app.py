@@ -34,6 +34,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     from ledger.cli import ledger_cli
     from ledger.services import build_services
     from ledger.web import ingest, observability, ops
+    from ledger.web.dashboard import register_dashboard
     from ledger.web.errors import register_error_handlers
 
     configure_logging()
@@ -51,5 +52,6 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     register_error_handlers(app)
     app.register_blueprint(ingest.bp)
     app.register_blueprint(ops.bp)
+    register_dashboard(app)  # sessions, CSRF, dashboard pages, /api/v1
     app.cli.add_command(ledger_cli)
     return app

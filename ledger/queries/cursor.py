@@ -1,0 +1,65 @@
+"""Opaque keyset cursors: the last row's sort key, base64url JSON."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+MAX_CURSOR_LENGTH = 2048
+
+
+class BadCursor(ValueError):
+    """A cursor that this server did not produce."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Page:
+    """One page of a keyset list and the cursor of the next page (None on the last)."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    next_cursor: str | None = None
+
+
+def encode_cursor(*values: Any) -> str:
+    """Encode a sort key (str, int, aware datetime) as an opaque cursor."""
+    plain = [{"t": v.isoformat()} if isinstance(v, datetime) else v for v in values]
+    raw = json.dumps(plain, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, kinds: tuple[type, ...]) -> tuple[Any, ...]:
+    """Decode a cursor whose values must have the given types, or raise BadCursor."""
+    if len(cursor) > MAX_CURSOR_LENGTH:
+        raise BadCursor("cursor too long")
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        plain = json.loads(raw)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise BadCursor("cursor is not valid") from None
+    if not isinstance(plain, list) or len(plain) != len(kinds):
+        raise BadCursor("cursor is not valid")
+    values: list[Any] = []
+    for kind, value in zip(kinds, plain, strict=True):
+        values.append(_typed(kind, value))
+    return tuple(values)
+
+
+def _typed(kind: type, value: Any) -> Any:
+    """Check one decoded cursor value against its expected type."""
+    if kind is datetime:
+        try:
+            moment = datetime.fromisoformat(value["t"])
+        except (TypeError, KeyError, ValueError):
+            raise BadCursor("cursor is not valid") from None
+        if moment.tzinfo is None:
+            raise BadCursor("cursor is not valid")
+        return moment
+    if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise BadCursor("cursor is not valid")
+    if kind is str and not isinstance(value, str):
+        raise BadCursor("cursor is not valid")
+    return value

@@ -1,0 +1,95 @@
+"""Small server-rendered SVG charts (no JavaScript, no CDN). Numbers in, markup out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from markupsafe import Markup, escape
+
+ACCEPTED_COLOUR = "#2b6cb0"
+FAILED_COLOUR = "#c53030"
+PROJECTION_COLOUR = "#2f855a"
+
+
+def _polyline(values: Sequence[float], width: float, height: float, top: float,
+              pad: float = 2.0) -> str:
+    """Return the points attribute of a polyline scaled into the box."""
+    if not values:
+        return ""
+    peak = top or 1.0
+    step = (width - 2 * pad) / max(1, len(values) - 1)
+    points = []
+    for i, value in enumerate(values):
+        x = pad + i * step
+        y = height - pad - (height - 2 * pad) * (value / peak)
+        points.append(f"{x:.1f},{y:.1f}")
+    return " ".join(points)
+
+
+def series_chart(points: Sequence[tuple[datetime, int, int]], *, width: int = 160,
+                 height: int = 36, label: str = "") -> Markup:
+    """Return a sparkline of accepted (blue) and failed (red) per hour."""
+    title = escape(label)
+    if not points:
+        return Markup(
+            f'<svg class="spark" role="img" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}"><title>{title}: no data yet</title>'
+            f'<text x="4" y="{height // 2 + 4}" class="muted">no data yet</text></svg>')
+    accepted = [float(a) for _, a, _ in points]
+    failed = [float(f) for _, _, f in points]
+    top = max(max(accepted), max(failed), 1.0)
+    first, last = points[0][0], points[-1][0]
+    summary = escape(f"{label}: {int(sum(accepted))} accepted, {int(sum(failed))} failed, "
+                     f"{first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC")
+    return Markup(
+        f'<svg class="spark" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}"><title>{summary}</title>'
+        f'<polyline fill="none" stroke="{ACCEPTED_COLOUR}" stroke-width="1.5" '
+        f'points="{_polyline(accepted, width, height, top)}"/>'
+        f'<polyline fill="none" stroke="{FAILED_COLOUR}" stroke-width="1.5" '
+        f'points="{_polyline(failed, width, height, top)}"/></svg>')
+
+
+def _human_bytes(value: float) -> str:
+    """Return a decimal byte count with a unit (kB, MB, GB, TB)."""
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if abs(value) < 1000 or unit == "PB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} PB"
+
+
+def projection_chart(*, events_per_day: float, bytes_per_receipt: float,
+                     retention_days: float, horizon_days: int | None = None,
+                     width: int = 480, height: int = 180) -> Markup:
+    """Return the retained-bytes projection: linear growth until retention, then flat."""
+    horizon = horizon_days or max(2, int(retention_days * 2) or 2)
+    values = [events_per_day * min(day, retention_days) * bytes_per_receipt
+              for day in range(horizon + 1)]
+    top = max(max(values), 1.0)
+    left, bottom = 70, 24
+    plot_w, plot_h = width - left - 10, height - bottom - 10
+    line = _polyline(values, plot_w, plot_h, top, pad=0)
+    retention_x = plot_w * min(retention_days, horizon) / horizon
+    return Markup(
+        f'<svg class="projection" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}"><title>Projected retained bytes over {horizon} days'
+        f'</title><g transform="translate({left},10)">'
+        f'<line x1="0" y1="{plot_h}" x2="{plot_w}" y2="{plot_h}" stroke="#999"/>'
+        f'<line x1="0" y1="0" x2="0" y2="{plot_h}" stroke="#999"/>'
+        f'<line x1="{retention_x:.1f}" y1="0" x2="{retention_x:.1f}" y2="{plot_h}" '
+        f'stroke="#bbb" stroke-dasharray="4 3"/>'
+        f'<polyline fill="none" stroke="{PROJECTION_COLOUR}" stroke-width="2" points="{line}"/>'
+        f'<text x="-6" y="8" text-anchor="end" class="axis">{_human_bytes(top)}</text>'
+        f'<text x="-6" y="{plot_h}" text-anchor="end" class="axis">0</text>'
+        f'<text x="0" y="{plot_h + 16}" class="axis">day 0</text>'
+        f'<text x="{retention_x:.1f}" y="{plot_h + 16}" text-anchor="middle" class="axis">'
+        f'retention {retention_days:g} d</text>'
+        f'<text x="{plot_w}" y="{plot_h + 16}" text-anchor="end" class="axis">day {horizon}'
+        f'</text></g></svg>')
+
+
+def human_bytes(value: float) -> str:
+    """Return a readable decimal byte count."""
+    return _human_bytes(value)

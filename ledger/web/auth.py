@@ -1,0 +1,253 @@
+"""Who is asking: login/logout, server-side sessions, API tokens, roles and CSRF."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from flask import (
+    Blueprint,
+    Flask,
+    Response,
+    current_app,
+    g,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
+from flask_wtf.csrf import CSRFProtect
+
+from ledger import audit
+from ledger.operator_sessions import (
+    SessionPolicy,
+    clear_failures,
+    end_session,
+    load_session,
+    login_key,
+    record_failure,
+    retry_after,
+    start_session,
+)
+from ledger.operators import Operator, operator_for_token, password_hash_of, verify_password
+from ledger.services import Services
+from ledger.web.errors import wants_json
+
+bp = Blueprint("auth", __name__)
+csrf = CSRFProtect()
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def services() -> Services:
+    """Return this app's services."""
+    return current_app.extensions["ledger"]
+
+
+def init_security(app: Flask) -> None:
+    """Configure the session cookie and CSRF checks for the whole app."""
+    settings = app.extensions["ledger"].settings
+    app.config.update(
+        SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=settings.cookie_secure, SESSION_COOKIE_NAME="ledger_session",
+        PERMANENT_SESSION_LIFETIME=timedelta(seconds=settings.session_absolute_seconds),
+        # Checked in _csrf_guard below, so the two exemptions are visible in one place.
+        WTF_CSRF_CHECK_DEFAULT=False, WTF_CSRF_TIME_LIMIT=None)
+    csrf.init_app(app)
+    app.before_request(_csrf_guard)
+    app.register_blueprint(bp)
+
+
+def _csrf_guard() -> None:
+    """Check the CSRF token of every state-changing request but sender intake and Bearer calls."""
+    if request.method not in UNSAFE_METHODS:
+        return
+    if request.blueprint == "ingest" or request.path.startswith("/hooks/"):
+        return  # senders authenticate by signature and carry no cookie
+    if _bearer_token() is not None:
+        return  # a token in a header is not sent by a browser on its own
+    csrf.protect()
+
+
+def _bearer_token() -> str | None:
+    """Return the Bearer token of the request, if any."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def policy(svc: Services) -> SessionPolicy:
+    """Return the session timeouts from settings."""
+    return SessionPolicy(idle_seconds=svc.settings.session_idle_seconds,
+                         absolute_seconds=svc.settings.session_absolute_seconds)
+
+
+def authenticate() -> Operator | None:
+    """Identify the caller by Bearer token or session cookie; cache it on `g`."""
+    if "operator" in g:
+        return g.operator
+    svc = services()
+    token = _bearer_token()
+    operator = None
+    with svc.engine.begin() as conn:
+        if token is not None:
+            operator = operator_for_token(conn, token, svc.clock.now())
+        elif session.get("sid"):
+            operator = load_session(conn, session["sid"], svc.clock.now(), policy(svc))
+    if operator is None and token is None:
+        session.pop("sid", None)
+    g.operator = operator
+    g.request_id = request.headers.get("X-Request-ID", "")[:64] or uuid.uuid4().hex
+    return operator
+
+
+def unauthenticated() -> Response:
+    """Answer a request without a valid session or token: 401 JSON or a redirect to login."""
+    if wants_json():
+        response = jsonify({"error": "unauthenticated"})
+        response.status_code = 401
+        response.headers["WWW-Authenticate"] = 'Bearer realm="ledger"'
+        return response
+    target = url_for("auth.login", next=request.full_path.rstrip("?"))
+    if request.headers.get("HX-Request"):
+        response = Response("", status=401)
+        response.headers["HX-Redirect"] = target
+        return response
+    return redirect(target, code=302)
+
+
+def forbidden(needed: str) -> Response:
+    """Answer an action the caller's role does not allow."""
+    if wants_json():
+        response = jsonify({"error": "forbidden", "needed_role": needed})
+        response.status_code = 403
+        return response
+    body = render_template("error.html", status=403, title="Not allowed",
+                           message=f"This needs the {needed} role or higher.")
+    return Response(body, status=403)
+
+
+def require_login() -> Response | None:
+    """Blueprint hook: stop requests without an operator."""
+    return unauthenticated() if authenticate() is None else None
+
+
+def requires(role: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a view so it runs only for operators holding `role` or higher."""
+
+    def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(view)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            operator = authenticate()
+            if operator is None:
+                return unauthenticated()
+            if not operator.can(role):
+                return forbidden(role)
+            return view(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def actor() -> audit.Actor:
+    """Return the audit actor of the current operator."""
+    operator: Operator = g.operator
+    return audit.Actor(name=operator.username, role=operator.role, request_id=g.request_id)
+
+
+def client_address() -> str:
+    """Return the client address (the proxy's view; configure ProxyFix behind one)."""
+    return request.remote_addr or "unknown"
+
+
+def password_matches(operator: Operator, password: str) -> bool:
+    """Re-check the current operator's password (rotate, revoke); failures count as logins."""
+    svc = services()
+    key = login_key(operator.username, client_address())
+    with svc.engine.begin() as conn:
+        if retry_after(conn, key, svc.clock.now(), svc.settings.login_window_seconds,
+                       svc.settings.login_max_failures):
+            return False
+        _, stored = password_hash_of(conn, operator.username)
+    ok = verify_password(stored, password)
+    with svc.engine.begin() as conn:
+        if ok:
+            clear_failures(conn, key)
+        else:
+            record_failure(conn, key, svc.clock.now(), svc.settings.login_window_seconds)
+    return ok
+
+
+def _safe_next(target: str | None) -> str:
+    """Return a local path to go to after login (never another host)."""
+    if not target:
+        return url_for("dashboard.overview")
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return url_for("dashboard.overview")
+    return target
+
+
+@bp.get("/login")
+def login():  # type: ignore[no-untyped-def]
+    """Show the login form."""
+    return render_template("login.html", next=request.args.get("next", ""), error=None)
+
+
+@bp.post("/login")
+def login_submit():  # type: ignore[no-untyped-def]
+    """Check the password (rate limited per username and address) and start a new session."""
+    svc = services()
+    username = request.form.get("username", "").strip()
+    password = request.form.get("password", "")
+    key = login_key(username, client_address())
+    window, limit = svc.settings.login_window_seconds, svc.settings.login_max_failures
+    with svc.engine.begin() as conn:
+        wait = retry_after(conn, key, svc.clock.now(), window, limit)
+        operator, stored = password_hash_of(conn, username)
+    if wait:
+        minutes = max(1, (wait + 59) // 60)
+        return _login_error(429, f"Too many failed sign-ins for {username!s} from your "
+                                 f"address. Try again in {minutes} minute"
+                                 f"{'s' if minutes != 1 else ''}.", retry_after=wait)
+    ok = verify_password(stored, password) and operator is not None and bool(password)
+    with svc.engine.begin() as conn:
+        if not ok:
+            record_failure(conn, key, svc.clock.now(), window)
+        else:
+            clear_failures(conn, key)
+            session_id = start_session(conn, operator, svc.clock.now())  # type: ignore[arg-type]
+    if not ok:
+        return _login_error(401, "Wrong username or password.")
+    # A fresh cookie: nothing from before login (including its CSRF token) survives.
+    session.clear()
+    session.permanent = True
+    session["sid"] = session_id
+    return redirect(_safe_next(request.form.get("next")), code=303)
+
+
+def _login_error(status: int, message: str, retry_after: int | None = None) -> Response:
+    """Render the login form again with an error."""
+    body = render_template("login.html", next=request.form.get("next", ""), error=message,
+                           username=request.form.get("username", ""))
+    response = Response(body, status=status)
+    if retry_after:
+        response.headers["Retry-After"] = str(retry_after)
+    return response
+
+
+@bp.post("/logout")
+def logout():  # type: ignore[no-untyped-def]
+    """End the session on the server and drop the cookie."""
+    svc = services()
+    if session.get("sid"):
+        with svc.engine.begin() as conn:
+            end_session(conn, session["sid"], svc.clock.now())
+    session.clear()
+    return redirect(url_for("auth.login"), code=303)

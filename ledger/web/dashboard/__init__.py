@@ -1,0 +1,74 @@
+"""The operator dashboard: server-rendered pages, htmx fragments, audited actions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from flask import Blueprint, Flask, Response, g, make_response, render_template, request
+
+from ledger.web.auth import init_security, require_login
+
+bp = Blueprint("dashboard", __name__)
+bp.before_request(require_login)
+
+
+def is_fragment_request() -> bool:
+    """Tell whether htmx asked for a fragment (not a boosted full-page navigation)."""
+    return bool(request.headers.get("HX-Request")) and not request.headers.get("HX-Boosted")
+
+
+def render(page: str, partial: str | None = None, /, *, status: int = 200,
+           **context: Any) -> Response:
+    """Render the full page, or only its partial when htmx asks; either way Vary: HX-Request."""
+    template = partial if partial and is_fragment_request() else page
+    response = make_response(render_template(template, self_partial=partial, **context), status)
+    response.vary.add("HX-Request")
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def ago(seconds: float | None) -> str:
+    """Return a short human duration: 45s, 12m, 3h 5m, 2d 4h."""
+    if seconds is None:
+        return "—"
+    seconds = int(max(0, seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def ts(moment: datetime | None) -> str:
+    """Return a compact UTC timestamp."""
+    return "—" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S") + "Z"
+
+
+def _template_context() -> dict[str, Any]:
+    """Expose the operator and a role check to every template."""
+    operator = g.get("operator")
+    return {"operator": operator, "query_without": query_without,
+            "can": (lambda role: operator is not None and operator.can(role))}
+
+
+def query_without(*names: str) -> str:
+    """Return the request's query string without the named arguments (for paging links)."""
+    kept = [(k, v) for k, v in request.args.items(multi=True) if k not in names and v]
+    return urlencode(kept)
+
+
+def register_dashboard(app: Flask) -> None:
+    """Install security (sessions, CSRF), the dashboard pages and the JSON API."""
+    from ledger.web import api
+    from ledger.web.dashboard import actions, admin, pages  # noqa: F401  (routes on import)
+
+    init_security(app)
+    app.jinja_env.filters["ago"] = ago
+    app.jinja_env.filters["ts"] = ts
+    app.context_processor(_template_context)
+    app.register_blueprint(bp)
+    app.register_blueprint(api.bp)

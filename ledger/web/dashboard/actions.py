@@ -1,0 +1,250 @@
+"""Dashboard actions: each a POST (CSRF-checked), role-checked on the server, one audit row
+per change written in the action's own transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import abort, request
+
+from ledger.conflict_review import acknowledge_conflict
+from ledger.credentials import get_credential, revoke_credential, rotate_credential
+from ledger.errors import LedgerError, NotFound
+from ledger.integrations import add_credential, get_integration
+from ledger.queries.admin import credential_rows, list_conflicts
+from ledger.queries.receipts import scope_names
+from ledger.queries.work import count_failures, failures_chunk
+from ledger.receipts import requeue_receipt
+from ledger.web.auth import actor, password_matches, requires, services
+from ledger.web.dashboard import bp, render
+from ledger.web.filters import BadFilter, receipt_filter
+
+BATCH_SIZE = 100
+OVERLAP_CHOICES = (0, 3600, 86400, 7 * 86400)
+WRONG_PASSWORD = "Your password did not match; nothing was changed."
+
+
+def _status_of(error: LedgerError) -> int:
+    """Return the HTTP status of a refused or missing record."""
+    return 404 if isinstance(error, NotFound) else 409
+
+
+@bp.post("/failures/requeue")
+@requires("oncall")
+def requeue_one():  # type: ignore[no-untyped-def]
+    """Requeue one failed receipt with a reason."""
+    svc = services()
+    scope, event_id = request.form.get("scope", ""), request.form.get("event_id", "")
+    try:
+        with svc.engine.begin() as conn:
+            requeue_receipt(conn, actor(), scope=scope, event_id=event_id,
+                            reason=request.form.get("reason", ""), now=svc.clock.now(),
+                            review_window_seconds=svc.settings.review_window_seconds)
+    except LedgerError as error:
+        return render("action.html", "partials/_requeue_result.html", status=_status_of(error),
+                      ok=False, message=str(error), scope=scope, event_id=event_id)
+    return render("action.html", "partials/_requeue_result.html", ok=True,
+                  message=f"Requeued {scope}:{event_id}.", scope=scope, event_id=event_id)
+
+
+def _filter_args() -> dict[str, str]:
+    """Return the failure filter carried by a batch form."""
+    return {k: request.form.get(k, "") for k in ("scope", "event_type", "since", "until")}
+
+
+@bp.post("/failures/requeue-all/preview")
+@requires("oncall")
+def requeue_all_preview():  # type: ignore[no-untyped-def]
+    """Show how many failures the filter matches and ask for confirmation."""
+    svc = services()
+    args, reason = _filter_args(), request.form.get("reason", "").strip()
+    try:
+        with svc.engine.connect() as conn:
+            total, capped = count_failures(conn, receipt_filter(conn, args))
+    except BadFilter as error:
+        return render("action.html", "partials/_requeue_confirm.html", status=400,
+                      error=str(error), total=0, capped=False, args=args, reason=reason)
+    error = None if reason else "A reason is required."
+    return render("action.html", "partials/_requeue_confirm.html", status=400 if error else 200,
+                  error=error, total=total, capped=capped, args=args, reason=reason)
+
+
+@bp.post("/failures/requeue-all")
+@requires("oncall")
+def requeue_all_step():  # type: ignore[no-untyped-def]
+    """Requeue the next chunk of matching failures; the answer polls for the next chunk."""
+    svc = services()
+    args, reason = _filter_args(), request.form.get("reason", "").strip()
+    done, skipped = _int_field("done"), _int_field("skipped")
+    total = _int_field("total")
+    after = _after_key(request.form.get("after", ""))
+    if not reason:
+        abort(400)
+    try:
+        with svc.engine.begin() as conn:
+            keys = failures_chunk(conn, receipt_filter(conn, args), after, BATCH_SIZE)
+            names = scope_names(conn, {k[1] for k in keys})
+            for key in keys:
+                if _requeue_quietly(conn, names[key[1]][0], key[2], reason):
+                    done += 1
+                else:
+                    skipped += 1
+    except BadFilter:
+        abort(400)
+    running = len(keys) == BATCH_SIZE
+    next_after = _encode_key(keys[-1]) if keys else request.form.get("after", "")
+    return render("action.html", "partials/_requeue_progress.html", running=running,
+                  done=done, skipped=skipped, total=max(total, done + skipped), args=args,
+                  reason=reason, after=next_after)
+
+
+def _requeue_quietly(conn: Any, scope: str, event_id: str, reason: str) -> bool:
+    """Requeue one receipt inside a savepoint; False when it was refused."""
+    svc = services()
+    try:
+        with conn.begin_nested():
+            requeue_receipt(conn, actor(), scope=scope, event_id=event_id, reason=reason,
+                            now=svc.clock.now(),
+                            review_window_seconds=svc.settings.review_window_seconds)
+    except LedgerError:
+        return False
+    return True
+
+
+def _int_field(name: str) -> int:
+    """Read a small non-negative integer from the form."""
+    try:
+        return max(0, int(request.form.get(name, "0") or 0))
+    except ValueError:
+        abort(400)
+
+
+def _encode_key(key: tuple[Any, int, str]) -> str:
+    """Encode a batch position."""
+    from ledger.queries import encode_cursor
+
+    return encode_cursor(*key)
+
+
+def _after_key(raw: str) -> tuple[Any, int, str] | None:
+    """Decode a batch position, or None at the start."""
+    from datetime import datetime
+
+    from ledger.queries import BadCursor, decode_cursor
+
+    if not raw:
+        return None
+    try:
+        return decode_cursor(raw, (datetime, int, str))  # type: ignore[return-value]
+    except BadCursor:
+        abort(400)
+
+
+@bp.post("/conflicts/<int:conflict_id>/ack")
+@requires("oncall")
+def acknowledge(conflict_id: int):  # type: ignore[no-untyped-def]
+    """Acknowledge a conflict with a note."""
+    svc = services()
+    status, message = 200, f"Conflict {conflict_id} acknowledged."
+    try:
+        with svc.engine.begin() as conn:
+            acknowledge_conflict(conn, actor(), conflict_id, note=request.form.get("note", ""),
+                                 now=svc.clock.now())
+    except LedgerError as error:
+        status, message = _status_of(error), str(error)
+    with svc.engine.connect() as conn:
+        page = list_conflicts(conn, unacknowledged=True)
+    return render("conflicts.html", "partials/_conflicts.html", status=status, page=page,
+                  error=None if status == 200 else message,
+                  message=message if status == 200 else None, open_only=True, args={})
+
+
+def _credentials_answer(public_id: str, *, status: int = 200, secret: dict[str, Any] | None = None,
+                        message: str | None = None, error: str | None = None):  # type: ignore[no-untyped-def]
+    """Re-render an integration's credentials with a one-time secret or a message."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        integration = get_integration(conn, public_id)
+        rows = credential_rows(conn, integration.id)
+    return render("credentials.html", "partials/_credentials.html", status=status,
+                  integration=integration, credentials=rows, secret=secret, message=message,
+                  error=error)
+
+
+@bp.post("/credentials/<public_id>/add")
+@requires("security")
+def credential_add(public_id: str):  # type: ignore[no-untyped-def]
+    """Add an active credential; its secret is shown once in this answer."""
+    svc = services()
+    try:
+        with svc.engine.begin() as conn:
+            integration = get_integration(conn, public_id)
+            created = add_credential(conn, svc.box, actor(), integration, now=svc.clock.now(),
+                                     reason=request.form.get("reason", "").strip() or None)
+    except LedgerError as error:
+        return _credentials_or_404(public_id, error)
+    svc.view.invalidate()
+    return _credentials_answer(public_id, secret={"key_id": created.key_id,
+                                                  "secret": created.secret},
+                               message=f"Added {created.key_id}.")
+
+
+@bp.post("/credentials/<public_id>/rotate")
+@requires("security")
+def credential_rotate(public_id: str):  # type: ignore[no-untyped-def]
+    """Rotate with a chosen overlap after re-entering the password."""
+    svc = services()
+    if not password_matches(_operator(), request.form.get("password", "")):
+        return _credentials_answer(public_id, status=403, error=WRONG_PASSWORD)
+    try:
+        overlap = int(request.form.get("overlap", "86400"))
+        with svc.engine.begin() as conn:
+            integration = get_integration(conn, public_id)
+            rotation = rotate_credential(conn, svc.box, actor(), integration,
+                                         now=svc.clock.now(), overlap_seconds=overlap)
+    except ValueError:
+        return _credentials_answer(public_id, status=400, error="overlap must be seconds")
+    except LedgerError as error:
+        return _credentials_or_404(public_id, error)
+    svc.view.invalidate()
+    return _credentials_answer(public_id, secret={"key_id": rotation.key_id,
+                                                  "secret": rotation.secret},
+                               message=f"Rotated: {rotation.key_id} is active; "
+                                       f"{len(rotation.retiring)} key(s) retiring.")
+
+
+@bp.post("/credentials/<public_id>/revoke")
+@requires("security")
+def credential_revoke(public_id: str):  # type: ignore[no-untyped-def]
+    """Revoke one key of this integration with a reason, after re-entering the password."""
+    svc = services()
+    key_id = request.form.get("key_id", "")
+    if not password_matches(_operator(), request.form.get("password", "")):
+        return _credentials_answer(public_id, status=403, error=WRONG_PASSWORD)
+    try:
+        with svc.engine.begin() as conn:
+            integration = get_integration(conn, public_id)
+            if get_credential(conn, key_id).integration_id != integration.id:
+                raise NotFound("credential", key_id)
+            revoke_credential(conn, actor(), key_id, reason=request.form.get("reason", ""),
+                              now=svc.clock.now())
+    except LedgerError as error:
+        return _credentials_or_404(public_id, error)
+    svc.view.invalidate()
+    return _credentials_answer(
+        public_id, message=f"Revoked {key_id}. Every instance refuses it within "
+                           f"{svc.settings.revocation_bound_seconds} s.")
+
+
+def _credentials_or_404(public_id: str, error: LedgerError):  # type: ignore[no-untyped-def]
+    """Answer a refused credential action (or 404 when the integration is unknown)."""
+    if isinstance(error, NotFound) and error.what == "integration":
+        abort(404)
+    return _credentials_answer(public_id, status=_status_of(error), error=str(error))
+
+
+def _operator():  # type: ignore[no-untyped-def]
+    """Return the current operator."""
+    from flask import g
+
+    return g.operator

@@ -1,0 +1,230 @@
+"""Read-only dashboard pages. No GET here changes state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import abort, request
+
+from ledger import audit
+from ledger.errors import NotFound
+from ledger.integrations import get_integration
+from ledger.queries import BadCursor
+from ledger.queries.admin import credential_rows, list_audit, list_conflicts, list_integrations
+from ledger.queries.overview import headline, instance_rows, last_runs, scope_rows
+from ledger.queries.receipts import list_receipts, receipt_detail
+from ledger.queries.work import (
+    count_failures,
+    list_failures,
+    open_findings,
+    overdue_jobs,
+    stuck_pending,
+)
+from ledger.svg import human_bytes, projection_chart, series_chart
+from ledger.web.auth import requires, services
+from ledger.web.dashboard import bp, render
+from ledger.web.filters import BadFilter, audit_filter, page_size, receipt_filter, scope_id_of
+
+OVERVIEW_REFRESH_SECONDS = 10
+STUCK_GRACE_SECONDS = 30
+
+
+def _cursor() -> str | None:
+    """Return the page cursor of the request."""
+    return request.args.get("cursor") or None
+
+
+@bp.get("/")
+@requires("viewer")
+def overview():  # type: ignore[no-untyped-def]
+    """Counts per scope, headline numbers, instances, scheduled runs and charts."""
+    svc = services()
+    now = svc.clock.now()
+    try:
+        with svc.engine.connect() as conn:
+            page, refreshed = scope_rows(conn, now, cursor=_cursor())
+            context: dict[str, Any] = {
+                "head": headline(conn, now), "scopes": page, "refreshed_at": refreshed,
+                "instances": instance_rows(conn, now), "runs": last_runs(conn)}
+    except BadCursor:
+        abort(400)
+    for item in page.items:
+        item["chart"] = series_chart(item["series"], label=item["scope"])
+    return render("overview.html", "partials/_overview.html", now=now,
+                  refresh_seconds=OVERVIEW_REFRESH_SECONDS,
+                  bound=svc.settings.revocation_bound_seconds, **context)
+
+
+def _receipts_context(args: Any) -> dict[str, Any]:
+    """Run the receipt list for the request's filters; errors become a message."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        try:
+            f = receipt_filter(conn, args)
+            page = list_receipts(conn, f, now=svc.clock.now(), cursor=args.get("cursor") or None,
+                                 limit=page_size(args))
+        except (BadFilter, BadCursor) as error:
+            return {"error": str(error), "page": None}
+    return {"error": None, "page": page}
+
+
+@bp.get("/receipts")
+@requires("viewer")
+def receipts_page():  # type: ignore[no-untyped-def]
+    """Receipts of one scope or all, filtered and keyset-paged."""
+    context = _receipts_context(request.args)
+    status = 400 if context["error"] else 200
+    return render("receipts.html", "partials/_receipts.html", status=status,
+                  args=request.args, **context)
+
+
+@bp.get("/receipts/<public_id>/<event_id>")
+@requires("viewer")
+def receipt_page(public_id: str, event_id: str):  # type: ignore[no-untyped-def]
+    """One receipt: timeline, digest, result, conflicts, audit rows, retained payload."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        try:
+            integration = get_integration(conn, public_id)
+        except NotFound:
+            abort(404)
+        item = receipt_detail(conn, integration.id, event_id)
+    if item is None:
+        abort(404)
+    return render("receipt.html", receipt=item, integration=integration)
+
+
+@bp.get("/stuck")
+@requires("viewer")
+def stuck_page():  # type: ignore[no-untyped-def]
+    """Pending past the threshold, expired leases, due-but-unclaimed jobs, open findings."""
+    svc = services()
+    now = svc.clock.now()
+    threshold = svc.settings.stuck_pending_seconds
+    with svc.engine.connect() as conn:
+        context = {"pending": stuck_pending(conn, now, threshold),
+                   "overdue": overdue_jobs(conn, now, STUCK_GRACE_SECONDS),
+                   "findings": open_findings(conn)}
+    return render("stuck.html", "partials/_stuck.html", now=now, threshold=threshold,
+                  grace=STUCK_GRACE_SECONDS, **context)
+
+
+def failures_context(args: Any) -> dict[str, Any]:
+    """Run the failure list for the request's filters."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        try:
+            f = receipt_filter(conn, args)
+            page = list_failures(conn, f, cursor=args.get("cursor") or None,
+                                 limit=page_size(args))
+            total, capped = count_failures(conn, f)
+        except (BadFilter, BadCursor) as error:
+            return {"error": str(error), "page": None, "total": 0, "capped": False}
+    return {"error": None, "page": page, "total": total, "capped": capped}
+
+
+@bp.get("/failures")
+@requires("viewer")
+def failures_page():  # type: ignore[no-untyped-def]
+    """Terminal failures with their last error; requeue one or all matching."""
+    context = failures_context(request.args)
+    return render("failures.html", "partials/_failures.html",
+                  status=400 if context["error"] else 200, args=request.args, **context)
+
+
+@bp.get("/conflicts")
+@requires("viewer")
+def conflicts_page():  # type: ignore[no-untyped-def]
+    """Same id with another body, and replayed bodies; acknowledge with a note."""
+    svc = services()
+    open_only = request.args.get("open", "1") == "1"
+    with svc.engine.connect() as conn:
+        try:
+            page = list_conflicts(conn, scope_id=scope_id_of(conn, request.args.get("scope")),
+                                  unacknowledged=open_only, cursor=_cursor())
+            error = None
+        except (BadFilter, BadCursor) as problem:
+            page, error = None, str(problem)
+    return render("conflicts.html", "partials/_conflicts.html", page=page, error=error,
+                  open_only=open_only, args=request.args, status=400 if error else 200)
+
+
+@bp.get("/credentials")
+@requires("viewer")
+def integrations_page():  # type: ignore[no-untyped-def]
+    """Integrations by scope, each linking to its credentials."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        try:
+            page = list_integrations(conn, account=request.args.get("account") or None,
+                                     cursor=_cursor())
+        except BadCursor:
+            abort(400)
+    return render("integrations.html", "partials/_integrations.html", page=page,
+                  args=request.args)
+
+
+@bp.get("/credentials/<public_id>")
+@requires("viewer")
+def credentials_page(public_id: str):  # type: ignore[no-untyped-def]
+    """An integration's credentials: states, fingerprints, dates; actions for security."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        try:
+            integration = get_integration(conn, public_id)
+        except NotFound:
+            abort(404)
+        rows = credential_rows(conn, integration.id)
+    return render("credentials.html", "partials/_credentials.html", integration=integration,
+                  credentials=rows, secret=None, message=None)
+
+
+@bp.get("/audit")
+@requires("viewer")
+def audit_page():  # type: ignore[no-untyped-def]
+    """The audit log, filtered by actor, action, scope and time."""
+    svc = services()
+    try:
+        f = audit_filter(request.args)
+        with svc.engine.connect() as conn:
+            page = list_audit(conn, f, cursor=_cursor(), limit=page_size(request.args))
+        error = None
+    except (BadFilter, BadCursor) as problem:
+        page, error = None, str(problem)
+    return render("audit.html", "partials/_audit.html", page=page, error=error,
+                  args=request.args, status=400 if error else 200)
+
+
+@bp.get("/audit/verify")
+@requires("viewer")
+def audit_verify():  # type: ignore[no-untyped-def]
+    """Walk the hash chain and report whether it holds (loaded lazily by the audit page)."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        result = audit.verify_chain(conn)
+    return render("partials/_audit_verify.html", result=result)
+
+
+@bp.get("/capacity")
+@requires("viewer")
+def capacity_page():  # type: ignore[no-untyped-def]
+    """The seed's equation with measured bytes per receipt, and a projection chart."""
+    svc = services()
+    numbers = measure_capacity()
+    chart = None
+    if numbers is not None:
+        chart = projection_chart(events_per_day=numbers["events_per_day"],
+                                 bytes_per_receipt=numbers["bytes_per_receipt_measured"],
+                                 retention_days=numbers["retention_days"])
+    return render("capacity.html", numbers=numbers, chart=chart, human_bytes=human_bytes,
+                  retention_seconds=svc.settings.retention_seconds)
+
+
+def measure_capacity() -> dict[str, Any] | None:
+    """Return ledger.capacity.measure(...) or None while that module is not installed."""
+    try:
+        from ledger.capacity import measure
+    except ImportError:
+        return None
+    svc = services()
+    return dict(measure(svc.engine, svc.settings))

@@ -1,0 +1,85 @@
+"""Turn query-string filters into query filters (shared by the dashboard and the API)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from sqlalchemy import Connection
+
+from ledger.domain import ReceiptState
+from ledger.errors import NotFound
+from ledger.ids import INTEGRATION_ID
+from ledger.integrations import get_integration, get_integration_by_scope
+from ledger.queries.admin import AuditFilter
+from ledger.queries.receipts import ReceiptFilter
+
+EVENT_ID_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}$")
+EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+MAX_FIELD = 200
+
+
+class BadFilter(ValueError):
+    """A filter value the operator has to correct."""
+
+
+def parse_time(raw: str | None, label: str) -> datetime | None:
+    """Parse an ISO time (a bare one is UTC), or raise BadFilter."""
+    if not raw:
+        return None
+    try:
+        moment = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise BadFilter(f"{label}: use a time like 2026-11-30T09:00 (UTC)") from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def scope_id_of(conn: Connection, raw: str | None) -> int | None:
+    """Resolve `account/name` or an integration id to the scope id, or raise BadFilter."""
+    if not raw:
+        return None
+    raw = raw.strip()[:MAX_FIELD]
+    try:
+        if INTEGRATION_ID.match(raw):
+            return get_integration(conn, raw).id
+        return get_integration_by_scope(conn, raw).id
+    except NotFound:
+        raise BadFilter(f"no such scope: {raw}") from None
+
+
+def receipt_filter(conn: Connection, args: Mapping[str, str]) -> ReceiptFilter:
+    """Build a receipt filter from request arguments, or raise BadFilter."""
+    state = (args.get("state") or "").strip()
+    if state and state not in {s.value for s in ReceiptState}:
+        raise BadFilter("state must be pending, complete or failed")
+    event_type = (args.get("event_type") or "").strip()
+    if event_type and not EVENT_TYPE.match(event_type):
+        raise BadFilter("event type has characters no event type can have")
+    prefix = (args.get("prefix") or "").strip()
+    if prefix and not EVENT_ID_PREFIX.match(prefix):
+        raise BadFilter("event id prefix has characters no event id can have")
+    since, until = parse_time(args.get("since"), "since"), parse_time(args.get("until"), "until")
+    if since and until and since >= until:
+        raise BadFilter("since must be before until")
+    return ReceiptFilter(scope_id=scope_id_of(conn, args.get("scope")),
+                         state=ReceiptState(state) if state else None,
+                         event_type=event_type or None, since=since, until=until,
+                         prefix=prefix or None)
+
+
+def audit_filter(args: Mapping[str, str]) -> AuditFilter:
+    """Build an audit filter from request arguments, or raise BadFilter."""
+    since, until = parse_time(args.get("since"), "since"), parse_time(args.get("until"), "until")
+    return AuditFilter(actor=(args.get("actor") or "").strip()[:MAX_FIELD] or None,
+                       action=(args.get("action") or "").strip()[:MAX_FIELD] or None,
+                       scope=(args.get("scope") or "").strip()[:MAX_FIELD] or None,
+                       since=since, until=until)
+
+
+def page_size(args: Mapping[str, str], default: int = 50) -> int:
+    """Return the requested page size (1-200)."""
+    try:
+        return max(1, min(int(args.get("limit", default)), 200))
+    except ValueError:
+        raise BadFilter("limit must be a number") from None
