@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
+from app import create_app
 from jobs.retention import purge
 from ledger.clock import FixedClock
 from ledger.config import DEFAULT_RETENTION_SECONDS
 from ledger.domain import JobStatus, ReceiptState
 from ledger.schema import audit_log, jobs, receipts
+from tests.conftest import TEST_MASTER_KEY
 from tests.helpers import deliver, make_sender
 from tests.integration.ledger_rows import add_receipt, count
 
@@ -81,8 +85,6 @@ def test_purge_in_small_batches_reaches_everything(app):
 
 
 def test_failed_payload_is_dropped_after_the_review_window_but_the_receipt_stays(test_env):
-    from app import create_app
-
     # retention 30 days, so the 14-day review window is the shorter one
     app = create_app({**test_env, "LEDGER_RETENTION_SECONDS": str(30 * 86400)})
     try:
@@ -157,3 +159,62 @@ def test_purge_command_prints_the_contract_json_and_audits(app, runner):
     assert json.loads(entry.detail)["expired_receipts"] == 2
     empty = runner.invoke(args=["ledger", "purge", "--json"])
     assert json.loads(empty.output)["expired_receipts"] == 0
+
+
+@pytest.mark.slow
+def test_ingestion_keeps_answering_during_a_purge_of_50k_receipts(pg_url, tmp_path):
+    """PostgreSQL: short batch transactions never hold the intake up (1M rows: bench/)."""
+    app = create_app({"DATABASE_URL": pg_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
+                      "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_SECRET_KEY": "k"})
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    old = datetime.now(UTC) - timedelta(seconds=svc.settings.retention_seconds + 3600)
+    with svc.engine.begin() as conn:
+        conn.execute(text("""
+            INSERT INTO receipts (accepted_at, completed_at, scope_id, state, attempts,
+                                  event_id, event_type, body_sha256, result_ref)
+            SELECT :old + i * interval '1 ms', :old, :s, 1, 1, 'old_' || i, 'demo.credit',
+                   sha256(i::text::bytea), 'credit:1'
+            FROM generate_series(1, 50000) AS i"""), {"old": old, "s": sender.scope_id})
+        conn.execute(text("""
+            INSERT INTO attempts (scope_id, event_id, number, worker_id, lease_token,
+                                  started_at, finished_at, outcome)
+            SELECT :s, 'old_' || i, 1, 'w', 1, :old, :old, 'ok'
+            FROM generate_series(1, 50000) AS i"""), {"old": old, "s": sender.scope_id})
+    client = app.test_client()
+    answers: list[int] = []
+    purging = threading.Event()
+
+    def deliver_until_done() -> None:
+        n = 0
+        while purging.is_set() or n < 5:
+            answers.append(deliver(client, sender, f"live_{n}").status_code)
+            n += 1
+
+    seen = [0]
+
+    def wait_for_a_delivery(_total: int) -> None:
+        # between two batches at least one delivery completes: the purge never
+        # starves the intake, and deliveries also run while a batch executes
+        deadline = time.monotonic() + 10
+        while len(answers) <= seen[0] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        seen[0] = len(answers)
+
+    purging.set()
+    delivering = threading.Thread(target=deliver_until_done)
+    delivering.start()
+    try:
+        result = purge(svc.engine, svc.settings, svc.clock, batch_size=2000,
+                       on_batch=wait_for_a_delivery)
+    finally:
+        purging.clear()
+        delivering.join(timeout=30)
+    try:
+        assert result.expired_receipts == 50_000
+        assert len(answers) >= 25 and set(answers) == {202}
+        with svc.engine.connect() as conn:
+            assert count(conn, "receipts") == len(answers)
+            assert count(conn, "attempts") == 0
+    finally:
+        svc.close()
