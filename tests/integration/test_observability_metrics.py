@@ -1,0 +1,194 @@
+"""`/metrics`: every documented metric moves when its event happens, and several gunicorn
+processes plus a worker and a scheduler process add up to one page."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from app import create_app
+from ledger import audit
+from ledger.clock import FixedClock, unix
+from ledger.credentials import revoke_credential
+from ledger.scheduler import default_jobs, run_once
+from ledger.worker import process_one
+from tests.helpers import deliver, event_body, make_sender, signed_headers
+from tests.servers import gunicorn_server
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
+WAIT = 60  # seconds: the bound of every subprocess in this module
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Return {(sample name, sorted labels): value} from an exposition page."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def value(page: dict, name: str, **labels: str) -> float:
+    """Return one sample's value (0 when absent)."""
+    return page.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture
+def clocked_app(test_env):
+    """An app on a FixedClock; a failing job fails terminally at once."""
+    application = create_app({**test_env, "LEDGER_MAX_ATTEMPTS": "1"},
+                             clock=FixedClock(datetime.now(UTC)))
+    yield application
+    application.extensions["ledger"].close()
+
+
+def _scrape(client) -> dict:
+    """GET /metrics and parse it."""
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.content_type.startswith("text/plain")
+    return samples(response.get_data(as_text=True))
+
+
+def _traffic(app) -> None:
+    """Send one delivery of every outcome, including one signed by a revoked key."""
+    svc = app.extensions["ledger"]
+    client = app.test_client()
+    sender = make_sender(app)
+    at = unix(svc.clock.now())
+    for event_id, event_type in (("evt_m1", "demo.credit"), ("evt_m2", "demo.fail")):
+        assert deliver(client, sender, event_id, event_type, timestamp=at).status_code == 202
+    assert deliver(client, sender, "evt_m1", timestamp=at).status_code == 202  # duplicate
+    assert deliver(client, sender, "evt_m1", data={"amount": 7},
+                   timestamp=at).status_code == 409
+    assert deliver(client, sender, "evt_m3", secret="wrong", timestamp=at).status_code == 401
+    body = event_body("stripe", "bad id!")
+    assert client.post(f"/hooks/{sender.public_id}", data=body, headers=signed_headers(
+        sender, body, "bad id!", timestamp=at)).status_code == 400
+    with svc.engine.begin() as conn:
+        revoke_credential(conn, audit.Actor(name="t", role="admin"), sender.key_id,
+                          reason="test", now=svc.clock.now())
+    svc.view.invalidate()
+    assert deliver(client, sender, "evt_m4", timestamp=at).status_code == 401
+
+
+def test_each_metric_moves_with_its_event(clocked_app):
+    """Deliveries by outcome, latency, attempts, terminal failures, dead keys, runs, state."""
+    app = clocked_app
+    svc = app.extensions["ledger"]
+    client = app.test_client()
+    before = _scrape(client)
+    _traffic(app)
+    svc.clock.advance(30)
+    while process_one(svc, "w-metrics"):
+        pass
+    svc.heartbeat.beat_once()  # the instance row the revocation-lag gauge reads
+    for job in default_jobs(svc.settings):
+        run_once(svc.engine, svc.settings, svc.clock, job, instance="metrics-test")
+    after = _scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    for outcome, count in (("accepted", 2), ("duplicate", 1), ("conflict", 1),
+                           ("unauthenticated", 2), ("invalid_event", 1)):
+        assert delta("ledger_deliveries_total", outcome=outcome) == count, outcome
+    assert delta("ledger_intake_seconds_count") >= 4
+    assert delta("ledger_dead_key_use_total", state="revoked") == 1
+    assert delta("ledger_auth_failures_total", reason="bad_signature") == 1
+    assert delta("ledger_attempts_total", event_type="demo.credit", outcome="complete") == 1
+    assert delta("ledger_attempts_total", event_type="demo.fail", outcome="failed") == 1
+    assert delta("ledger_terminal_failures_total", event_type="demo.fail") == 1
+    assert delta("ledger_scheduler_runs_total", job="rollups", outcome="ok") == 1
+    assert ("ledger_purged_rows_total", (("kind", "payloads"),)) in after
+    # State, read from the database at scrape time.
+    assert value(after, "ledger_metrics_database_up") == 1
+    assert value(after, "ledger_receipts", state="complete") == 1
+    assert value(after, "ledger_receipts", state="failed") == 1
+    assert value(after, "ledger_receipts", state="pending") == 0
+    assert value(after, "ledger_oldest_pending_seconds") == 0
+    lag = [k for k in after if k[0] == "ledger_credential_view_age_seconds"]
+    assert lag == [("ledger_credential_view_age_seconds",
+                    (("instance", svc.heartbeat.instance_id),))]
+    assert value(after, "ledger_scheduler_last_success_age_seconds", job="rollups") == 0
+
+
+def test_oldest_pending_age_follows_the_clock(clocked_app):
+    """An unprocessed delivery shows as pending work that ages."""
+    app = clocked_app
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    assert deliver(app.test_client(), sender, "evt_old",
+                   timestamp=unix(svc.clock.now())).status_code == 202
+    svc.clock.advance(125)
+    page = _scrape(app.test_client())
+    assert value(page, "ledger_oldest_pending_seconds") == pytest.approx(125, abs=0.5)
+
+
+def test_metrics_answer_while_the_database_is_away(tmp_path):
+    """A scrape never fails: the state part reports the database as down."""
+    app = create_app({"DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:9/none",
+                      "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_SECRET_KEY": "k",
+                      "LEDGER_MASTER_KEY": "x" * 43 + "="})
+    try:
+        page = _scrape(app.test_client())
+    finally:
+        app.extensions["ledger"].close()
+    assert value(page, "ledger_metrics_database_up") == 0
+
+
+def _run(env: dict[str, str], *args: str) -> None:
+    """Run one ledger process to completion."""
+    done = subprocess.run(args, cwd=str(ROOT), env=env, capture_output=True, timeout=WAIT,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+SCHEDULED_ROLLUP = (
+    "from app import create_app\n"
+    "from ledger.scheduler import default_jobs, run_once\n"
+    "svc = create_app().extensions['ledger']\n"
+    "job = next(j for j in default_jobs(svc.settings) if j.name == 'rollups')\n"
+    "assert run_once(svc.engine, svc.settings, svc.clock, job, instance='metrics-proc')\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_two_gunicorn_processes_a_worker_and_a_scheduler_add_up(test_env, tmp_path):
+    """Every scrape, whichever process answers it, shows the totals of all processes."""
+    env = {**os.environ, **test_env, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+           "LEDGER_LOG_LEVEL": "WARNING"}
+    setup = create_app(test_env)
+    sender = make_sender(setup)
+    setup.extensions["ledger"].close()
+    with gunicorn_server(env, workers=2) as (base_url, _process):
+        for n in range(40):
+            body = event_body("stripe", f"evt_g{n}")
+            answer = requests.post(f"{base_url}/hooks/{sender.public_id}", data=body,
+                                   headers={**signed_headers(sender, body, f"evt_g{n}"),
+                                            "Connection": "close"}, timeout=10)
+            assert answer.status_code == 202
+        _run(env, str(BIN / "ledger"), "worker", "--burst")
+        _run(env, sys.executable, "-c", SCHEDULED_ROLLUP)
+        pages = [samples(requests.get(f"{base_url}/metrics", timeout=10,
+                                      headers={"Connection": "close"}).text)
+                 for _ in range(6)]
+    instances = {k for k in pages[-1] if k[0] == "ledger_credential_view_age_seconds"}
+    assert len(instances) == 2, "both gunicorn processes served deliveries"
+    for page in pages:
+        assert value(page, "ledger_deliveries_total", outcome="accepted") == 40
+        assert value(page, "ledger_intake_seconds_count") == 40
+        assert value(page, "ledger_attempts_total", event_type="demo.credit",
+                     outcome="complete") == 40
+        assert value(page, "ledger_scheduler_runs_total", job="rollups", outcome="ok") == 1
+        assert value(page, "ledger_receipts", state="complete") == 40
