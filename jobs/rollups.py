@@ -2,13 +2,15 @@
 
 - `scope_counts`: receipts per scope and state, with the oldest accepted_at of
   pending and failed receipts. Complete = all - pending - failed: the total per
-  scope comes from the primary key alone (an index-only scan on PostgreSQL) and
-  the unfinished ones from the small partial index ix_receipts_open, so no step
-  reads the heap of the complete receipts (bench/README.md has the figures).
+  scope is one GROUP BY over the narrowest columns and the unfinished ones come
+  from the small partial index ix_receipts_open. Measured on PostgreSQL (2 cores,
+  bench/scheduled_jobs.py): 82 ms at 200k receipts, 132 ms at 1M (the planner
+  picks a parallel sequential scan over the primary key's index-only scan).
 - `hourly_series`: accepted (by accepted_at) and failed (by the time they failed)
   per scope per hour over the last SERIES_HOURS hours. Closed hours do not
   change, so a run recomputes only the newest hours, and the whole window once
-  the series is an hour old (a requeue can lower a closed hour's failures).
+  the series is an hour old (a requeue can lower a closed hour's failures):
+  29 ms for the newest 2 hours, 174 ms for all 48, at 1M receipts.
 Both carry `refreshed_at`, which the pages show as the figures' age.
 """
 
