@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, Select, delete, insert, select, update
 
 from ledger.domain import JobStatus, ReceiptState
 from ledger.schema import attempts, jobs, receipts
@@ -60,9 +61,9 @@ def _receipt_key(scope_id: int, event_id: str) -> tuple[object, object]:
     return (receipts.c.scope_id == scope_id, receipts.c.event_id == event_id)
 
 
-def select_due_job(conn: Connection, now: datetime) -> DueJob | None:
-    """Find and lock the oldest due job that no other worker holds."""
-    stmt = (
+def due_job_query(now: datetime) -> Select[Any]:
+    """Return the claim query: the oldest due job that no other worker holds, locked."""
+    return (
         select(jobs.c.scope_id, jobs.c.event_id, jobs.c.event_type, jobs.c.accepted_at,
                jobs.c.attempts, jobs.c.lease_token, jobs.c.payload)
         # Queued only: failed jobs (status 1) wait for an operator. This is also
@@ -80,7 +81,11 @@ def select_due_job(conn: Connection, now: datetime) -> DueJob | None:
         # ours. SQLite ignores both; its BEGIN IMMEDIATE already serialises claims.
         .with_for_update(skip_locked=True)
     )
-    row = conn.execute(stmt).first()
+
+
+def select_due_job(conn: Connection, now: datetime) -> DueJob | None:
+    """Find and lock the oldest due job that no other worker holds."""
+    row = conn.execute(due_job_query(now)).first()
     if row is None:
         return None
     return DueJob(scope_id=row.scope_id, event_id=row.event_id, event_type=row.event_type,

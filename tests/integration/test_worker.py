@@ -371,3 +371,18 @@ def test_transition_logs_are_privacy_safe(make_app, caplog):
         assert line["event_age_seconds"] >= 0
     text = caplog.text
     assert "evt_secret_id" not in text and "31337" not in text
+
+
+def test_claim_query_can_use_the_due_index(make_app):
+    app = make_app()
+    svc = app.extensions["ledger"]
+    if svc.engine.dialect.name != "postgresql":
+        pytest.skip("EXPLAIN output is PostgreSQL's")
+    from ledger.worker_store import due_job_query
+
+    with svc.engine.begin() as conn:
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        compiled = due_job_query(svc.clock.now()).compile(conn)
+        plan = "\n".join(row[0] for row in conn.exec_driver_sql(
+            f"EXPLAIN {compiled.string}", compiled.construct_params()))
+    assert "ix_jobs_due" in plan and "LockRows" in plan, plan

@@ -183,3 +183,40 @@ def test_sigterm_finishes_the_current_job_then_exits(app, test_env):
     receipt, _history, job, credited = _state(app, sender, "evt_slow")
     assert (receipt.state.value, receipt.result_ref, credited, job) == (
         "complete", "credit:3", 3, None)
+
+
+def test_no_lock_is_held_while_a_handler_prepares(fixed_app):
+    """The slow step runs with no transaction: the job row can be locked by anyone meanwhile."""
+    app = fixed_app
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    _send(app, sender, "evt_prep", "demo.slow", {"amount": 2, "seconds": 0})
+    preparing, go = threading.Event(), threading.Event()
+
+    def slow_step(event) -> None:
+        preparing.set()
+        assert go.wait(WAIT)
+
+    registry = Registry({"demo.slow": HandlerSpec(event_type="demo.slow", apply=credit,
+                                                  prepare=slow_step)})
+    thread = threading.Thread(target=Worker(svc, handlers=registry).process_one)
+    thread.start()
+    try:
+        assert preparing.wait(WAIT)
+        with svc.engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE takes the write lock
+            locked = conn.execute(select(jobs.c.event_id).where(jobs.c.event_id == "evt_prep")
+                                  .with_for_update(nowait=True)).scalar()  # PG: row lock now
+        assert locked == "evt_prep"
+    finally:
+        go.set()
+        thread.join(WAIT)
+    assert _state(app, sender, "evt_prep")[3] == 2
+
+
+def test_demo_slow_sleeps_in_its_prepare_step(fixed_app):
+    from ledger.handlers import load_registry
+
+    registry = load_registry(fixed_app.extensions["ledger"].settings)
+    assert registry.get("demo.slow").prepare is not None
+    assert registry.get("demo.credit").prepare is None
+    assert {"demo.credit", "demo.fail", "demo.flaky", "demo.slow"} <= set(registry.types())
