@@ -1,0 +1,103 @@
+"""The leaked-key drill as a test (both databases) and as a command (real HTTP)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from sqlalchemy import func, select
+
+from ledger import audit
+from ledger.cli.drill_cmds import local_server
+from ledger.drill import delete_sandbox_integrations, run_drill
+from ledger.schema import audit_log, credentials, integrations, jobs, receipts
+from tests.helpers import deliver, make_sender
+from tests.servers import BIN
+
+STEPS = ["sandbox_accounts", "distinct_events_and_duplicates",
+         "revoked_key_refused_within_bound", "revoked_key_changes_nothing",
+         "other_account_keeps_accepting", "rotated_key_gets_original_outcome",
+         "replay_after_retention_runs_again", "cleanup"]
+ACTOR = audit.Actor(name="drill-test", role="security")
+
+
+@pytest.fixture
+def drill_env(test_env):  # type: ignore[no-untyped-def]
+    return {**test_env, "LEDGER_REVOCATION_BOUND_SECONDS": "2"}
+
+
+@pytest.fixture
+def drill_app(drill_env):  # type: ignore[no-untyped-def]
+    from app import create_app
+
+    application = create_app(drill_env)
+    yield application
+    application.extensions["ledger"].close()
+
+
+def _rows(app, table, **where) -> list:  # type: ignore[no-untyped-def,type-arg]
+    with app.extensions["ledger"].engine.connect() as conn:
+        query = select(table)
+        for column, value in where.items():
+            query = query.where(table.c[column] == value)
+        return [tuple(r) for r in conn.execute(query).all()]
+
+
+def test_drill_passes_and_leaves_real_accounts_and_the_audit_trail(drill_app):
+    real = make_sender(drill_app, account="acme", name="stripe-prod")
+    client = drill_app.test_client()
+    assert deliver(client, real, "evt_real").status_code == 202
+    before = {t.name: _rows(drill_app, t) for t in (receipts, jobs, credentials, integrations)}
+    with local_server(drill_app) as url:
+        report = run_drill(url, drill_app.extensions["ledger"], actor=ACTOR)
+    assert report.to_json()["passed"] is True, report.to_json()
+    assert [s.name for s in report.steps] == STEPS
+    after = {t.name: _rows(drill_app, t) for t in (receipts, jobs, credentials, integrations)}
+    assert after == before  # the sandbox is gone and the real account is untouched
+    actions = [row[4] for row in _rows(drill_app, audit_log, actor="drill-test")]
+    assert actions.count("integration.create") == 2
+    assert {"credential.revoke", "credential.rotate", "drill.cleanup"} <= set(actions)
+    with drill_app.extensions["ledger"].engine.connect() as conn:
+        assert audit.verify_chain(conn)["ok"] is True
+
+
+def test_drill_fails_when_a_server_keeps_revoked_keys_longer_than_declared(
+        drill_app, drill_env):
+    from app import create_app
+
+    # The server caches for 30 s / 2, but the drill holds it to the declared 2 s.
+    lax = create_app({**drill_env, "LEDGER_REVOCATION_BOUND_SECONDS": "30"})
+    try:
+        with local_server(lax) as url:
+            report = run_drill(url, drill_app.extensions["ledger"], actor=ACTOR)
+    finally:
+        lax.extensions["ledger"].close()
+    outcome = {s.name: s.passed for s in report.steps}
+    assert report.passed is False
+    assert outcome["revoked_key_refused_within_bound"] is False
+    assert "still accepted" in report.steps[2].detail
+    assert outcome["cleanup"] is True
+    assert _rows(drill_app, integrations) == []
+
+
+def test_cleanup_never_deletes_a_real_integration(drill_app):
+    real = make_sender(drill_app)
+    with drill_app.extensions["ledger"].engine.begin() as conn:
+        assert delete_sandbox_integrations(conn, [real.scope_id]) == {}
+        remaining = conn.execute(select(func.count()).select_from(integrations)).scalar_one()
+    assert remaining == 1
+
+
+@pytest.mark.slow
+def test_drill_command_starts_its_own_server_and_exits_0(drill_env, drill_app):
+    env = {**os.environ, **drill_env}
+    result = subprocess.run([str(BIN / "ledger"), "drill", "--json"], cwd="/", env=env,
+                            capture_output=True, text=True, timeout=120)
+    report = json.loads(result.stdout)  # one JSON object and nothing else on stdout
+    assert result.returncode == 0, (report, result.stderr[-2000:])
+    assert report["passed"] is True
+    assert [s["name"] for s in report["steps"]] == STEPS
+    assert all(set(s) == {"name", "passed", "detail"} for s in report["steps"])
+    assert _rows(drill_app, integrations) == []
