@@ -6,6 +6,8 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
+from argon2 import PasswordHasher
 from flask import Flask
 from sqlalchemy import insert
 
@@ -14,6 +16,15 @@ from ledger.operators import Operator, create_operator, issue_token
 from ledger.schema import attempts, conflicts, jobs, receipts
 
 PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture(autouse=True)
+def fast_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Use cheap argon2 parameters in tests (production keeps the library defaults)."""
+    import ledger.operators
+
+    monkeypatch.setattr(ledger.operators, "_hasher",
+                        PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1))
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 

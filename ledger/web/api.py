@@ -100,7 +100,7 @@ def receipts():  # type: ignore[no-untyped-def]
     return _page(page)
 
 
-@bp.get("/receipts/<public_id>/<event_id>")
+@bp.get("/receipts/<public_id>/<path:event_id>")
 def receipt(public_id: str, event_id: str):  # type: ignore[no-untyped-def]
     """One receipt with attempts, conflicts and audit rows; the payload for oncall and up."""
     svc = services()

@@ -78,7 +78,7 @@ def receipts_page():  # type: ignore[no-untyped-def]
                   args=request.args, **context)
 
 
-@bp.get("/receipts/<public_id>/<event_id>")
+@bp.get("/receipts/<public_id>/<path:event_id>")
 @requires("viewer")
 def receipt_page(public_id: str, event_id: str):  # type: ignore[no-untyped-def]
     """One receipt: timeline, digest, result, conflicts, audit rows, retained payload."""
