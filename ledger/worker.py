@@ -41,6 +41,7 @@ from sqlalchemy import exc as sa_exc
 
 from ledger import metrics
 from ledger.db import make_engine
+from ledger.errors import NotFound
 from ledger.handlers import NO_HANDLER_RESULT, Event, HandlerSpec, Registry, load_registry
 from ledger.integrations import get_integration_by_id
 from ledger.logs import event_ref, get_logger
@@ -105,6 +106,7 @@ class Worker:
         self.rng = rng or random.SystemRandom()
         self.hooks = hooks or WorkerHooks()
         self._scopes: dict[int, str] = {}
+        self._attempt_started = time.monotonic()
         self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
 
     def process_one(self) -> bool:
@@ -155,10 +157,11 @@ class Worker:
             self._log("job.transition", scope=scope, event_id=due.event_id,
                       event_type=due.event_type, attempt=due.attempts + 1,
                       accepted_at=due.window_start,
-                      from_state="queued", to_state="failed",
+                      from_state="queued", to_state="failed", outcome="not-run",
                       reason=refusal or "orphan job: no receipt")
             self._count(due.event_type, "not-run", terminal=True)
             return True
+        self._attempt_started = time.monotonic()
         self._transition(job, scope, "queued", "running")
         return job, scope
 
@@ -166,7 +169,11 @@ class Worker:
         """Return `account/integration` of a scope id (cached: it never changes)."""
         scope = self._scopes.get(scope_id)
         if scope is None:
-            scope = self._scopes[scope_id] = get_integration_by_id(conn, scope_id).scope
+            try:
+                scope = get_integration_by_id(conn, scope_id).scope
+            except NotFound:  # never expected; must not wedge the queue's head
+                scope = f"#{scope_id}"
+            self._scopes[scope_id] = scope
         return scope
 
     def _event(self, job: ClaimedJob, scope: str) -> Event:
@@ -224,6 +231,9 @@ class Worker:
             if self._attempt_started is not None:
                 extra["latency_ms"] = round(
                     (time.perf_counter() - self._attempt_started) * 1000, 2)
+        if outcome is not None:  # the attempt ended: how, and how long it took
+            extra["outcome"] = outcome
+            extra["latency_ms"] = round((time.monotonic() - self._attempt_started) * 1000, 2)
         self._log("job.transition", scope=scope, event_id=job.event_id,
                   event_type=job.event_type, attempt=job.number, from_state=from_state,
                   to_state=to_state, accepted_at=job.accepted_at, **extra)
