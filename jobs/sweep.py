@@ -153,12 +153,3 @@ def resolve_findings(conn: Connection, current: set[tuple[str, str]], capped: se
         conn.execute(update(findings).where(findings.c.id.in_(gone)).values(resolved_at=now))
     return len(gone)
 
-
-def open_findings(conn: Connection, *, limit: int = 100) -> list[dict[str, Any]]:
-    """Return open findings, newest first (dashboard, API)."""
-    rows = conn.execute(
-        select(findings).where(findings.c.resolved_at.is_(None))
-        .order_by(findings.c.last_seen.desc(), findings.c.id.desc()).limit(limit))
-    return [{"kind": r.kind, "subject": r.subject,
-             "detail": json.loads(r.detail) if r.detail else None,
-             "first_seen": r.first_seen, "last_seen": r.last_seen} for r in rows]

@@ -8,12 +8,10 @@ commit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
 
-from sqlalchemy import Connection, and_, exists, func, select, update
+from sqlalchemy import Connection, and_, exists, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.schema import scheduler_runs
@@ -28,29 +26,6 @@ class RunOutcome(StrEnum):
     OK = "ok"
     ERROR = "error"
     ABANDONED = "abandoned"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Run:
-    """One row of scheduler_runs, for the dashboard and the CLI."""
-
-    id: int
-    job: str
-    period_start: datetime
-    instance: str
-    started_at: datetime
-    finished_at: datetime | None
-    outcome: RunOutcome
-    rows_affected: int | None
-    error: str | None
-
-    @classmethod
-    def from_row(cls, row: Any) -> Run:
-        """Build from a scheduler_runs row."""
-        return cls(id=row.id, job=row.job, period_start=row.period_start,
-                   instance=row.instance, started_at=row.started_at,
-                   finished_at=row.finished_at, outcome=RunOutcome(row.outcome),
-                   rows_affected=row.rows_affected, error=row.error)
 
 
 def claim_run(conn: Connection, *, job: str, period_start: datetime, instance: str,
@@ -99,26 +74,4 @@ def mark_abandoned_runs(conn: Connection, *, now: datetime, grace_seconds: float
                 error="the scheduler holding this run stopped before it finished")
     )
     return conn.execute(stmt).rowcount
-
-
-def recent_runs(conn: Connection, *, limit: int = 50, job: str | None = None) -> list[Run]:
-    """Return the newest runs, newest first (optionally of one job)."""
-    query = select(scheduler_runs).order_by(scheduler_runs.c.period_start.desc(),
-                                            scheduler_runs.c.id.desc()).limit(limit)
-    if job is not None:
-        query = query.where(scheduler_runs.c.job == job)
-    return [Run.from_row(row) for row in conn.execute(query)]
-
-
-def last_runs_by_job(conn: Connection) -> dict[str, Run]:
-    """Return the newest run of every job (the dashboard's 'scheduled jobs' panel)."""
-    newest = (select(scheduler_runs.c.job,
-                     func.max(scheduler_runs.c.period_start).label("period_start"))
-              .group_by(scheduler_runs.c.job).subquery())
-    rows = conn.execute(
-        select(scheduler_runs).join(newest, and_(
-            newest.c.job == scheduler_runs.c.job,
-            newest.c.period_start == scheduler_runs.c.period_start))
-    )
-    return {row.job: Run.from_row(row) for row in rows}
 

@@ -6,7 +6,6 @@ import threading
 import time
 from datetime import UTC, datetime
 
-import pytest
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy import exc as sa_exc
@@ -17,8 +16,6 @@ from ledger.clock import FixedClock
 from ledger.scheduler import (
     ScheduledJob,
     build_scheduler,
-    period_start,
-    periods_from_env,
     run_once,
     run_scheduler,
 )
@@ -65,12 +62,6 @@ def test_a_failing_job_records_its_error_class_without_parameters(app):
     assert row.error == "ValueError: constraint x"
 
 
-def test_period_start_is_the_floor_of_now_over_the_period():
-    assert period_start(NOW, 60) == datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
-    assert period_start(NOW, 3600) == datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
-    assert period_start(NOW, 7) == datetime.fromtimestamp(NOW.timestamp() // 7 * 7, UTC)
-
-
 def test_build_scheduler_registers_every_job_with_overrides_and_scale(app):
     svc = app.extensions["ledger"]
     scheduler = build_scheduler(svc, period_overrides={"sweep": 5, "rollups": 0},
@@ -80,13 +71,6 @@ def test_build_scheduler_registers_every_job_with_overrides_and_scale(app):
     assert periods == {"retention": 1800, "sweep": 5, "credential_expiry": 30,
                        "revocation_propagation": 15}
     assert isinstance(build_scheduler(svc, background=True), BackgroundScheduler)
-
-
-def test_periods_from_env_reads_overrides_and_refuses_garbage():
-    assert periods_from_env({"LEDGER_SCHEDULER_PERIODS": "sweep=1, rollups=2.5"}) == {
-        "sweep": 1.0, "rollups": 2.5}
-    with pytest.raises(ValueError, match="LEDGER_SCHEDULER_PERIODS"):
-        periods_from_env({"LEDGER_SCHEDULER_PERIODS": "sweep=soon"})
 
 
 def test_run_scheduler_in_a_thread_runs_the_real_jobs_until_stopped(app):

@@ -17,7 +17,6 @@ from sqlalchemy import create_engine, select
 
 from ledger import runs
 from ledger.schema import scheduler_runs
-from tests.conftest import TEST_MASTER_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 LEDGER = str(Path(sys.executable).parent / "ledger")
@@ -59,11 +58,11 @@ def _lines(log: Path) -> Counter:
     return Counter(line.split()[0] for line in text.splitlines())
 
 
-def test_three_schedulers_run_each_period_once_and_survive_a_killed_holder(pg_url, tmp_path):
-    env = {**os.environ, "DATABASE_URL": pg_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
-           "LEDGER_VAR_DIR": str(tmp_path), "TEST_SLOW_SECONDS": "2.5"}
+def test_three_schedulers_run_each_period_once_and_survive_a_killed_holder(test_env, tmp_path):
+    """PostgreSQL: the advisory xact lock + runs row; SQLite: the write lock + runs row."""
+    env = {**os.environ, **test_env, "TEST_SLOW_SECONDS": "2.5"}
     log = tmp_path / "executions.log"
-    engine = create_engine(pg_url)
+    engine = create_engine(test_env["DATABASE_URL"])
     procs = [subprocess.Popen([sys.executable, "-m", "tests.integration.scheduler_proc",
                                str(log)], cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
              for _ in range(3)]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
 
-from jobs.sweep import open_findings, sweep
+from jobs.sweep import sweep
 from ledger import runs
 from ledger.clock import FixedClock
 from ledger.domain import JobStatus, ReceiptState
@@ -49,7 +49,9 @@ def _stuck_ledger(app):
 
 def _open(svc) -> dict[str, str]:
     with svc.engine.connect() as conn:
-        return {f["subject"].split(":", 1)[1]: f["kind"] for f in open_findings(conn)}
+        rows = conn.execute(select(findings.c.subject, findings.c.kind)
+                            .where(findings.c.resolved_at.is_(None))).all()
+    return {subject.split(":", 1)[1]: kind for subject, kind in rows}
 
 
 def test_sweep_records_one_finding_per_stuck_or_inconsistent_item(app):

@@ -1,0 +1,52 @@
+"""Pure parts of the scheduler: periods, overrides, advisory keys, error text."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import exc as sa_exc
+
+from ledger.scheduler import (
+    advisory_key,
+    describe_error,
+    period_scale_from_env,
+    period_start,
+    periods_from_env,
+)
+
+NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
+
+
+def test_period_start_is_the_floor_of_now_over_the_period():
+    assert period_start(NOW, 60) == datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    assert period_start(NOW, 3600) == datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    assert period_start(NOW, 7) == datetime.fromtimestamp(NOW.timestamp() // 7 * 7, UTC)
+    # every instant of one period maps to the same start, the next period to a new one
+    assert period_start(datetime(2026, 6, 1, 12, 0, 59, tzinfo=UTC), 60) == period_start(NOW, 60)
+    assert period_start(datetime(2026, 6, 1, 12, 1, tzinfo=UTC), 60) != period_start(NOW, 60)
+
+
+def test_periods_from_env_reads_overrides_and_refuses_garbage():
+    assert periods_from_env({"LEDGER_SCHEDULER_PERIODS": "sweep=1, rollups=2.5"}) == {
+        "sweep": 1.0, "rollups": 2.5}
+    assert periods_from_env({}) == {}
+    with pytest.raises(ValueError, match="LEDGER_SCHEDULER_PERIODS"):
+        periods_from_env({"LEDGER_SCHEDULER_PERIODS": "sweep=soon"})
+    assert period_scale_from_env({"LEDGER_SCHEDULER_PERIOD_SCALE": "0.01"}) == 0.01
+    with pytest.raises(ValueError, match="PERIOD_SCALE"):
+        period_scale_from_env({"LEDGER_SCHEDULER_PERIOD_SCALE": "-1"})
+
+
+def test_advisory_keys_are_stable_distinct_signed_64_bit():
+    keys = {name: advisory_key(name) for name in ("retention", "sweep", "rollups")}
+    assert len(set(keys.values())) == 3
+    assert all(-(2**63) <= key < 2**63 for key in keys.values())
+    assert advisory_key("sweep") == keys["sweep"]
+
+
+def test_error_text_names_the_driver_error_without_sql_or_parameters():
+    error = sa_exc.OperationalError("DELETE FROM jobs WHERE payload = %(p)s",
+                                    {"p": "card=4242"}, TimeoutError("lock timeout\nDETAIL x"))
+    assert describe_error(error) == "TimeoutError: lock timeout"
+    assert describe_error(RuntimeError()) == "RuntimeError: "
