@@ -7,6 +7,7 @@ import click
 from ledger import audit
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, handles_ledger_errors, json_option, services
+from ledger.db import storage_guard
 
 
 @ledger_cli.command("scheduler")
@@ -36,8 +37,9 @@ def purge_command(dry_run: bool, batch_size: int, as_json: bool) -> None:
     from jobs.retention import purge
 
     svc = services()
-    result = purge(svc.engine, svc.settings, svc.clock, dry_run=dry_run,
-                   batch_size=batch_size, actor=audit.Actor.cli())
+    with storage_guard():
+        result = purge(svc.engine, svc.settings, svc.clock, dry_run=dry_run,
+                       batch_size=batch_size, actor=audit.Actor.cli())
     verb = "would expire" if dry_run else "expired"
     emit(as_json, result.to_json(),
          text=f"{verb} {result.expired_receipts} receipts; "
@@ -54,7 +56,9 @@ def capacity_command(replicas: int | None, as_json: bool) -> None:
     from ledger.capacity import describe, measure
 
     svc = services()
-    figures = measure(svc.engine, svc.settings, replicas=replicas or 1, now=svc.clock.now())
+    with storage_guard():
+        figures = measure(svc.engine, svc.settings, replicas=replicas or 1,
+                          now=svc.clock.now())
     if replicas is not None:
         figures["replicas"] = replicas
     emit(as_json, figures, text=describe(figures))
