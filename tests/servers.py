@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -50,17 +51,21 @@ def gunicorn_server(env: dict[str, str], *, workers: int = 4,
     """Run `gunicorn 'app:create_app()'` on a free loopback port; stop it afterwards."""
     port = free_port()
     full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [str(BIN / "gunicorn"), "app:create_app()", "--bind", f"127.0.0.1:{port}",
-         "--workers", str(workers), "--log-level", "warning", *extra_args],
-        cwd=str(ROOT), env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(base_url, process)
-        yield base_url, process
-    finally:
-        _stop(process)
+    # A file, not a pipe: nobody reads a pipe while the server runs, and once its
+    # buffer fills (many warning lines while a test stops the database) every
+    # worker blocks writing its log and requests hang.
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            [str(BIN / "gunicorn"), "app:create_app()", "--bind", f"127.0.0.1:{port}",
+             "--workers", str(workers), "--log-level", "warning", *extra_args],
+            cwd=str(ROOT), env=full_env, stdout=subprocess.DEVNULL, stderr=log,
+            start_new_session=True)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_up(base_url, process)
+            yield base_url, process
+        finally:
+            _stop(process)
 
 
 def _stop(process: subprocess.Popen) -> None:
