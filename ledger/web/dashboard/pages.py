@@ -227,4 +227,4 @@ def measure_capacity() -> dict[str, Any] | None:
     except ImportError:
         return None
     svc = services()
-    return dict(measure(svc.engine, svc.settings))
+    return dict(measure(svc.engine, svc.settings, now=svc.clock.now()))
