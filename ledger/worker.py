@@ -106,7 +106,6 @@ class Worker:
         self.rng = rng or random.SystemRandom()
         self.hooks = hooks or WorkerHooks()
         self._scopes: dict[int, str] = {}
-        self._attempt_started = time.monotonic()
         self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
 
     def process_one(self) -> bool:
@@ -161,7 +160,6 @@ class Worker:
                       reason=refusal or "orphan job: no receipt")
             self._count(due.event_type, "not-run", terminal=True)
             return True
-        self._attempt_started = time.monotonic()
         self._transition(job, scope, "queued", "running")
         return job, scope
 
@@ -231,9 +229,6 @@ class Worker:
             if self._attempt_started is not None:
                 extra["latency_ms"] = round(
                     (time.perf_counter() - self._attempt_started) * 1000, 2)
-        if outcome is not None:  # the attempt ended: how, and how long it took
-            extra["outcome"] = outcome
-            extra["latency_ms"] = round((time.monotonic() - self._attempt_started) * 1000, 2)
         self._log("job.transition", scope=scope, event_id=job.event_id,
                   event_type=job.event_type, attempt=job.number, from_state=from_state,
                   to_state=to_state, accepted_at=job.accepted_at, **extra)
