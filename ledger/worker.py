@@ -64,6 +64,8 @@ log = get_logger("ledger.worker")
 POLL_SECONDS = 0.5
 MAX_IDLE_BACKOFF_SECONDS = 30.0
 BURST_ERROR_LIMIT = 5
+# result_ref is a small reference kept on the hot receipts table for the whole retention.
+RESULT_REF_LIMIT = 256
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,9 +191,9 @@ class Worker:
             if not hold_lease(conn, job):
                 raise LeaseLost()
             result_ref = spec.apply(conn, event) if spec is not None else NO_HANDLER_RESULT
-            if not isinstance(result_ref, str) or not result_ref:
-                raise TypeError(f"handler of {job.event_type} returned {type(result_ref)!r}, "
-                                "not a non-empty str result_ref")
+            if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
+                raise TypeError(f"handler of {job.event_type} must return a str result_ref of "
+                                f"1-{RESULT_REF_LIMIT} characters")
             complete_job(conn, job, result_ref=result_ref, now=self.services.clock.now())
             if self.hooks.before_commit is not None:
                 self.hooks.before_commit(conn, event)

@@ -386,3 +386,30 @@ def test_claim_query_can_use_the_due_index(make_app):
         plan = "\n".join(row[0] for row in conn.exec_driver_sql(
             f"EXPLAIN {compiled.string}", compiled.construct_params()))
     assert "ix_jobs_due" in plan and "LockRows" in plan, plan
+
+
+def test_handler_that_writes_then_raises_leaves_no_effect(make_app):
+    from ledger.demo_handlers import credit
+    from ledger.handlers import Registry
+
+    def credit_then_fail(conn, event):
+        credit(conn, event)
+        raise RuntimeError("downstream said no")
+
+    def credit_with_a_huge_ref(conn, event):
+        credit(conn, event)
+        return "x" * 10_000
+
+    app = make_app()
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    _send(app, sender, "evt_w1", "t.raise", {"amount": 5})
+    _send(app, sender, "evt_w2", "t.huge", {"amount": 5})
+    registry = Registry.of({"t.raise": credit_then_fail, "t.huge": credit_with_a_huge_ref})
+    while process_one(svc, "w-test", handlers=registry, rng=FixedRandom(0.5)):
+        pass
+    assert _balance(app, sender) == 0
+    assert _history(app, sender, "evt_w1") == [(1, "retry", "RuntimeError: downstream said no")]
+    (number, outcome, error), = _history(app, sender, "evt_w2")
+    assert (number, outcome) == (1, "retry") and error.startswith("TypeError: handler of t.huge")
+    assert {_receipt(app, sender, e).state.value for e in ("evt_w1", "evt_w2")} == {"pending"}
