@@ -214,10 +214,17 @@ def build_scheduler(services: Services, *, instance_id: str | None = None,
 def run_scheduler(services: Services, stop: threading.Event | None = None, *,
                   instance_id: str | None = None,
                   period_overrides: Mapping[str, float] | None = None,
-                  period_scale: float = 1.0, jobs: list[ScheduledJob] | None = None) -> None:
-    """Run the scheduled jobs until SIGTERM/SIGINT, or until `stop` is set."""
-    options: dict[str, Any] = {"instance_id": instance_id, "period_overrides": period_overrides,
-                               "period_scale": period_scale, "jobs": jobs}
+                  period_scale: float | None = None,
+                  jobs: list[ScheduledJob] | None = None) -> None:
+    """Run the scheduled jobs until SIGTERM/SIGINT, or until `stop` is set.
+
+    Periods not given come from LEDGER_SCHEDULER_PERIODS / _PERIOD_SCALE (so
+    `ledger dev` honours them too).
+    """
+    options: dict[str, Any] = {
+        "instance_id": instance_id, "jobs": jobs,
+        "period_overrides": periods_from_env() if period_overrides is None else period_overrides,
+        "period_scale": period_scale_from_env() if period_scale is None else period_scale}
     if stop is not None:
         scheduler = build_scheduler(services, background=True, **options)
         scheduler.start()
