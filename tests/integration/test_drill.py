@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -90,14 +91,33 @@ def test_cleanup_never_deletes_a_real_integration(drill_app):
     assert remaining == 1
 
 
+@pytest.fixture
+def sqlite_env(sqlite_template, tmp_path):  # type: ignore[no-untyped-def]
+    """The command on SQLite here; on PostgreSQL it runs in test_credentials_multiprocess."""
+    from tests.conftest import TEST_MASTER_KEY
+
+    path = tmp_path / "cli.sqlite3"
+    shutil.copyfile(sqlite_template, path)
+    return {"DATABASE_URL": f"sqlite:///{path}", "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
+            "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_SECRET_KEY": "test",
+            "LEDGER_REVOCATION_BOUND_SECONDS": "2"}
+
+
 @pytest.mark.slow
-def test_drill_command_starts_its_own_server_and_exits_0(drill_env, drill_app):
-    env = {**os.environ, **drill_env}
-    result = subprocess.run([str(BIN / "ledger"), "drill", "--json"], cwd="/", env=env,
-                            capture_output=True, text=True, timeout=120)
+def test_drill_command_starts_its_own_server_and_exits_0(sqlite_env):
+    from app import create_app
+
+    result = subprocess.run([str(BIN / "ledger"), "drill", "--json"], cwd="/",
+                            env={**os.environ, **sqlite_env}, capture_output=True, text=True,
+                            timeout=120)
     report = json.loads(result.stdout)  # one JSON object and nothing else on stdout
     assert result.returncode == 0, (report, result.stderr[-2000:])
     assert report["passed"] is True
     assert [s["name"] for s in report["steps"]] == STEPS
     assert all(set(s) == {"name", "passed", "detail"} for s in report["steps"])
-    assert _rows(drill_app, integrations) == []
+    app = create_app(sqlite_env)
+    try:
+        assert _rows(app, integrations) == []
+        assert {r[4] for r in _rows(app, audit_log)} >= {"credential.revoke", "drill.cleanup"}
+    finally:
+        app.extensions["ledger"].close()
