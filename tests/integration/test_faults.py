@@ -10,28 +10,36 @@ In every case no acknowledged event is lost and redelivery converges on one rece
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import requests
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, func, select, text
 
 from app import create_app
-from ledger.schema import receipts
+from ledger.clock import FixedClock, unix
+from ledger.demo import balance
+from ledger.receipts import get_receipt
+from ledger.schema import jobs, receipts
+from ledger.worker import WorkerHooks, process_one
 from tests.conftest import TEST_MASTER_KEY
-from tests.helpers import make_sender
+from tests.helpers import deliver, make_sender
 from tests.integration.load import (
     REQUEST_TIMEOUT,
     Answer,
     LoadGenerator,
+    post_delivery,
     redeliver_until_acknowledged,
 )
 from tests.integration.pg_cluster import PrivateCluster
-from tests.servers import gunicorn_server
+from tests.servers import gunicorn_server, thread_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 
@@ -138,3 +146,165 @@ def test_database_down_mid_load_answers_503_then_recovers_losing_nothing(private
     assert all(a.body == UNAVAILABLE and a.retry_after for a in refusals)
     assert max(a.seconds for a in answers) < REQUEST_TIMEOUT
     assert_converged(env["DATABASE_URL"], answers, redelivered)
+
+
+@pytest.fixture
+def pg_env(pg_url: str, tmp_path: Path) -> dict[str, str]:
+    """Environment for ledger processes on a fresh database of the shared server."""
+    return _env(pg_url, tmp_path)
+
+
+@pytest.fixture
+def admin(pg_url: str):  # type: ignore[no-untyped-def]
+    """A separate engine on the test database, for holding locks and killing backends."""
+    engine = create_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+def _concurrent(base_url: str, sender, event_ids: list[str]) -> list[Answer]:  # type: ignore[no-untyped-def]
+    """Send the deliveries all at once, one thread each."""
+    def send(event_id: str) -> Answer:
+        return post_delivery(requests.Session(), base_url, sender, event_id)
+
+    with ThreadPoolExecutor(max_workers=len(event_ids)) as pool:
+        return list(pool.map(send, event_ids))
+
+
+def test_pool_exhaustion_answers_503_fast_and_recovers(pg_env, admin):
+    """A pool of 2 under 20 concurrent requests on a stalled table: 503s, no hang, recovery."""
+    app = create_app({**pg_env, "LEDGER_DB_POOL_SIZE": "2", "LEDGER_DB_POOL_TIMEOUT_MS": "500",
+                      "LEDGER_DB_LOCK_TIMEOUT_MS": "2000"})
+    sender = make_sender(app)
+    try:
+        with thread_server(app) as base_url:
+            assert _concurrent(base_url, sender, ["warm"])[0].status == 202
+            with admin.begin() as conn:  # every intake transaction now waits on this lock
+                conn.execute(text("LOCK TABLE receipts IN ACCESS EXCLUSIVE MODE"))
+                stalled = _concurrent(base_url, sender, [f"stall-{i}" for i in range(20)])
+            recovered = _concurrent(base_url, sender, [f"stall-{i}" for i in range(20)])
+    finally:
+        app.extensions["ledger"].close()
+    assert {a.status for a in stalled} == {503}
+    assert all(a.body == UNAVAILABLE and a.retry_after for a in stalled)
+    # Bounded by the lock timeout (2 s) for the two holding connections and by the
+    # pool timeout (0.5 s) for the other 18: nobody waits for the lock's holder.
+    assert max(a.seconds for a in stalled) < 2 + 3
+    assert sorted(a.seconds for a in stalled)[9] < 2
+    assert {a.status for a in recovered} == {202}
+    assert receipt_counts(pg_env["DATABASE_URL"]) == Counter(
+        {"warm": 1, **{f"stall-{i}": 1 for i in range(20)}})
+
+
+def _backend_waiting_on(admin, statement_prefix: str) -> int:  # type: ignore[no-untyped-def]
+    """Return the pid of our database's backend blocked on a lock in `statement_prefix`."""
+    deadline = time.monotonic() + WAIT
+    query = text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                 "AND wait_event_type = 'Lock' AND query ILIKE :prefix")
+    while time.monotonic() < deadline:
+        with admin.connect() as conn:
+            pid = conn.execute(query, {"prefix": statement_prefix + "%"}).scalar()
+        if pid is not None:
+            return int(pid)
+        time.sleep(0.05)
+    raise AssertionError(f"no backend blocked in {statement_prefix!r}")
+
+
+def test_connection_killed_inside_an_intake_transaction(pg_env, admin):
+    """The receipt was inserted, the job insert waits, the backend is killed: nothing stays."""
+    app = create_app({**pg_env, "LEDGER_DB_LOCK_TIMEOUT_MS": "20000"})
+    sender = make_sender(app)
+    try:
+        with thread_server(app) as base_url:
+            assert _concurrent(base_url, sender, ["warm"])[0].status == 202
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                with admin.begin() as conn:
+                    conn.execute(text("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE"))
+                    pending = pool.submit(_concurrent, base_url, sender, ["cut"])
+                    victim = _backend_waiting_on(admin, "INSERT INTO jobs")
+                    with admin.connect() as killer:
+                        killer.execute(text("SELECT pg_terminate_backend(:pid)"),
+                                       {"pid": victim})
+                first = pending.result(timeout=WAIT)[0]
+            assert first.status == 503 and first.retry_after
+            with app.extensions["ledger"].engine.connect() as conn:
+                left = conn.execute(select(func.count()).select_from(receipts)
+                                    .where(receipts.c.event_id == "cut")).scalar()
+            assert left == 0, "the killed transaction left a receipt without its job"
+            retried = _concurrent(base_url, sender, ["cut"])[0]
+    finally:
+        app.extensions["ledger"].close()
+    assert retried.status == 202 and retried.body["status"] == "accepted"
+    with admin.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(jobs)
+                            .where(jobs.c.event_id == "cut")).scalar() == 1
+    assert receipt_counts(pg_env["DATABASE_URL"]) == Counter({"warm": 1, "cut": 1})
+
+
+def _state_and_balance(engine, sender) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+    """Return the receipt state of evt_k and the scope's demo balance."""
+    with engine.connect() as conn:
+        return (get_receipt(conn, sender.scope, "evt_k").state.value,
+                balance(conn, sender.scope_id))
+
+
+def test_connection_killed_inside_a_worker_transaction(pg_env, admin):
+    """The completion's backend dies before commit: no effect, and the retry credits once."""
+    app = create_app(pg_env, clock=FixedClock(datetime.now(UTC)))
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    killed: list[int] = []
+
+    def kill_own_backend(conn, _event) -> None:  # type: ignore[no-untyped-def]
+        if not killed:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+            with admin.connect() as other:
+                other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            killed.append(pid)
+
+    try:
+        answer = deliver(app.test_client(), sender, "evt_k", data={"amount": 5},
+                         timestamp=unix(svc.clock.now()))
+        assert answer.status_code == 202
+        assert process_one(svc, "w-killed", hooks=WorkerHooks(before_commit=kill_own_backend))
+        assert killed
+        assert _state_and_balance(svc.engine, sender) == ("pending", 0)
+        svc.clock.advance(svc.settings.retry_cap_seconds)
+        assert process_one(svc, "w-retry")
+        assert _state_and_balance(svc.engine, sender) == ("complete", 5)
+        again = deliver(app.test_client(), sender, "evt_k", data={"amount": 5},
+                        timestamp=unix(svc.clock.now()))
+        assert again.status_code == 200 and again.get_json()["state"] == "complete"
+    finally:
+        svc.close()
+
+
+def _worker_pids(master: int) -> list[int]:
+    """Return the pids of a gunicorn master's workers."""
+    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    return [int(pid) for pid in children]
+
+
+def test_killing_a_gunicorn_worker_under_load_loses_no_acknowledged_event(pg_env):
+    """SIGKILL one web process mid-load: every 2xx is in the ledger, the rest converge."""
+    sender = _sender(pg_env)
+    with gunicorn_server({**os.environ, **pg_env}, workers=2) as (base_url, process):
+        load = LoadGenerator(base_url, sender, prefix="kill", threads=6, pause=0).start()
+        try:
+            load.wait_for(lambda a: sum(x.status == 202 for x in a) >= 40, WAIT, "first acks")
+            victim = _worker_pids(process.pid)[0]
+            os.kill(victim, signal.SIGKILL)
+            after = len(load.answers)
+            load.wait_for(lambda a: sum(x.status == 202 for x in a[after:]) >= 60, WAIT,
+                          "acks after the kill")
+        finally:
+            answers = load.stop()
+        deadline = time.monotonic() + WAIT
+        while len(_worker_pids(process.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert victim not in _worker_pids(process.pid)
+        assert len(_worker_pids(process.pid)) == 2, "the master replaced the dead worker"
+        failed = sorted({a.event_id for a in answers if a.status != 202})
+        redelivered = redeliver_until_acknowledged(base_url, sender, failed)
+    assert {a.status for a in answers} <= {202, 503, None}
+    assert_converged(pg_env["DATABASE_URL"], answers, redelivered)
