@@ -17,7 +17,8 @@ remote side so that it can recognise the repeat, or reconcile on a stable
 business key (README, "Workers").
 
 User modules named in LEDGER_HANDLER_MODULES (comma-separated) are imported
-by `load_registry`; the demo handlers (ledger.demo_handlers) only when
+by `load_registry`, which takes the handlers defined in them and their
+submodules; the demo handlers (ledger.demo_handlers) only when
 LEDGER_DEMO_HANDLERS=1.
 """
 
@@ -73,7 +74,9 @@ class HandlerSpec:
         return getattr(self.apply, "__module__", "")
 
 
-_DECLARED: dict[str, HandlerSpec] = {}
+# Handlers as declared, per defining module: a process may import modules it was
+# not configured with (tests, tools); `load_registry` picks the configured ones.
+_DECLARED: dict[str, dict[str, HandlerSpec]] = {}
 
 
 def handler(event_type: str, *, prepare: PrepareFunc | None = None
@@ -81,19 +84,15 @@ def handler(event_type: str, *, prepare: PrepareFunc | None = None
     """Register the decorated function as the handler of `event_type`."""
 
     def register(func: HandlerFunc) -> HandlerFunc:
-        existing = _DECLARED.get(event_type)
-        if existing is not None and _qualified(existing.apply) != _qualified(func):
-            raise ValueError(f"event type {event_type!r} already has a handler: "
-                             f"{_qualified(existing.apply)}")
-        _DECLARED[event_type] = HandlerSpec(event_type=event_type, apply=func, prepare=prepare)
+        spec = HandlerSpec(event_type=event_type, apply=func, prepare=prepare)
+        declared = _DECLARED.setdefault(spec.module, {})
+        existing = declared.get(event_type)
+        if existing is not None and existing.apply.__qualname__ != func.__qualname__:
+            raise ValueError(f"event type {event_type!r} has two handlers in {spec.module}")
+        declared[event_type] = spec
         return func
 
     return register
-
-
-def _qualified(func: Callable[..., Any]) -> str:
-    """Return module.qualname of a function (a reloaded module re-registers the same name)."""
-    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
 
 
 class Registry:
@@ -123,7 +122,17 @@ def load_registry(settings: Settings) -> Registry:
             importlib.import_module(name)
         except ImportError as error:
             raise ValueError(f"LEDGER_HANDLER_MODULES: cannot import {name!r}: {error}") from None
+    wanted = [*settings.handler_modules, *([DEMO_MODULE] if settings.demo_handlers else [])]
     if settings.demo_handlers:
         importlib.import_module(DEMO_MODULE)
-    return Registry({t: s for t, s in _DECLARED.items()
-                     if settings.demo_handlers or s.module != DEMO_MODULE})
+    specs: dict[str, HandlerSpec] = {}
+    # Only handlers of the configured modules and their submodules count.
+    for module, declared in _DECLARED.items():
+        if not any(module == m or module.startswith(m + ".") for m in wanted):
+            continue
+        for event_type, spec in declared.items():
+            if event_type in specs:
+                raise ValueError(f"event type {event_type!r} has two handlers: "
+                                 f"{specs[event_type].module} and {module}")
+            specs[event_type] = spec
+    return Registry(specs)

@@ -413,3 +413,47 @@ def test_handler_that_writes_then_raises_leaves_no_effect(make_app):
     (number, outcome, error), = _history(app, sender, "evt_w2")
     assert (number, outcome) == (1, "retry") and error.startswith("TypeError: handler of t.huge")
     assert {_receipt(app, sender, e).state.value for e in ("evt_w1", "evt_w2")} == {"pending"}
+
+
+USER_HANDLERS = '''
+from ledger.handlers import handler
+
+SEEN = []
+
+def remember(event):
+    SEEN.append(event.idempotency_key)  # where a downstream call would carry it
+    return {"remote_id": "r-1"}
+
+@handler("invoice.paid", prepare=remember)
+def mark_paid(conn, event):
+    return f"invoice:{event.prepared['remote_id']}:{event.payload['data']['amount']}"
+'''
+
+
+def test_user_handler_modules_are_loaded_and_get_the_idempotency_key(
+        make_app, tmp_path, monkeypatch):
+    import importlib
+    import uuid
+
+    name = f"acme_handlers_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(USER_HANDLERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = make_app(LEDGER_HANDLER_MODULES=name)
+    sender = make_sender(app)
+    _send(app, sender, "evt_inv", "invoice.paid", {"amount": 12})
+    assert _drain(app) == 1
+    assert _receipt(app, sender, "evt_inv").result_ref == "invoice:r-1:12"
+    assert [f"{sender.scope}:evt_inv"] == importlib.import_module(name).SEEN
+    # Another app without the module does not pick its handler up from this process.
+    other = make_app()
+    other_sender = make_sender(other, account="other")
+    _send(other, other_sender, "evt_inv", "invoice.paid", {"amount": 12})
+    assert _drain(other) == 1
+    assert _receipt(other, other_sender, "evt_inv").result_ref == "ignored:no-handler"
+
+
+def test_worker_refuses_a_handler_module_it_cannot_import(make_app):
+    app = make_app(LEDGER_HANDLER_MODULES="no_such_module_anywhere")
+    result = app.test_cli_runner().invoke(args=["ledger", "worker", "--burst"])
+    assert result.exit_code == 2
+    assert "no_such_module_anywhere" in result.output
