@@ -11,6 +11,7 @@ from sqlalchemy import Connection, select
 
 from ledger import audit
 from ledger.clock import unix
+from ledger.demo_history import seed_history
 from ledger.errors import NotFound
 from ledger.integrations import create_integration, get_integration_by_scope
 from ledger.schema import demo_balances
@@ -80,6 +81,9 @@ def seed(app: Flask) -> list[SentDelivery]:
                 conn, svc.box, audit.Actor(name="demo-seed", role="cli"), account=account,
                 name=name, profile=profile, now=svc.clock.now())
             created[integration.scope] = (integration.public_id, profile, credential.secret)
+        if created:  # two days of history for the dashboard's lists and charts
+            seed_history(conn, [get_integration_by_scope(conn, s).id for s in created],
+                         svc.clock.now())
     sent: list[SentDelivery] = []
     for scope, (public_id, profile, secret) in created.items():
         plan = [("evt_42", "demo.credit", {"amount": 100}),

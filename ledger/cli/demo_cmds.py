@@ -8,6 +8,7 @@ from flask import current_app
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, handles_ledger_errors, json_option, services
 from ledger.demo import balance, seed
+from ledger.demo_history import seed_admin
 from ledger.integrations import get_integration_by_scope
 
 
@@ -25,6 +26,23 @@ def demo_seed() -> None:
     for delivery in sent:
         click.echo(f"{delivery.scope:<22} {delivery.event_id:<8} {delivery.status} "
                    f"{delivery.answer.get('status') or delivery.answer.get('error')}")
+    _seed_dashboard()
+
+
+def _seed_dashboard() -> None:
+    """Create the dashboard's demo admin (password printed once) and compute the rollups."""
+    svc = services()
+    with svc.engine.begin() as conn:
+        password = seed_admin(conn, svc.clock.now())
+    try:
+        from jobs.rollups import refresh
+
+        refresh(svc.engine, svc.clock, full_series=True)
+    except ImportError:
+        pass  # the scheduler computes them on its first run
+    if password:
+        click.echo(f"dashboard: log in as admin with password {password} (shown once; "
+                   "set LEDGER_DEMO_ADMIN_PASSWORD to choose it)")
 
 
 @demo_group.command("balance")
