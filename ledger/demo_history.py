@@ -56,12 +56,13 @@ def seed_history(conn: Connection, scope_ids: list[int], now: datetime,
             start = now - timedelta(hours=hours_ago)
             for i in range(rng.randint(15, 45) + (20 if 8 < hours_ago < 14 else 0)):
                 row = _receipt(scope_id, f"evt_h{hours_ago:02d}_{i:03d}", rng,
-                               start + timedelta(seconds=rng.randint(0, 3599)))
+                               start + timedelta(seconds=rng.randint(0, 3599)), now)
                 rows.append(row)
                 if row["state"] == ReceiptState.FAILED.code:
                     failed.append(row)
         for n in range(2):  # accepted two hours ago and never claimed: stuck work
-            stuck = _receipt(scope_id, f"evt_stuck_{n}", rng, now - timedelta(hours=2, minutes=n))
+            stuck = _receipt(scope_id, f"evt_stuck_{n}", rng,
+                             now - timedelta(hours=2, minutes=n), now)
             stuck.update(state=ReceiptState.PENDING.code, attempts=0, completed_at=None,
                          result_ref=None)
             rows.append(stuck)
@@ -73,8 +74,8 @@ def seed_history(conn: Connection, scope_ids: list[int], now: datetime,
     return len(rows)
 
 
-def _receipt(scope_id: int, event_id: str, rng: random.Random,
-             accepted_at: datetime) -> dict[str, Any]:
+def _receipt(scope_id: int, event_id: str, rng: random.Random, accepted_at: datetime,
+             now: datetime) -> dict[str, Any]:
     """Return one receipt row: mostly complete, about 4 % failed."""
     is_failed = rng.random() < 0.04
     return {"scope_id": scope_id, "event_id": event_id,
@@ -83,7 +84,7 @@ def _receipt(scope_id: int, event_id: str, rng: random.Random,
             "state": (ReceiptState.FAILED if is_failed else ReceiptState.COMPLETE).code,
             "attempts": 8 if is_failed else rng.choice((1, 1, 1, 2)),
             "accepted_at": accepted_at,
-            "completed_at": accepted_at + timedelta(seconds=rng.randint(1, 900)),
+            "completed_at": min(now, accepted_at + timedelta(seconds=rng.randint(1, 900))),
             "body_sha256": rng.randbytes(32),
             "result_ref": None if is_failed else f"credit:{rng.randint(1, 99999)}"}
 
