@@ -107,3 +107,14 @@ def test_operator_cli_refuses_bad_input(runner) -> None:  # type: ignore[no-unty
     missing = runner.invoke(args=["ledger", "operator", "token", "--username", "ghost",
                                   "--json"])
     assert missing.exit_code == 1
+
+
+def test_openapi_describes_the_intake_and_every_api_read(app, client) -> None:  # type: ignore[no-untyped-def]
+    document = client.get("/openapi.json").get_json()
+    assert document["openapi"].startswith("3.")
+    assert "/hooks/{integration}" in document["paths"]
+    api_rules = {r.rule for r in app.url_map.iter_rules() if r.rule.startswith("/api/v1/")}
+    described = {p.replace("{integration}", "<public_id>").replace("{event_id}",
+                                                                    "<path:event_id>")
+                 for p in document["paths"]}
+    assert api_rules <= described

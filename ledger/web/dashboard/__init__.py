@@ -63,7 +63,7 @@ def query_without(*names: str) -> str:
 
 def register_dashboard(app: Flask) -> None:
     """Install security (sessions, CSRF), the dashboard pages and the JSON API."""
-    from ledger.web import api
+    from ledger.web import api, openapi
     from ledger.web.dashboard import actions, admin, pages  # noqa: F401  (routes on import)
 
     init_security(app)
@@ -72,3 +72,4 @@ def register_dashboard(app: Flask) -> None:
     app.context_processor(_template_context)
     app.register_blueprint(bp)
     app.register_blueprint(api.bp)
+    app.register_blueprint(openapi.bp)
