@@ -63,6 +63,14 @@ def _not_found():  # type: ignore[no-untyped-def]
     return response
 
 
+@bp.after_request
+def _no_store(response):  # type: ignore[no-untyped-def]
+    """Keep operator data out of shared caches."""
+    response.headers["Cache-Control"] = "no-store"
+    response.vary.add("Authorization")
+    return response
+
+
 @bp.errorhandler(BadFilter)
 @bp.errorhandler(BadCursor)
 def _bad_input(error: Exception):  # type: ignore[no-untyped-def]
