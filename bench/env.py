@@ -1,0 +1,192 @@
+"""Bench databases, servers and processes: created for one run, removed afterwards.
+
+PostgreSQL databases are named `ledger_bench_<run>_<name>` on the server of
+LEDGER_BENCH_PG_URL (default 127.0.0.1:5432); nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from cryptography.fernet import Fernet
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+from ledger import audit
+from ledger.config import Settings
+from ledger.db import make_engine, upgrade
+from ledger.integrations import create_integration
+from ledger.secrets_box import SecretBox
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PG_ADMIN_URL = os.environ.get("LEDGER_BENCH_PG_URL",
+                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+SECRET = "whsec_" + "YmVuY2gtc2VjcmV0LWtleS1mb3ItcmVwbGF5LWxlZGdlcg=="
+TOLERANCE = 86400  # pre-signed requests stay fresh for the whole run
+
+
+@dataclass(slots=True)
+class BenchEnv:
+    """One run's scratch space: a temp dir, a master key, the databases it made."""
+
+    tmp: Path
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    master_key: str = field(default_factory=lambda: Fernet.generate_key().decode())
+    databases: list[str] = field(default_factory=list)
+
+    def pg_url(self, name: str, *, template: str | None = None) -> str:
+        """Create database `ledger_bench_<run>_<name>` and return its URL."""
+        db = f"ledger_bench_{self.run_id}_{name}"
+        clause = f' TEMPLATE "{template}"' if template else ""
+        with admin_engine().connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{db}"{clause}'))
+        self.databases.append(db)
+        return make_url(PG_ADMIN_URL).set(database=db).render_as_string(hide_password=False)
+
+    def migrated_pg(self, name: str) -> str:
+        """Return a fresh migrated database (cloned from this run's migrated template)."""
+        template = f"ledger_bench_{self.run_id}_template"
+        if template not in self.databases:
+            url = self.pg_url("template")
+            engine = make_engine(self.settings(url))
+            upgrade(engine)
+            engine.dispose()
+        return self.pg_url(name, template=template)
+
+    def sqlite_url(self, name: str, *, migrated: bool = True) -> str:
+        """Return a SQLite file URL in the temp dir, migrated unless told otherwise."""
+        url = f"sqlite:///{self.tmp / (name + '.sqlite3')}"
+        if migrated:
+            engine = make_engine(self.settings(url))
+            upgrade(engine)
+            engine.dispose()
+        return url
+
+    def settings(self, url: str) -> Settings:
+        """Return settings for a bench database."""
+        return Settings(database_url=url, var_dir=self.tmp, master_key=self.master_key)
+
+    def app_env(self, url: str) -> dict[str, str]:
+        """Return the environment for the ledger's own processes on `url`."""
+        return {"DATABASE_URL": url, "LEDGER_MASTER_KEY": self.master_key,
+                "LEDGER_VAR_DIR": str(self.tmp), "LEDGER_SECRET_KEY": "bench-secret",
+                "LEDGER_DEMO_HANDLERS": "1", "LEDGER_LOG_LEVEL": "INFO"}
+
+    def drop_all(self) -> None:
+        """Drop every database this run created (templates last)."""
+        with admin_engine().connect() as conn:
+            for db in sorted(self.databases, key=lambda d: d.endswith("_template")):
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+        self.databases.clear()
+
+
+def admin_engine() -> Engine:
+    """Return an autocommit engine on the admin database."""
+    return create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+
+
+def bench_integration(engine: Engine, box: SecretBox, *, name: str = "bench") -> str:
+    """Create the Standard Webhooks integration the load signs for; return its public id."""
+    from datetime import UTC, datetime
+
+    with engine.begin() as conn:
+        integration, _ = create_integration(
+            conn, box, audit.Actor(name="bench", role="admin"), account="bench", name=name,
+            profile="standard-webhooks", now=datetime.now(UTC), tolerance=TOLERANCE,
+            secret=SECRET)
+    return integration.public_id
+
+
+def free_port() -> int:
+    """Return a free loopback port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerShape:
+    """How gunicorn serves: the same shape for the ledger and the thin baseline."""
+
+    workers: int = 4
+    worker_class: str = "gthread"
+    threads: int = 4
+    max_requests: int = 5000
+    max_requests_jitter: int = 500
+
+    def args(self) -> list[str]:
+        """Return the gunicorn flags of this shape."""
+        return ["--workers", str(self.workers), "--worker-class", self.worker_class,
+                "--threads", str(self.threads), "--max-requests", str(self.max_requests),
+                "--max-requests-jitter", str(self.max_requests_jitter), "--keep-alive", "5"]
+
+
+@contextmanager
+def gunicorn(app: str, env: dict[str, str], shape: ServerShape, *, cwd: Path,
+             log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Serve `app` with gunicorn on a free port; stop it (TERM, then KILL) afterwards."""
+    port = free_port()
+    with open(log, "ab") as err:
+        process = subprocess.Popen(
+            [str(BIN / "gunicorn"), app, "--bind", f"127.0.0.1:{port}", *shape.args()],
+            cwd=str(cwd), env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(base, process)
+        yield base, process
+    finally:
+        stop(process)
+
+
+def wait_up(base: str, process: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Poll /healthz until it answers; fail fast if the server died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        with suppress(requests.RequestException):
+            if requests.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{base} did not come up in {timeout}s")
+
+
+def stop(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """Stop a process group we started: TERM, then KILL after `grace` seconds."""
+    if process.poll() is not None:
+        return
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+def worker_pids(master_pid: int) -> list[int]:
+    """Return the pids of a gunicorn master's workers."""
+    children = Path(f"/proc/{master_pid}/task/{master_pid}/children")
+    return [int(p) for p in children.read_text().split()] if children.exists() else []
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Return a process's peak resident set (VmHWM) in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
