@@ -18,12 +18,13 @@ from ledger.clock import Clock
 from ledger.config import Settings
 from ledger.credentials import SCHEDULER, expire_due_credentials
 from ledger.domain import CredentialState
-from ledger.instances import Instance, live_instances
+from ledger.instances import Instance, live_instances, prune_instances
 from ledger.logs import get_logger
 from ledger.schema import credentials, findings
 
 log = get_logger("ledger.jobs.credentials")
 REVOCATION_LAG = "revocation_lag"
+INSTANCE_MEMORY = timedelta(days=1)  # a process silent this long crashed: forget it
 _exported: set[str] = set()  # instance labels this process exports, to drop departed ones
 
 
@@ -55,6 +56,7 @@ def check_revocation_propagation(engine: Engine, settings: Settings, clock: Cloc
     now = clock.now()
     bound = settings.revocation_bound_seconds
     with engine.begin() as conn:
+        prune_instances(conn, silent_since=now - INSTANCE_MEMORY)
         # "Live" = beat within the bound; a beat is due every quarter of it.
         live = live_instances(conn, now=now, within_seconds=bound)
         _export_view_ages(live, now)

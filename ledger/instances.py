@@ -66,6 +66,11 @@ def remove_instance(conn: Connection, instance_id: str) -> None:
     conn.execute(delete(instances).where(instances.c.id == instance_id))
 
 
+def prune_instances(conn: Connection, *, silent_since: datetime) -> int:
+    """Forget instances whose last heartbeat is older than `silent_since` (crashed ones)."""
+    return conn.execute(delete(instances).where(instances.c.heartbeat_at < silent_since)).rowcount
+
+
 def live_instances(conn: Connection, *, now: datetime, within_seconds: float,
                    kind: str | None = None) -> list[Instance]:
     """Return the instances whose heartbeat is at most `within_seconds` old."""

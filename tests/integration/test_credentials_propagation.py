@@ -120,6 +120,16 @@ def test_no_revocation_means_nothing_to_flag(clocked_app, clock):
     assert _check(clocked_app, clock) == 0
 
 
+def test_instances_silent_for_a_day_are_forgotten(clocked_app, clock):
+    _instance(clocked_app, "h:1:crashed", heartbeat_at=START, refreshed_at=START)
+    _instance(clocked_app, "h:2:alive", heartbeat_at=START, refreshed_at=START)
+    clock.advance(86400 + 1)
+    _touch(clocked_app, "h:2:alive", heartbeat_at=clock.now())
+    _check(clocked_app, clock)
+    with clocked_app.extensions["ledger"].engine.connect() as conn:
+        assert conn.execute(select(instances.c.id)).scalars().all() == ["h:2:alive"]
+
+
 def _wait_for_instance(app, timeout: float = 10.0):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
