@@ -1,0 +1,177 @@
+"""Intake measures: accepted/s, p99, duplicates/s, SQLite default, memory per worker.
+
+The ledger and the thin baseline run side by side under the same gunicorn shape
+and are loaded in ABBA order (thin, ours, ours, thin), so a slow patch on this
+shared machine hits both. Accepted/s counts committed receipts, not responses.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+from bench import env as benv
+from bench.loadgen import WrkResult, presign, run_wrk
+from bench.schemas import create_thin_pg, create_thin_sqlite
+from ledger.db import make_engine
+from ledger.secrets_box import load_box
+
+THREADS = 2
+CONNECTIONS = 16
+MAX_RATE = 3000  # requests/s a run may reach before its file of new events wraps
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """One load run: what wrk saw and how many receipts were committed."""
+
+    wrk: WrkResult
+    accepted: int
+
+    @property
+    def accepted_per_second(self) -> float:
+        """Return committed receipts per second."""
+        return self.accepted / self.wrk.seconds
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the run for latest.json."""
+        return {"requests": self.wrk.requests, "seconds": round(self.wrk.seconds, 2),
+                "accepted": self.accepted, "p50_ms": self.wrk.p50_ms, "p99_ms": self.wrk.p99_ms,
+                "errors": self.wrk.errors, "non_2xx": self.wrk.status_errors,
+                "wraps": self.wrk.wraps}
+
+
+@dataclass(slots=True)
+class Target:
+    """A server under load and how to count its receipts."""
+
+    base: str
+    db_url: str
+    path: str
+
+    def receipts(self) -> int:
+        """Return how many receipts the database holds."""
+        engine = create_engine(self.db_url)
+        try:
+            with engine.connect() as conn:
+                return int(conn.execute(text("SELECT count(*) FROM receipts")).scalar_one())
+        finally:
+            engine.dispose()
+
+
+def load_run(target: Target, files: Path, seconds: float, limits: str | None = None) -> Run:
+    """Replay `files` at `target` for `seconds`; count what was committed."""
+    before = target.receipts()
+    result = run_wrk(target.base + target.path, files, seconds=seconds,
+                     connections=CONNECTIONS, threads=THREADS, limits=limits)
+    return Run(wrk=result, accepted=target.receipts() - before)
+
+
+def signed_files(tmp: Path, tag: str, public_id: str, seconds: float) -> Path:
+    """Pre-sign enough new events for one run of `seconds` at up to MAX_RATE."""
+    prefix = tmp / f"load-{tag}"
+    per_thread = int(MAX_RATE * seconds / THREADS) + 500
+    presign(prefix, path=f"/hooks/{public_id}", secret=benv.SECRET, per_thread=per_thread,
+            threads=THREADS, tag=tag)
+    return prefix
+
+
+def ours_app(e: benv.BenchEnv, url: str) -> str:
+    """Prepare the ledger's database on `url`; return the bench integration's public id."""
+    settings = e.settings(url)
+    engine = make_engine(settings)
+    try:
+        return benv.bench_integration(engine, load_box(settings.master_key, settings.var_dir))
+    finally:
+        engine.dispose()
+
+
+def abba(e: benv.BenchEnv, thin: Target, ours: Target, seconds: float,
+         tag: str) -> dict[str, list[Run]]:
+    """Load thin, ours, ours, thin with fresh events each; return the runs by app."""
+    a = signed_files(e.tmp, f"{tag}-a", ours.path.rsplit("/", 1)[1], seconds)
+    b = signed_files(e.tmp, f"{tag}-b", ours.path.rsplit("/", 1)[1], seconds)
+    warm = signed_files(e.tmp, f"{tag}-warm", ours.path.rsplit("/", 1)[1], 2)
+    for target in (thin, ours):
+        load_run(target, warm, 2)
+    runs: dict[str, list[Run]] = {"thin": [], "ours": []}
+    for name, target, files in (("thin", thin, a), ("ours", ours, a), ("ours", ours, b),
+                                ("thin", thin, b)):
+        runs[name].append(load_run(target, files, seconds))
+    runs["files"] = a  # type: ignore[assignment]
+    return runs
+
+
+def measure_pg(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[str, Any]:
+    """Ledger vs thin on PostgreSQL: accepted/s, p99, then duplicates/s on the ledger."""
+    ours_url, thin_url = e.migrated_pg("intake"), e.pg_url("thin")
+    create_thin_pg(thin_url)
+    public_id = ours_app(e, ours_url)
+    thin_env = {"THIN_DATABASE_URL": thin_url.replace("+psycopg", ""), "THIN_SECRET": benv.SECRET}
+    log = e.tmp / "intake-pg.log"
+    with benv.gunicorn("thin_intake:app", thin_env, shape, cwd=benv.ROOT / "bench",
+                       log=log) as (thin_base, _), \
+            benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
+                          log=log) as (ours_base, _):
+        thin = Target(thin_base, thin_url, f"/hooks/{public_id}")
+        ours = Target(ours_base, ours_url, f"/hooks/{public_id}")
+        runs = abba(e, thin, ours, seconds, "pg")
+        first = runs["ours"][0]
+        dup = load_run(ours, runs["files"], seconds,  # type: ignore[arg-type]
+                       limits=first.wrk.sent_per_thread)
+    return summarize(runs) | {"duplicates": dup}
+
+
+def measure_sqlite(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[str, Any]:
+    """Ledger on its SQLite default vs the thin intake pointed at SQLite."""
+    ours_url = e.sqlite_url("intake")
+    thin_path = e.tmp / "thin.sqlite3"
+    create_thin_sqlite(str(thin_path))
+    public_id = ours_app(e, ours_url)
+    thin_env = {"THIN_DATABASE_URL": f"sqlite:///{thin_path}", "THIN_SECRET": benv.SECRET}
+    log = e.tmp / "intake-sqlite.log"
+    with benv.gunicorn("thin_intake:app", thin_env, shape, cwd=benv.ROOT / "bench",
+                       log=log) as (thin_base, _), \
+            benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
+                          log=log) as (ours_base, _):
+        thin = Target(thin_base, f"sqlite:///{thin_path}", f"/hooks/{public_id}")
+        ours = Target(ours_base, ours_url, f"/hooks/{public_id}")
+        return summarize(abba(e, thin, ours, seconds, "sqlite"))
+
+
+def summarize(runs: dict[str, Any]) -> dict[str, Any]:
+    """Average the two runs of each app."""
+    out: dict[str, Any] = {"runs": {k: [r.to_json() for r in v] for k, v in runs.items()
+                                    if k in ("thin", "ours")}}
+    for name in ("thin", "ours"):
+        out[f"{name}_accepted_per_s"] = mean(r.accepted_per_second for r in runs[name])
+        out[f"{name}_p99_ms"] = mean(r.wrk.p99_ms for r in runs[name])
+        out[f"{name}_wraps"] = sum(r.wrk.wraps for r in runs[name])
+        out[f"{name}_errors"] = sum(r.wrk.errors + r.wrk.status_errors for r in runs[name])
+    return out
+
+
+def measure_memory(e: benv.BenchEnv, shape: benv.ServerShape, total: int = 100_000,
+                   budget_seconds: float = 120) -> dict[str, Any]:
+    """Serve `total` requests with no worker recycling; return each worker's peak RSS."""
+    url = e.migrated_pg("memory")
+    public_id = ours_app(e, url)
+    no_recycle = benv.ServerShape(workers=shape.workers, worker_class=shape.worker_class,
+                                  threads=shape.threads, max_requests=0, max_requests_jitter=0)
+    files = signed_files(e.tmp, "memory", public_id, 20)
+    sent, started = 0, time.monotonic()
+    with benv.gunicorn("app:create_app()", e.app_env(url), no_recycle, cwd=benv.ROOT,
+                       log=e.tmp / "memory.log") as (base, master):
+        target = Target(base, url, f"/hooks/{public_id}")
+        # The first pass sends new events, later passes replay them as duplicates.
+        while sent < total and time.monotonic() - started < budget_seconds:
+            sent += load_run(target, files, 20).wrk.requests
+        pids = benv.worker_pids(master.pid)
+        peaks = {pid: round(benv.peak_rss_mb(pid), 1) for pid in pids}
+    return {"requests": sent, "peak_rss_mb": peaks,
+            "max_peak_rss_mb": max(peaks.values()) if peaks else 0.0}

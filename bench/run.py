@@ -1,0 +1,181 @@
+"""`make bench`: every performance promise against a baseline measured in the same run.
+
+    python -m bench.run [--seconds 12] [--receipts 1000000] [--scopes 1000] [--only intake,...]
+
+Prints a Markdown table and writes bench/results/latest.json. Bench databases
+(`ledger_bench_*`) and temp files are removed afterwards, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench import big, intake, report, worker_bench
+from bench import env as benv
+from bench.loadgen import wrk_binary
+from bench.report import Figure, at_least, at_most, failed
+
+MEASURES = ("intake", "sqlite", "worker", "big", "memory")
+
+
+def intake_figures(r: dict[str, Any]) -> list[Figure]:
+    """Accepted/s, p99 and duplicates/s on PostgreSQL."""
+    dup = r["duplicates"]
+    note = "" if not (r["thin_wraps"] or r["ours_wraps"]) else "a file of new events wrapped"
+    return [
+        at_least("intake accepted/s, 16 connections (PostgreSQL)", r["ours_accepted_per_s"],
+                 "/s", "thin intake", r["thin_accepted_per_s"], 0.9, note),
+        at_most("intake p99 latency (PostgreSQL)", r["ours_p99_ms"], "ms", "thin intake p99",
+                r["thin_p99_ms"], 1.5),
+        at_least("duplicate deliveries/s", dup.wrk.per_second, "/s", "our accepted/s",
+                 r["ours_accepted_per_s"], 1.0,
+                 f"{dup.accepted} new receipts during the duplicate run (expected 0)"),
+    ]
+
+
+def sqlite_figures(r: dict[str, Any]) -> list[Figure]:
+    """The embedded default against the thin intake on SQLite."""
+    return [at_least("intake accepted/s on the SQLite default", r["ours_accepted_per_s"], "/s",
+                     "thin intake on SQLite", r["thin_accepted_per_s"], 0.8)]
+
+
+def worker_figures(r: dict[str, Any]) -> list[Figure]:
+    """Worker completions against the raw claim loop."""
+    return [at_least(f"worker completions/s (demo.credit, {r['processes']} workers)",
+                     r["ours_per_s"], "/s", "raw claim loop", r["raw_per_s"], 0.5)]
+
+
+def big_figures(r: dict[str, Any]) -> list[Figure]:
+    """Bytes per receipt, purge, intake during the purge, dashboard pages."""
+    ours, naive = r["bytes"]["ours"], r["bytes"]["naive"]
+    packed = r["bytes"]["packed"]
+    per_row = ours["total_per_row"]
+    bytes_fig = at_most(
+        f"bytes per receipt ({r['receipts']:,} receipts, {r['scopes']:,} scopes)", per_row,
+        "B", "naive schema", naive["total_per_row"], 200 / naive["total_per_row"],
+        f"heap {ours['heap_per_row']}"
+        f" + indexes {ours['indexes_per_row']} + TOAST {ours['toast_per_row']}; packed "
+        f"(after REINDEX) {packed['receipts']} vs naive {packed['naive_receipts']}")
+    bytes_fig = _with_met(bytes_fig, per_row <= 200, "<= 200 B")
+    p = r["purge"]
+    figures = [
+        bytes_fig,
+        at_least("retention purge rows/s (under HTTP intake load)", p["purge_rows_per_s"], "/s",
+                 "raw batched DELETE (naive table, no history)", r["raw_purge"]["rows_per_s"],
+                 300_000 / r["raw_purge"]["rows_per_s"],
+                 f"{p['expired_receipts']:,} receipts in {p['purge_seconds']} s"),
+        at_least("intake accepted/s during the purge", p["intake_during_per_s"], "/s",
+                 "intake before the purge", p["intake_before_per_s"], 0.8),
+    ]
+    figures[1] = _with_met(figures[1], p["purge_rows_per_s"] >= 300_000, ">= 300,000/s")
+    for page, t in r["dashboard"].items():
+        median = at_most(f"dashboard {page} (p95 {t['p95_ms']} ms)", t["median_ms"], "ms",
+                         "target median", 150, 1.0)
+        figures.append(_with_met(median, median.met and t["p95_ms"] <= 300,
+                                 "median <= 150 ms, p95 <= 300 ms"))
+    return figures
+
+
+def _with_met(figure: Figure, met: bool, target: str) -> Figure:
+    """Return the figure judged on an absolute target instead of its ratio."""
+    return replace(figure, met=met, target=target)
+
+
+def memory_figures(r: dict[str, Any]) -> list[Figure]:
+    """Peak RSS per gunicorn worker after the requests."""
+    figure = at_most(f"peak RSS per gunicorn worker after {r['requests']:,} requests",
+                     r["max_peak_rss_mb"], "MB", "target", 150, 1.0,
+                     f"per worker: {r['peak_rss_mb']}")
+    return [_with_met(figure, figure.met and r["requests"] >= 100_000, "<= 150 MB")]
+
+
+def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figure], dict]:
+    """Run the selected measures; a broken one is reported, the rest still run."""
+    shape = benv.ServerShape(worker_class=args.worker_class, workers=args.workers,
+                             threads=args.threads)
+    plan: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[dict], list[Figure]]]] = {
+        "intake": (lambda: intake.measure_pg(e, shape, args.seconds), intake_figures),
+        "sqlite": (lambda: intake.measure_sqlite(e, shape, args.seconds), sqlite_figures),
+        "worker": (lambda: worker_bench.measure(e, args.seconds), worker_figures),
+        "big": (lambda: big.measure(e, shape, args.receipts, args.scopes, args.rounds),
+                big_figures),
+        "memory": (lambda: intake.measure_memory(e, shape, args.memory_requests),
+                   memory_figures),
+    }
+    figures: list[Figure] = []
+    details: dict[str, Any] = {"shape": shape.args(), "seconds": args.seconds}
+    for name in args.only:
+        started = time.perf_counter()
+        print(f"-- {name} ...", file=sys.stderr, flush=True)
+        try:
+            result = plan[name][0]()
+            figures += plan[name][1](result)
+            details[name] = _jsonable(result)
+        except Exception as error:
+            traceback.print_exc()
+            figures.append(failed(name, f"{type(error).__name__}: {error}"))
+        details[f"{name}_seconds"] = round(time.perf_counter() - started, 1)
+        print(f"   {name} took {details[f'{name}_seconds']} s", file=sys.stderr, flush=True)
+    return figures, details
+
+
+def _jsonable(value: Any) -> Any:
+    """Turn run results (dataclasses inside) into JSON-friendly values."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    return value if isinstance(value, int | float | str | bool | type(None)) else str(value)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=12, help="per load run")
+    parser.add_argument("--receipts", type=int, default=1_000_000)
+    parser.add_argument("--scopes", type=int, default=1_000)
+    parser.add_argument("--rounds", type=int, default=15, help="timed visits per page")
+    parser.add_argument("--memory-requests", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--worker-class", default="gthread")
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--only", type=lambda s: s.split(","), default=list(MEASURES))
+    args = parser.parse_args(argv)
+    unknown = set(args.only) - set(MEASURES)
+    if unknown:
+        parser.error(f"unknown measure(s) {sorted(unknown)}; choose from {MEASURES}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run, print the table, write latest.json; exit 0 when every measure ran."""
+    args = parse(argv)
+    wrk_binary()
+    started = time.perf_counter()
+    e = benv.BenchEnv(tmp=Path(tempfile.mkdtemp(prefix="ledger-bench-")))
+    try:
+        figures, details = run_measures(e, args)
+    finally:
+        e.drop_all()
+        shutil.rmtree(e.tmp, ignore_errors=True)
+    details["total_seconds"] = round(time.perf_counter() - started, 1)
+    path = report.write(figures, details)
+    print(report.table(figures))
+    print(f"\n{sum(f.met for f in figures)}/{len(figures)} targets met in "
+          f"{details['total_seconds']} s; details in {path}")
+    return 1 if any(f.note.startswith("NOT MEASURED") for f in figures) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
