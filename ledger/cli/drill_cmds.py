@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import click
 from flask import Flask, current_app
-from werkzeug.serving import make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 from ledger import audit
 from ledger.cli import ledger_cli
@@ -17,10 +17,17 @@ from ledger.cli.common import emit, json_option, services
 from ledger.drill import run_drill
 
 
+class _QuietHandler(WSGIRequestHandler):
+    """The ledger logs every delivery itself; skip werkzeug's access lines."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Log nothing."""
+
+
 @contextmanager
 def local_server(app: Flask, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve `app` on a free loopback port from a thread; yield its base URL; stop it."""
-    server = make_server(host, 0, app, threaded=True)
+    server = make_server(host, 0, app, threaded=True, request_handler=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="ledger-drill-server",
                               daemon=True)
     thread.start()
