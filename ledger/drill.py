@@ -168,11 +168,11 @@ class Drill:
             for event_id in ("evt-1", "evt-2"):
                 status, answer = self.post(sender, event_id)
                 expect(status == 202 and answer.get("status") == "accepted",
-                        f"{sender.scope} {event_id}: expected 202 accepted, got {status} "
-                        f"{answer.get('status') or answer.get('error')}")
+                       f"{sender.scope} {event_id}: expected 202 accepted, got {status} "
+                       f"{answer.get('status') or answer.get('error')}")
             status, answer = self.post(sender, "evt-1")
             expect(answer.get("status") == "duplicate",
-                    f"{sender.scope} duplicate evt-1: expected duplicate, got {status}")
+                   f"{sender.scope} duplicate evt-1: expected duplicate, got {status}")
             held = len(self.snapshot(sender)["receipts"])
             expect(held == 2, f"{sender.scope}: expected 2 receipts, found {held} "
                                "(is the server on this DATABASE_URL?)")
@@ -187,8 +187,8 @@ class Drill:
         started = time.monotonic()
         refused_after = self._poll_until(lambda: self.post(self.a, "evt-1")[0] == 401)
         expect(refused_after is not None and refused_after <= self.bound,
-                f"revoked key still accepted after {time.monotonic() - started:.1f} s "
-                f"(bound {self.bound} s)")
+               f"revoked key still accepted after {time.monotonic() - started:.1f} s "
+               f"(bound {self.bound} s)")
         self._await_instances(revoked.revoked_at, started)  # type: ignore[arg-type]
         return (f"401 for the revoked key after {refused_after:.1f} s "
                 f"(declared bound {self.bound} s)")
@@ -234,7 +234,7 @@ class Drill:
         assert self.b is not None
         status, answer = self.post(self.b, "evt-3")
         expect(status == 202 and answer.get("status") == "accepted",
-                f"B's new event answered {status} {answer.get('status') or answer.get('error')}")
+               f"B's new event answered {status} {answer.get('status') or answer.get('error')}")
         return "B accepted a new event after A's revocation"
 
     def rotate_a(self) -> str:
@@ -256,12 +256,14 @@ class Drill:
         took = self._poll_until(replay)
         expect(took is not None, f"new key not accepted within {self.bound} s")
         after = self.snapshot(self.a)
-        states = {ReceiptState.from_code(s).value for e, s, _ in before["receipts"] + after[
-            "receipts"] if e == "evt-1"}
+        # A worker may finish the receipt meanwhile: either state it held is the original's.
+        held = before["receipts"] + after["receipts"]
+        states = {ReceiptState.from_code(state).value for e, state, _ in held if e == "evt-1"}
         expect(answer.get("status") == "duplicate" and answer.get("state") in states,
-                f"replay under the new key answered {answer}, receipt states {sorted(states)}")
-        expect(len(after["receipts"]) == len(before["receipts"]) and after["jobs"] <= before[
-            "jobs"], "the replay under the new key created new work")
+               f"replay under the new key answered {answer}, receipt states {sorted(states)}")
+        no_new_work = (len(after["receipts"]) == len(before["receipts"])
+                       and after["jobs"] <= before["jobs"])
+        expect(no_new_work, "the replay under the new key created new work")
         return (f"replay under {rotation.key_id} answered duplicate/{answer['state']} "
                 f"(the original receipt) after {took:.1f} s; one receipt, same scope")
 
