@@ -112,7 +112,8 @@ class InstanceHeartbeat:
 
     def on_refresh(self, _now: datetime) -> None:
         """Called by the view when it drops its cache: report it soon, off the request path."""
-        self._wake.set()
+        if threading.current_thread() is not self._thread:  # our own drop is reported anyway
+            self._wake.set()
 
     def ensure_started(self) -> None:
         """Start beating in this process (idempotent; restarts after a fork)."""
@@ -147,7 +148,6 @@ class InstanceHeartbeat:
         refreshed_at = None
         if self._view is not None:
             self._view.drop_if_stale()
-            self._wake.clear()  # our own drop needs no second beat
             refreshed_at = self._view.refreshed_at
         with self._engine.begin() as conn:
             beat(conn, self.instance_id or "", kind=self._kind, now=self._clock.now(),
@@ -155,8 +155,10 @@ class InstanceHeartbeat:
 
     def _run(self) -> None:
         """Beat until stopped; a failed beat is logged and tried again next time."""
-        while not self._stop.is_set():
-            self._wake.clear()
+        while True:
+            self._wake.clear()  # before the stop check, so that stop() always wakes us
+            if self._stop.is_set():
+                return
             try:
                 self.beat_once()
             except Exception as error:  # the database may be briefly away; keep beating
