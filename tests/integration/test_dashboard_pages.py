@@ -143,8 +143,8 @@ def test_receipt_detail_shows_timeline_conflicts_and_payload_only_to_oncall(app)
     assert "Payloads are shown to oncall" in viewer and '"amount": 7' not in viewer
     oncall = _text(logged_in(app, "oncall").get(path))
     assert '&#34;amount&#34;: 7' in oncall or '"amount": 7' in oncall
-    assert logged_in(app, "viewer", "v2").get(f"/receipts/{sender.public_id}/nope"
-                                              ).status_code == 404
+    missing = logged_in(app, "viewer", "v2").get(f"/receipts/{sender.public_id}/nope")
+    assert missing.status_code == 404 and "Not found" in _text(missing)
 
 
 def test_stuck_page_lists_old_pending_and_overdue_jobs(app) -> None:  # type: ignore[no-untyped-def]

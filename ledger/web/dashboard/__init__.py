@@ -6,12 +6,38 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from flask import Blueprint, Flask, Response, g, make_response, render_template, request
+from flask import (
+    Blueprint,
+    Flask,
+    Response,
+    g,
+    jsonify,
+    make_response,
+    render_template,
+    request,
+)
+from werkzeug.exceptions import HTTPException
 
 from ledger.web.auth import init_security, require_login
+from ledger.web.errors import wants_json
 
 bp = Blueprint("dashboard", __name__)
 bp.before_request(require_login)
+
+
+@bp.errorhandler(400)
+@bp.errorhandler(404)
+def _error_page(error: HTTPException):  # type: ignore[no-untyped-def]
+    """Answer a bad or missing dashboard URL with a page (JSON clients get JSON)."""
+    if wants_json():
+        response = jsonify({"error": "bad_request" if error.code == 400 else "not_found"})
+        response.status_code = error.code or 400
+        return response
+    titles = {400: ("Bad request", "The link or form had a value this page cannot use."),
+              404: ("Not found", "Nothing here: the receipt, integration or page is unknown.")}
+    title, message = titles[error.code or 400]
+    return render_template("error.html", status=error.code, title=title,
+                           message=message), error.code
 
 
 def is_fragment_request() -> bool:
