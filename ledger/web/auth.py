@@ -222,6 +222,8 @@ def login_submit():  # type: ignore[no-untyped-def]
             record_failure(conn, key, svc.clock.now(), window)
         else:
             clear_failures(conn, key)
+            if session.get("sid"):  # logging in again replaces the old session
+                end_session(conn, session["sid"], svc.clock.now())
             session_id = start_session(conn, operator, svc.clock.now())  # type: ignore[arg-type]
     if not ok:
         return _login_error(401, "Wrong username or password.")

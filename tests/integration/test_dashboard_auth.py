@@ -124,6 +124,10 @@ def test_each_login_gets_a_new_session_id(app, client) -> None:  # type: ignore[
     login(client, "alice")
     second = client.get_cookie("ledger_session").value
     assert len({before, first, second}) == 3
+    # The session replaced by the second login is over: its cookie no longer works.
+    replay = app.test_client()
+    replay.set_cookie("ledger_session", first)
+    assert replay.get("/").status_code == 302
     with app.extensions["ledger"].engine.connect() as conn:
         rows = conn.execute(select(func.count()).select_from(operator_sessions)).scalar_one()
     assert rows == 2  # two server-side sessions, each with its own random id
