@@ -1,0 +1,95 @@
+"""Schema fuzzing: schemathesis drives a live server (both databases) from /openapi.json.
+
+Every documented operation is called with generated inputs (a viewer's API token for the
+/api/v1 reads); the server must never answer 5xx, and every answer must have a documented
+status, content type, headers and a body matching its schema. Bounded: few examples each.
+"""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from app import create_app
+from ledger import audit
+from ledger.operators import create_operator, issue_token
+from ledger.web.openapi import document
+from tests.conftest import TEST_MASTER_KEY, _pg_or_skip
+from tests.helpers import deliver, make_sender
+from tests.servers import thread_server
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
+          response_headers_conformance, response_schema_conformance]
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def live(request, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """One server per database for the whole module, with data and a viewer token.
+
+    Fuzzed deliveries cannot sign, so nothing the cases send changes the ledger:
+    sharing the server across operations keeps this module to seconds.
+    """
+    tmp = tmp_path_factory.mktemp(f"fuzz-{request.param}")
+    if request.param == "sqlite":
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), tmp / "ledger.sqlite3")
+        urls = iter([f"sqlite:///{tmp / 'ledger.sqlite3'}"])
+    else:
+        urls = _pg_or_skip(request)
+    url = next(urls)
+    app = create_app({"DATABASE_URL": url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
+                      "LEDGER_VAR_DIR": str(tmp), "LEDGER_SECRET_KEY": "fuzz",
+                      "LEDGER_DEMO_HANDLERS": "1", "LEDGER_LOG_LEVEL": "WARNING"})
+    try:
+        token = _seed(app)
+        with thread_server(app) as base_url:
+            yield base_url, token
+    finally:
+        app.extensions["ledger"].close()
+        for _ in urls:  # drop the PostgreSQL database
+            pass
+
+
+def _seed(app) -> str:  # type: ignore[no-untyped-def]
+    """Deliver a few events and a conflict; return a viewer's API token."""
+    sender = make_sender(app)
+    client = app.test_client()
+    for n in range(3):
+        assert deliver(client, sender, f"evt_fuzz_{n}").status_code == 202
+    assert deliver(client, sender, "evt_fuzz_0", data={"amount": 5}).status_code == 409
+    actor = audit.Actor(name="test", role="admin")
+    with app.extensions["ledger"].engine.begin() as conn:
+        create_operator(conn, actor, username="fuzzer", role="viewer",
+                        password="fuzzer-password-123", now=datetime.now(UTC))
+        return issue_token(conn, actor, "fuzzer", now=datetime.now(UTC))
+
+
+def test_the_served_document_is_the_one_fuzzed(live):  # type: ignore[no-untyped-def]
+    """The server serves exactly the document the cases below are generated from."""
+    base_url, _token = live
+    assert requests.get(f"{base_url}/openapi.json", timeout=10).json() == document()
+
+
+# The document is static, so the cases are generated from it at collection time.
+schema = schemathesis.openapi.from_dict(document())
+
+
+@schema.parametrize()
+@settings(max_examples=12, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_every_operation_matches_its_document(case, live):  # type: ignore[no-untyped-def]
+    """No 5xx; status, content type, headers and body as documented."""
+    base_url, token = live
+    headers = {"Authorization": f"Bearer {token}"} if case.path.startswith("/api/") else {}
+    case.call_and_validate(base_url=base_url, headers=headers, checks=CHECKS)
