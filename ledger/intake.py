@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from ledger.clock import Clock, unix
 from ledger.credential_view import CredentialView, IntegrationAuth
@@ -30,6 +30,7 @@ from ledger.store import (
     NewEvent,
     RecordedOutcome,
     claim_receipt,
+    claim_receipt_with_job,
     claim_unsigned_body,
     enqueue_job,
     original_of_body,
@@ -119,10 +120,7 @@ class Intake:
         for _ in range(3):
             try:
                 with self._engine.begin() as conn:
-                    if claim_receipt(conn, event):
-                        if not id_is_signed and not claim_unsigned_body(conn, event):
-                            raise _ReplayedBody()
-                        enqueue_job(conn, event)
+                    if _claim_new(conn, event, id_is_signed=id_is_signed):
                         return 202, {"status": "accepted", "event_id": event.event_id,
                                      "state": ReceiptState.PENDING.value}
                     existing = recorded_outcome(conn, event.scope_id, event.event_id)
@@ -157,6 +155,18 @@ class Intake:
                 original_sha256=existing.body_sha256, incoming_sha256=event.body_sha256,
                 now=event.accepted_at)
             return duplicate_answer(original, existing)
+
+
+def _claim_new(conn: Connection, event: NewEvent, *, id_is_signed: bool) -> bool:
+    """Insert receipt and job; False when the id is taken, _ReplayedBody for a replayed body."""
+    if id_is_signed:
+        return claim_receipt_with_job(conn, event)
+    if not claim_receipt(conn, event):
+        return False
+    if not claim_unsigned_body(conn, event):
+        raise _ReplayedBody()
+    enqueue_job(conn, event)
+    return True
 
 
 def duplicate_answer(event_id: str, existing: RecordedOutcome) -> tuple[int, dict[str, Any]]:
