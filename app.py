@@ -37,7 +37,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     from ledger.web.dashboard import register_dashboard
     from ledger.web.errors import register_error_handlers
 
-    configure_logging()
+    configure_logging((test_config or {}).get("LEDGER_LOG_LEVEL"))
     root = project_root()
     app = Flask(__name__, template_folder=str(root / "templates"),
                 static_folder=str(root / "static"))

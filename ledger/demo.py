@@ -49,7 +49,7 @@ def _body(profile: str, event_id: str, event_type: str, data: dict[str, Any]) ->
     if profile == "stripe":
         body = {"id": event_id, "object": "event", **body}
     if profile == "github":
-        body = {"action": event_type.partition(".")[2] or None, **data}
+        body = {"action": event_type.partition(".")[2] or None, "data": data}
     return json.dumps(body, separators=(",", ":")).encode()
 
 
