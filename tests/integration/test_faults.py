@@ -308,3 +308,25 @@ def test_killing_a_gunicorn_worker_under_load_loses_no_acknowledged_event(pg_env
         redelivered = redeliver_until_acknowledged(base_url, sender, failed)
     assert {a.status for a in answers} <= {202, 503, None}
     assert_converged(pg_env["DATABASE_URL"], answers, redelivered)
+
+
+def test_pgbouncer_mode_relies_on_no_session_state(pg_url, tmp_path):
+    """LEDGER_DB_PGBOUNCER=1: no startup options, no server-side prepared statements."""
+    from ledger.config import Settings
+    from ledger.db import make_engine
+
+    plain = make_engine(Settings.from_env({"DATABASE_URL": pg_url}))
+    pooled = make_engine(Settings.from_env({"DATABASE_URL": pg_url, "LEDGER_DB_PGBOUNCER": "1"}))
+    try:
+        with plain.connect() as conn:
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "5s"
+        with pooled.connect() as conn:
+            assert conn.connection.dbapi_connection.prepare_threshold is None
+            for _ in range(8):  # psycopg would prepare after 5 executions
+                conn.execute(select(func.count()).select_from(receipts))
+            prepared = conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements")
+            assert prepared.scalar() == 0
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "0"
+    finally:
+        plain.dispose()
+        pooled.dispose()

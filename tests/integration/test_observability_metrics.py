@@ -19,6 +19,7 @@ from ledger.clock import FixedClock, unix
 from ledger.credentials import revoke_credential
 from ledger.scheduler import default_jobs, run_once
 from ledger.worker import process_one
+from tests.conftest import TEST_MASTER_KEY as KEY
 from tests.helpers import deliver, event_body, make_sender, signed_headers
 from tests.servers import gunicorn_server
 
@@ -192,3 +193,21 @@ def test_two_gunicorn_processes_a_worker_and_a_scheduler_add_up(test_env, tmp_pa
                      outcome="complete") == 40
         assert value(page, "ledger_scheduler_runs_total", job="rollups", outcome="ok") == 1
         assert value(page, "ledger_receipts", state="complete") == 40
+
+
+def test_gunicorn_conf_is_valid_and_sets_the_production_limits(tmp_path):
+    """gunicorn accepts the config file and applies its limits and recycling."""
+    done = subprocess.run([str(BIN / "gunicorn"), "-c", str(ROOT / "gunicorn.conf.py"),
+                           "--print-config", "app:create_app()"], cwd=str(ROOT),
+                          env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "m"),
+                               "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_MASTER_KEY": KEY,
+                               "DATABASE_URL": f"sqlite:///{tmp_path / 'l.sqlite3'}"},
+                          capture_output=True, text=True, timeout=WAIT, check=False)
+    assert done.returncode == 0, done.stderr
+    config = {name.strip(): value.strip() for name, _, value in
+              (line.partition("=") for line in done.stdout.splitlines()) if value}
+    assert config["worker_class"] == "gthread"
+    assert int(config["max_requests"]) > 0 and int(config["max_requests_jitter"]) > 0
+    assert int(config["limit_request_line"]) == 4094
+    assert int(config["timeout"]) == 30
+    assert (tmp_path / "m").is_dir()
