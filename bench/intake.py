@@ -169,9 +169,12 @@ def measure_memory(e: benv.BenchEnv, shape: benv.ServerShape, total: int = 100_0
                        log=e.tmp / "memory.log") as (base, master):
         target = Target(base, url, f"/hooks/{public_id}")
         # The first pass sends new events, later passes replay them as duplicates.
+        first: dict[int, float] = {}
         while sent < total and time.monotonic() - started < budget_seconds:
             sent += load_run(target, files, 20).wrk.requests
+            first = first or {pid: benv.peak_rss_mb(pid) for pid in benv.worker_pids(master.pid)}
         pids = benv.worker_pids(master.pid)
         peaks = {pid: round(benv.peak_rss_mb(pid), 1) for pid in pids}
     return {"requests": sent, "peak_rss_mb": peaks,
+            "peak_rss_after_first_pass_mb": {p: round(v, 1) for p, v in first.items()},
             "max_peak_rss_mb": max(peaks.values()) if peaks else 0.0}

@@ -88,7 +88,8 @@ def wrk_binary() -> str:
 def run_wrk(base_url: str, prefix: Path, *, seconds: float, connections: int = 16,
             threads: int = 2, limits: str | None = None) -> WrkResult:
     """Replay the files under `prefix` against `base_url`; return wrk's summary."""
-    args = [wrk_binary(), "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s",
+    duration = f"{max(1, round(seconds))}s"  # wrk takes whole seconds only
+    args = [wrk_binary(), "-t", str(threads), "-c", str(connections), "-d", duration,
             "--timeout", "10s", "-s", str(LUA), base_url, "--", str(prefix)]
     if limits:
         args.append(limits)

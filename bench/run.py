@@ -9,6 +9,7 @@ Prints a Markdown table and writes bench/results/latest.json. Bench databases
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 import sys
 import tempfile
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run, print the table, write latest.json; exit 0 when every measure ran."""
     args = parse(argv)
     wrk_binary()
+    # The in-process dashboard app would log every page view to this terminal.
+    logging.getLogger("ledger").setLevel(logging.WARNING)
     started = time.perf_counter()
     e = benv.BenchEnv(tmp=Path(tempfile.mkdtemp(prefix="ledger-bench-")))
     try:
