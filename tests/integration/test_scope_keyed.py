@@ -17,6 +17,8 @@ from tests.helpers import deliver, event_body, make_sender, signed_headers
 LEDGER_TABLES = ("receipts", "jobs", "conflicts", "unsigned_bodies", "attempts",
                  "demo_balances")
 TABLE = re.compile(r"\b(?:from|into|update|join)\s+(" + "|".join(LEDGER_TABLES) + r")\b")
+TABLE_REFERENCE = re.compile(r"\b(from|into|update|join)\s+(" + "|".join(LEDGER_TABLES) + r")\b")
+INSERT_COLUMNS = re.compile(r"\binsert into (\w+) \(([^)]*)\)")
 # scope_id compared with a bound parameter (psycopg %(name)s, SQLite ?), not a column.
 SCOPE_EQUALS_PARAM = re.compile(r"\bscope_id\s*=\s*(?:%\(\w+\)s|\?|:\w+)")
 
@@ -37,10 +39,16 @@ def captured_sql(engine) -> Iterator[list[str]]:
 
 
 def keyed_by_scope(sql: str) -> bool:
-    """Tell whether a statement names one scope: scope_id in its INSERT columns or WHERE."""
-    if sql.startswith("insert into"):
-        columns = sql[sql.index("(") + 1:sql.index(")")]
-        return "scope_id" in {c.strip() for c in columns.split(",")}
+    """Tell whether a statement names one scope: scope_id in its INSERT columns or WHERE.
+
+    A statement that only inserts (also several inserts chained by a data-modifying
+    CTE) must give scope_id to every ledger table it inserts into.
+    """
+    references = TABLE_REFERENCE.findall(sql)
+    if references and all(verb == "into" for verb, _ in references):
+        inserts = [(t, cols) for t, cols in INSERT_COLUMNS.findall(sql) if t in LEDGER_TABLES]
+        return len(inserts) == len(references) and all(
+            "scope_id" in {c.strip() for c in cols.split(",")} for _, cols in inserts)
     _, _, where = sql.partition(" where ")
     return bool(SCOPE_EQUALS_PARAM.search(where))
 
@@ -59,6 +67,12 @@ def test_the_checker_catches_an_unkeyed_statement():
     assert keyed_by_scope("update jobs set run_at=? where jobs.scope_id = ? "
                           "and jobs.event_id = ?")
     assert keyed_by_scope("insert into receipts (accepted_at, scope_id) values (?, ?)")
+    assert keyed_by_scope("with c as ( insert into receipts (scope_id, event_id) values (?, ?) "
+                          "returning scope_id ) insert into jobs (scope_id, event_id) "
+                          "select scope_id, event_id from c")
+    assert not keyed_by_scope("with c as ( insert into receipts (event_id) values (?) "
+                              "returning event_id ) insert into jobs (scope_id, event_id) "
+                              "select 1, event_id from c")
 
 
 def test_every_intake_statement_is_keyed_by_scope(app, client):
