@@ -196,22 +196,25 @@ def test_pool_exhaustion_answers_503_fast_and_recovers(pg_env, admin):
         {"warm": 1, **{f"stall-{i}": 1 for i in range(20)}})
 
 
-def _backend_waiting_on(admin, statement_prefix: str) -> int:  # type: ignore[no-untyped-def]
-    """Return the pid of our database's backend blocked on a lock in `statement_prefix`."""
+def _backend_waiting_on(admin, statement_part: str) -> int:  # type: ignore[no-untyped-def]
+    """Return the pid of our database's backend blocked on a lock in a statement like this."""
     deadline = time.monotonic() + WAIT
     query = text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                 "AND wait_event_type = 'Lock' AND query ILIKE :prefix")
+                 "AND wait_event_type = 'Lock' AND query ILIKE :part")
     while time.monotonic() < deadline:
         with admin.connect() as conn:
-            pid = conn.execute(query, {"prefix": statement_prefix + "%"}).scalar()
+            pid = conn.execute(query, {"part": f"%{statement_part}%"}).scalar()
         if pid is not None:
             return int(pid)
         time.sleep(0.05)
-    raise AssertionError(f"no backend blocked in {statement_prefix!r}")
+    raise AssertionError(f"no backend blocked in {statement_part!r}")
 
 
 def test_connection_killed_inside_an_intake_transaction(pg_env, admin):
-    """The receipt was inserted, the job insert waits, the backend is killed: nothing stays."""
+    """The receipt is written, the job insert waits on a lock, the backend is killed.
+
+    (On PostgreSQL both inserts may be one statement; either way nothing may stay.)
+    """
     app = create_app({**pg_env, "LEDGER_DB_LOCK_TIMEOUT_MS": "20000"})
     sender = make_sender(app)
     try:
