@@ -157,7 +157,7 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure_memory(e: benv.BenchEnv, shape: benv.ServerShape, total: int = 100_000,
-                   budget_seconds: float = 120) -> dict[str, Any]:
+                   budget_seconds: float = 240) -> dict[str, Any]:
     """Serve `total` requests with no worker recycling; return each worker's peak RSS."""
     url = e.migrated_pg("memory")
     public_id = ours_app(e, url)

@@ -8,10 +8,12 @@ from the jobs table after a warm-up, over a fixed window.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, text
@@ -68,19 +70,20 @@ def jobs_left(url: str) -> int:
         engine.dispose()
 
 
-def completions_per_second(url: str, commands: list[list[str]], env: dict[str, str],
-                           log: Any, warmup: float, seconds: float) -> float:
+def completions(url: str, commands: list[list[str]], env: dict[str, str],
+                           log: Any, warmup: float, seconds: float) -> dict[str, float]:
     """Start the processes, wait out the warm-up, count completions over `seconds`."""
     procs = [subprocess.Popen(cmd, cwd=str(benv.ROOT), env=env, stdout=subprocess.DEVNULL,
                               stderr=log, start_new_session=True) for cmd in commands]
     try:
         time.sleep(warmup)
-        before, t0 = jobs_left(url), time.monotonic()
+        before, t0, cpu0 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
         time.sleep(seconds)
-        after, t1 = jobs_left(url), time.monotonic()
+        after, t1, cpu1 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
         if after == 0:
             raise RuntimeError("the backlog ran out during the window: raise jobs_count")
-        return (before - after) / (t1 - t0)
+        done = max(before - after, 1)
+        return {"per_s": done / (t1 - t0), "client_cpu_ms_per_job": 1000 * (cpu1 - cpu0) / done}
     finally:
         for proc in procs:
             benv.stop(proc)
@@ -88,17 +91,29 @@ def completions_per_second(url: str, commands: list[list[str]], env: dict[str, s
 
 def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000) -> dict[str, Any]:
     """Return completions/s of the raw loop and of the ledger's workers."""
-    import os
-
     raw_url, ours_url = e.migrated_pg("work_raw"), e.migrated_pg("work_ours")
     for url in (raw_url, ours_url):
         backlog(e, url, jobs_count)
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(e.tmp / "workers.log", "ab") as log:
-        raw = completions_per_second(
+        raw = completions(
             raw_url, [[sys.executable, "-m", "bench.raw_claim", raw_url.replace("+psycopg", "")]]
             * PROCESSES, base_env, log, 2, seconds)
-        ours = completions_per_second(
+        ours = completions(
             ours_url, [[str(benv.BIN / "ledger"), "worker"]] * PROCESSES,
             {**base_env, **e.app_env(ours_url)}, log, 4, seconds)
-    return {"raw_per_s": raw, "ours_per_s": ours, "processes": PROCESSES}
+    return {"raw_per_s": raw["per_s"], "ours_per_s": ours["per_s"], "processes": PROCESSES,
+            "raw_cpu_ms_per_job": raw["client_cpu_ms_per_job"],
+            "ours_cpu_ms_per_job": ours["client_cpu_ms_per_job"]}
+
+
+def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
+    """Return the user + system CPU seconds the processes used so far."""
+    total = 0.0
+    for proc in procs:
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
