@@ -66,6 +66,7 @@ def _live_rows(conn: Connection, integration_id: int, now: datetime) -> list[obj
 def rotate_credential(
     conn: Connection, box: SecretBox, actor: audit.Actor, integration: Integration, *,
     now: datetime, overlap_seconds: int = DEFAULT_OVERLAP_SECONDS, secret: str | None = None,
+    reason: str | None = None,
 ) -> Rotation:
     """Add a replacement to the same integration and retire its live keys; one audit row."""
     if not 0 <= overlap_seconds <= MAX_OVERLAP_SECONDS:
@@ -81,6 +82,7 @@ def rotate_credential(
         retiring.append((row.key_id, expires_at))
     created = add_credential(
         conn, box, actor, integration, now=now, secret=secret, action="credential.rotate",
+        reason=reason,
         detail={"overlap_seconds": overlap_seconds,
                 "retiring": [{"key_id": k, "expires_at": at.isoformat()} for k, at in retiring]},
     )

@@ -72,9 +72,11 @@ def credential_list(public_id: str, as_json: bool) -> None:
 @click.option("--overlap", "overlap", type=click.IntRange(0, MAX_OVERLAP_SECONDS),
               default=DEFAULT_OVERLAP_SECONDS, show_default=True,
               help="Seconds the old keys keep verifying (0 stops them now).")
+@click.option("--reason", default=None, help="Why (kept in the audit log).")
 @json_option
 @handles_ledger_errors
-def credential_rotate(public_id: str, secret_stdin: bool, overlap: int, as_json: bool) -> None:
+def credential_rotate(public_id: str, secret_stdin: bool, overlap: int, reason: str | None,
+                      as_json: bool) -> None:
     """Add a replacement key on the same scope; the old live keys retire after the overlap."""
     secret = read_stdin_secret("secret") if secret_stdin else None
     svc = services()
@@ -82,7 +84,7 @@ def credential_rotate(public_id: str, secret_stdin: bool, overlap: int, as_json:
         integration = get_integration(conn, public_id)
         rotation = rotate_credential(conn, svc.box, audit.Actor.cli(), integration,
                                      now=svc.clock.now(), overlap_seconds=overlap,
-                                     secret=secret)
+                                     secret=secret, reason=reason)
     retiring = "\n".join(f"retiring {k} until {at.isoformat()}" for k, at in rotation.retiring)
     emit(as_json, rotation.to_json(),
          text=f"key {rotation.key_id} secret (shown once): {rotation.secret}\n{retiring}".strip())

@@ -154,16 +154,18 @@ def test_rotate_shows_the_new_secret_once_and_retires_the_old_key(app) -> None: 
     sender = make_sender(app)
     security = logged_in(app, "security")
     path = f"/credentials/{sender.public_id}/rotate"
-    assert post(security, path, {"overlap": "3600", "password": "nope nope nope"}
-                ).status_code == 403
-    answer = post(security, path, {"overlap": "3600",
+    assert post(security, path, {"overlap": "3600", "password": "nope nope nope",
+                                 "reason": "scheduled"}).status_code == 403
+    assert post(security, path, {"overlap": "3600", "password": "correct horse battery staple"}
+                ).status_code == 400
+    answer = post(security, path, {"overlap": "3600", "reason": "scheduled",
                                    "password": "correct horse battery staple"}, htmx=True)
     html = answer.get_data(as_text=True)
     secret = re.search(r'<pre class="secret">([^<]+)</pre>', html).group(1)  # type: ignore[union-attr]
     states = _credential_states(app, sender.scope_id)
     assert states[sender.key_id] == "retiring" and list(states.values()).count("active") == 1
     assert secret not in security.get(f"/credentials/{sender.public_id}").get_data(as_text=True)
-    assert len(_audit(app, "credential.rotate")) == 1
+    assert [r.reason for r in _audit(app, "credential.rotate")] == ["scheduled"]
     added = post(security, f"/credentials/{sender.public_id}/add", {"reason": "second sender"})
     assert added.status_code == 200 and 'class="secret"' in added.get_data(as_text=True)
     assert [r.reason for r in _audit(app, "credential.add")][-1] == "second sender"

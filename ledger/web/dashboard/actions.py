@@ -196,12 +196,16 @@ def credential_rotate(public_id: str):  # type: ignore[no-untyped-def]
     svc = services()
     if not password_matches(_operator(), request.form.get("password", "")):
         return _credentials_answer(public_id, status=403, error=WRONG_PASSWORD)
+    reason = request.form.get("reason", "").strip()
+    if not reason:
+        return _credentials_answer(public_id, status=400, error="a reason is required")
     try:
         overlap = int(request.form.get("overlap", "86400"))
         with svc.engine.begin() as conn:
             integration = get_integration(conn, public_id)
             rotation = rotate_credential(conn, svc.box, actor(), integration,
-                                         now=svc.clock.now(), overlap_seconds=overlap)
+                                         now=svc.clock.now(), overlap_seconds=overlap,
+                                         reason=reason)
     except ValueError:
         return _credentials_answer(public_id, status=400, error="overlap must be seconds")
     except LedgerError as error:
