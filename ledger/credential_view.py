@@ -10,6 +10,7 @@ retiring key stops verifying exactly at its `expires_at` whatever the cache hold
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -55,6 +56,9 @@ class IntegrationAuth:
         return [k for k in self.keys if not k.is_live(now)]
 
 
+RELOAD_INTERVAL = 1.0
+
+
 def ttl_for_bound(bound_seconds: int) -> float:
     """Cache for half the declared bound: the other half absorbs a slow refresh."""
     return bound_seconds / 2
@@ -72,6 +76,7 @@ class CredentialView:
         self._on_refresh = on_refresh
         self._lock = threading.Lock()
         self._entries: dict[str, IntegrationAuth] = {}
+        self._reloaded: dict[str, float] = {}
         self.refreshed_at: datetime = clock.now()
 
     def lookup(self, public_id: str) -> IntegrationAuth | None:
@@ -84,6 +89,22 @@ class CredentialView:
             entry = self._load(public_id)
             if entry is not None and self._ttl > 0:
                 self._entries[public_id] = entry
+        return entry
+
+    def reload(self, public_id: str) -> IntegrationAuth | None:
+        """Re-read one integration for a signature no cached key matched; None if too soon.
+
+        A key added or rotated in elsewhere would otherwise be refused until the
+        view ages out. At most one reload per integration per RELOAD_INTERVAL
+        seconds, so a flood of forged signatures costs the database almost nothing.
+        """
+        now = time.monotonic()
+        if now - self._reloaded.get(public_id, -RELOAD_INTERVAL) < RELOAD_INTERVAL:
+            return None
+        self._reloaded[public_id] = now
+        entry = self._load(public_id)
+        if entry is not None and self._ttl > 0:
+            self._entries[public_id] = entry
         return entry
 
     def invalidate(self) -> None:

@@ -77,7 +77,7 @@ class Intake:
         integration = auth.integration
         profile = get_profile(integration.profile)
         now = self._clock.now()
-        self._authenticate(auth, headers, body)
+        self._authenticate_fresh(auth, headers, body)
         payload = parse_json_object(body)
         identity = profile.identity(headers, payload)
         event_id = validate_event_id(identity.event_id)
@@ -91,6 +91,23 @@ class Intake:
             answer = self._claim(event, id_is_signed=profile.id_is_signed)
         return IntakeAnswer(status=answer[0], body=answer[1], scope=integration.scope,
                             event_id=event_id, event_type=event_type)
+
+    def _authenticate_fresh(self, auth: IntegrationAuth, headers: HeaderMap,
+                            body: bytes) -> None:
+        """Authenticate; when no cached key matched, re-read the keys once and try again."""
+        try:
+            self._authenticate(auth, headers, body)
+        except AuthenticationFailed as failure:
+            if failure.reason not in ("bad_signature", "no_secret"):
+                raise
+            try:
+                with storage_guard():
+                    fresh = self._view.reload(auth.integration.public_id)
+            except StorageUnavailable:
+                raise failure from None
+            if fresh is None:
+                raise
+            self._authenticate(fresh, headers, body)
 
     def _authenticate(self, auth: IntegrationAuth, headers: HeaderMap, body: bytes) -> None:
         """Verify against live keys; name a dead key that matches, for the logs."""

@@ -6,6 +6,7 @@ import hashlib
 
 from sqlalchemy import select, update
 
+from ledger import audit
 from ledger.domain import ReceiptState
 from ledger.schema import conflicts, jobs, receipts
 from tests.helpers import deliver, event_body, ledger_counts, make_sender
@@ -135,3 +136,21 @@ def test_unauthenticated_request_cannot_reserve_an_event_id(app, client):
     sender = make_sender(app)
     assert deliver(client, sender, "evt_1", secret="whsec_forged").status_code == 401
     assert deliver(client, sender, "evt_1").status_code == 202
+
+
+def test_a_key_added_by_another_process_verifies_before_the_cache_ages_out(app, client, test_env):
+    from app import create_app
+    from ledger.integrations import add_credential, get_integration
+
+    sender = make_sender(app)
+    assert deliver(client, sender, "evt_1").status_code == 202  # the view now caches the keys
+    other = create_app(test_env)  # another process: its change does not reach our cache
+    svc = other.extensions["ledger"]
+    with svc.engine.begin() as conn:
+        new = add_credential(conn, svc.box, audit.Actor(name="t", role="admin"),
+                             get_integration(conn, sender.public_id), now=svc.clock.now())
+    svc.close()
+    assert deliver(client, sender, "evt_2", secret=new.secret).status_code == 202
+    assert deliver(client, sender, "evt_3", secret="whsec_forged").status_code == 401
+    # That forged delivery came within a second of the reload: it read nothing again.
+    assert app.extensions["ledger"].view.reload(sender.public_id) is None
