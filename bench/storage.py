@@ -58,6 +58,10 @@ def sizes_in(conn: Connection, table: str) -> dict[str, Any]:
     for key in ("total", "heap", "indexes", "toast"):
         out[f"{key}_bytes"] = int(row[key])
         out[f"{key}_per_row"] = round(int(row[key]) / n, 1)
+    out["per_index_per_row"] = {
+        name: round(int(size) / n, 2) for name, size in conn.execute(text(
+            "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) "
+            "FROM pg_index WHERE indrelid = CAST(:t AS regclass)"), {"t": table})}
     return out
 
 
