@@ -39,9 +39,12 @@ def _pg_reachable(url: str) -> str | None:
 def _start_throwaway_cluster(tmp: Path) -> str | None:
     """Start a private PostgreSQL from the installed binaries (pytest-postgresql)."""
     try:
-        from pytest_postgresql.executor import PostgreSQLExecutor
+        from pytest_postgresql.executors import PostgreSQLExecutor
     except ImportError:
-        return None
+        try:
+            from pytest_postgresql.executor import PostgreSQLExecutor  # older releases
+        except ImportError:
+            return None
     pg_ctl = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))), None)
     if pg_ctl is None or os.geteuid() == 0:  # initdb refuses to run as root
         return None
