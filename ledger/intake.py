@@ -139,10 +139,10 @@ class Intake:
         for _ in range(3):
             try:
                 with self._claim_connection(single_statement=id_is_signed) as conn:
-                    if _claim_new(conn, event, id_is_signed=id_is_signed):
+                    claimed, existing = _claim_new(conn, event, id_is_signed=id_is_signed)
+                    if claimed:
                         return 202, {"status": "accepted", "event_id": event.event_id,
                                      "state": ReceiptState.PENDING.value}
-                    existing = recorded_outcome(conn, event.scope_id, event.event_id)
                     if existing is None:
                         continue  # purged between our insert and read: claim again
                     if existing.body_sha256 != event.body_sha256:
@@ -192,16 +192,20 @@ class Intake:
             return duplicate_answer(original, existing)
 
 
-def _claim_new(conn: Connection, event: NewEvent, *, id_is_signed: bool) -> bool:
-    """Insert receipt and job; False when the id is taken, _ReplayedBody for a replayed body."""
+def _claim_new(conn: Connection, event: NewEvent, *,
+               id_is_signed: bool) -> tuple[bool, RecordedOutcome | None]:
+    """Claim the id with its job, or return the outcome recorded under it.
+
+    Raises _ReplayedBody when an unsigned-id body was accepted before.
+    """
     if id_is_signed:
         return claim_receipt_with_job(conn, event)
     if not claim_receipt(conn, event):
-        return False
+        return False, recorded_outcome(conn, event.scope_id, event.event_id)
     if not claim_unsigned_body(conn, event):
         raise _ReplayedBody()
     enqueue_job(conn, event)
-    return True
+    return True, None
 
 
 def duplicate_answer(event_id: str, existing: RecordedOutcome) -> tuple[int, dict[str, Any]]:

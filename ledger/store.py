@@ -66,8 +66,11 @@ def _statements(dialect: Any) -> dict[str, Any]:
 _STATEMENTS = {"postgresql": _statements(postgresql), "sqlite": _statements(sqlite)}
 
 
-# PENDING = 0 and QUEUED = 0 (ledger.domain); the CTE's RETURNING feeds the job
-# insert, so a taken id (ON CONFLICT DO NOTHING returns nothing) inserts no job.
+# PENDING = 0 and QUEUED = 0 (ledger.domain). The job insert reads the receipt
+# insert's RETURNING, so a taken id (ON CONFLICT DO NOTHING returns nothing)
+# inserts no job; the last SELECT then answers with the recorded receipt. It runs
+# on the statement's snapshot: a receipt committed by a concurrent delivery after
+# it began is not visible, and the caller claims again (Intake._claim's loop).
 _CLAIM_WITH_JOB = text("""
 WITH claimed AS (
     INSERT INTO receipts (accepted_at, scope_id, state, attempts, event_id, event_type,
@@ -75,12 +78,21 @@ WITH claimed AS (
     VALUES (:accepted_at, :scope_id, 0, 0, :event_id, :event_type, :body_sha256)
     ON CONFLICT (scope_id, event_id) DO NOTHING
     RETURNING scope_id, event_id
+), queued AS (
+    INSERT INTO jobs (scope_id, event_id, event_type, accepted_at, run_at, status, attempts,
+                      lease_token, payload)
+    SELECT scope_id, event_id, :event_type, :accepted_at, :accepted_at, 0, 0, 0, :payload
+    FROM claimed
+    RETURNING 1
 )
-INSERT INTO jobs (scope_id, event_id, event_type, accepted_at, run_at, status, attempts,
-                  lease_token, payload)
-SELECT scope_id, event_id, :event_type, :accepted_at, :accepted_at, 0, 0, 0, :payload
-FROM claimed
-RETURNING 1
+SELECT true AS claimed, NULL::smallint AS state, NULL::bytea AS body_sha256,
+       NULL::text AS result_ref
+FROM queued
+UNION ALL
+SELECT false, r.state, r.body_sha256, r.result_ref
+FROM receipts r
+WHERE r.scope_id = :scope_id AND r.event_id = :event_id
+  AND NOT EXISTS (SELECT 1 FROM claimed)
 """).bindparams(bindparam("accepted_at", type_=UTCDateTime),
                 bindparam("body_sha256", type_=LargeBinary))
 
@@ -102,22 +114,31 @@ def claim_receipt(conn: Connection, event: NewEvent) -> bool:
     return conn.execute(_statement(conn, "receipt"), row).first() is not None
 
 
-def claim_receipt_with_job(conn: Connection, event: NewEvent) -> bool:
-    """Insert the pending receipt and its job; False (and no job) when the id is taken.
+def claim_receipt_with_job(conn: Connection,
+                           event: NewEvent) -> tuple[bool, RecordedOutcome | None]:
+    """Insert the pending receipt and its job, or read the receipt that holds the id.
 
-    On PostgreSQL one statement does both (a data-modifying CTE: the job is
-    inserted only for a receipt the ON CONFLICT let through), saving a round
-    trip and a statement per accepted delivery; SQLite runs the two inserts.
+    Returns (True, None) when claimed; (False, outcome) for a taken id, where
+    the outcome is None if the holder is not visible (yet, or any more).
+    On PostgreSQL one statement does it all (see _CLAIM_WITH_JOB): one round
+    trip for a new delivery and for a duplicate. SQLite runs the statements.
     """
     if conn.dialect.name != "postgresql":
-        if not claim_receipt(conn, event):
-            return False
-        enqueue_job(conn, event)
-        return True
+        if claim_receipt(conn, event):
+            enqueue_job(conn, event)
+            return True, None
+        return False, recorded_outcome(conn, event.scope_id, event.event_id)
     params = {"scope_id": event.scope_id, "event_id": event.event_id,
               "event_type": event.event_type, "accepted_at": event.accepted_at,
               "body_sha256": event.body_sha256, "payload": event.payload}
-    return conn.execute(_CLAIM_WITH_JOB, params).first() is not None
+    row = conn.execute(_CLAIM_WITH_JOB, params).first()
+    if row is None:
+        return False, None
+    if row.claimed:
+        return True, None
+    return False, RecordedOutcome(state=ReceiptState.from_code(row.state),
+                                  body_sha256=bytes(row.body_sha256),
+                                  result_ref=row.result_ref)
 
 
 def enqueue_job(conn: Connection, event: NewEvent) -> None:
