@@ -304,7 +304,7 @@ def test_ledger_state_machine(machine_app):
     """Run the rules in random orders; every invariant holds after every step."""
     run_state_machine_as_test(
         lambda: LedgerMachine(machine_app),
-        settings=settings(max_examples=12, stateful_step_count=25, deadline=None,
+        settings=settings(max_examples=25, stateful_step_count=30, deadline=None,
                           database=None,
                           suppress_health_check=[HealthCheck.too_slow,
                                                  HealthCheck.filter_too_much]))
