@@ -7,7 +7,10 @@ status, content type, headers and a body matching its schema. Bounded: few examp
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -25,9 +28,10 @@ from schemathesis.specs.openapi.checks import (
 from app import create_app
 from ledger import audit
 from ledger.operators import create_operator, issue_token
+from ledger.signatures import get_profile
 from ledger.web.openapi import document
 from tests.conftest import TEST_MASTER_KEY, _pg_or_skip
-from tests.helpers import deliver, make_sender
+from tests.helpers import Sender, deliver, make_sender
 from tests.servers import thread_server
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
@@ -36,10 +40,10 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def live(request, tmp_path_factory):  # type: ignore[no-untyped-def]
-    """One server per database for the whole module, with data and a viewer token.
+    """One server per database for the whole module, with data, a sender and a token.
 
-    Fuzzed deliveries cannot sign, so nothing the cases send changes the ledger:
-    sharing the server across operations keeps this module to seconds.
+    Sharing the server across operations keeps this module to seconds; fuzzed
+    deliveries that happen to be valid events only add receipts to read.
     """
     tmp = tmp_path_factory.mktemp(f"fuzz-{request.param}")
     if request.param == "sqlite":
@@ -52,17 +56,17 @@ def live(request, tmp_path_factory):  # type: ignore[no-untyped-def]
                       "LEDGER_VAR_DIR": str(tmp), "LEDGER_SECRET_KEY": "fuzz",
                       "LEDGER_DEMO_HANDLERS": "1", "LEDGER_LOG_LEVEL": "WARNING"})
     try:
-        token = _seed(app)
+        sender, token = _seed(app)
         with thread_server(app) as base_url:
-            yield base_url, token
+            yield base_url, sender, token
     finally:
         app.extensions["ledger"].close()
         for _ in urls:  # drop the PostgreSQL database
             pass
 
 
-def _seed(app) -> str:  # type: ignore[no-untyped-def]
-    """Deliver a few events and a conflict; return a viewer's API token."""
+def _seed(app) -> tuple[Sender, str]:  # type: ignore[no-untyped-def]
+    """Deliver a few events and a conflict; return the sender and a viewer's API token."""
     sender = make_sender(app)
     client = app.test_client()
     for n in range(3):
@@ -72,12 +76,12 @@ def _seed(app) -> str:  # type: ignore[no-untyped-def]
     with app.extensions["ledger"].engine.begin() as conn:
         create_operator(conn, actor, username="fuzzer", role="viewer",
                         password="fuzzer-password-123", now=datetime.now(UTC))
-        return issue_token(conn, actor, "fuzzer", now=datetime.now(UTC))
+        return sender, issue_token(conn, actor, "fuzzer", now=datetime.now(UTC))
 
 
 def test_the_served_document_is_the_one_fuzzed(live):  # type: ignore[no-untyped-def]
     """The server serves exactly the document the cases below are generated from."""
-    base_url, _token = live
+    base_url, _sender, _token = live
     assert requests.get(f"{base_url}/openapi.json", timeout=10).json() == document()
 
 
@@ -90,6 +94,28 @@ schema = schemathesis.openapi.from_dict(document())
           suppress_health_check=list(HealthCheck))
 def test_every_operation_matches_its_document(case, live):  # type: ignore[no-untyped-def]
     """No 5xx; status, content type, headers and body as documented."""
-    base_url, token = live
+    base_url, sender, token = live
     headers = {"Authorization": f"Bearer {token}"} if case.path.startswith("/api/") else {}
+    if case.path == "/hooks/{integration}":
+        headers = aim_at_the_sender(case, sender)
     case.call_and_validate(base_url=base_url, headers=headers, checks=CHECKS)
+
+
+def aim_at_the_sender(case, sender: Sender) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Send two thirds of the intake cases to the real integration, half of those signed.
+
+    Generated ids name no integration (404); aimed at the real one, an unsigned body
+    is refused (401) and a signed one runs validation (400) or is accepted (2xx).
+    The signature covers the body as requests serialises `json=` (json.dumps).
+    """
+    if not isinstance(case.body, dict):
+        return {}
+    pick = hashlib.sha256(repr(case.body).encode()).digest()[0] % 3
+    if pick == 0:
+        return {}
+    case.path_parameters["integration"] = sender.public_id
+    if pick == 1:
+        return {}
+    raw = json.dumps(case.body, allow_nan=False).encode()
+    return get_profile("stripe").sign(sender.secret, raw, event_id="", event_type="",
+                                      timestamp=int(time.time()))
