@@ -16,6 +16,7 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -109,6 +110,43 @@ def private_pg(tmp_path: Path):  # type: ignore[no-untyped-def]
         cluster.drop()
 
 
+@contextmanager
+def _worker_process(env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """Run `ledger worker` for the duration of the block."""
+    process = subprocess.Popen([str(BIN / "ledger"), "worker", "--concurrency", "2"],
+                               cwd=str(ROOT), env={**os.environ, **env},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=WAIT)
+
+
+def _wait_for_no_jobs(url: str, worker: subprocess.Popen) -> None:
+    """Wait (bounded) until the worker finished every job."""
+    engine = create_engine(url)
+    deadline = time.monotonic() + 2 * WAIT
+    try:
+        while time.monotonic() < deadline:
+            assert worker.poll() is None, "the worker died with the database"
+            with engine.connect() as conn:
+                left = conn.execute(select(func.count()).select_from(jobs)).scalar()
+                open_receipts = conn.execute(select(func.count()).select_from(receipts)
+                                             .where(receipts.c.state != 1)).scalar()
+            if left == 0 and open_receipts == 0:
+                return
+            time.sleep(0.5)
+    finally:
+        engine.dispose()
+    raise AssertionError(f"{left} jobs still queued after the database came back")
+
+
 def _readyz(base_url: str) -> int | None:
     """Return /readyz's status, or None if it did not answer."""
     try:
@@ -122,7 +160,8 @@ def test_database_down_mid_load_answers_503_then_recovers_losing_nothing(private
     cluster, env = private_pg
     env = {**env, "LEDGER_DB_POOL_TIMEOUT_MS": "1000", "LEDGER_DB_STATEMENT_TIMEOUT_MS": "3000"}
     sender = _sender(env)
-    with gunicorn_server({**os.environ, **env}, workers=2) as (base_url, _process):
+    with gunicorn_server({**os.environ, **env}, workers=2) as (base_url, _process), \
+            _worker_process(env) as worker:
         load = LoadGenerator(base_url, sender, prefix="down").start()
         try:
             load.wait_for(lambda a: sum(x.status == 202 for x in a) >= 20, WAIT, "first acks")
@@ -139,6 +178,8 @@ def test_database_down_mid_load_answers_503_then_recovers_losing_nothing(private
             answers = load.stop()
         failed = sorted({a.event_id for a in answers if a.status != 202})
         redelivered = redeliver_until_acknowledged(base_url, sender, failed)
+        # The worker lived through the outage too: it finishes every job by itself.
+        _wait_for_no_jobs(env["DATABASE_URL"], worker)
     hung = [a for a in answers if a.status is None]
     assert not hung, f"requests that never got an answer: {hung[:3]}"
     assert {a.status for a in answers} == {202, 503}
