@@ -39,18 +39,21 @@ def captured_sql(engine) -> Iterator[list[str]]:
 
 
 def keyed_by_scope(sql: str) -> bool:
-    """Tell whether a statement names one scope: scope_id in its INSERT columns or WHERE.
+    """Tell whether a statement names one scope in every part that touches a ledger table.
 
-    A statement that only inserts (also several inserts chained by a data-modifying
-    CTE) must give scope_id to every ledger table it inserts into.
+    Each INSERT into a ledger table (also inside a data-modifying CTE) must give it
+    scope_id; each other reference (SELECT/UPDATE/DELETE) needs a WHERE clause
+    comparing scope_id with a bound parameter.
     """
     references = TABLE_REFERENCE.findall(sql)
-    if references and all(verb == "into" for verb, _ in references):
-        inserts = [(t, cols) for t, cols in INSERT_COLUMNS.findall(sql) if t in LEDGER_TABLES]
-        return len(inserts) == len(references) and all(
-            "scope_id" in {c.strip() for c in cols.split(",")} for _, cols in inserts)
-    _, _, where = sql.partition(" where ")
-    return bool(SCOPE_EQUALS_PARAM.search(where))
+    inserts = [(t, cols) for t, cols in INSERT_COLUMNS.findall(sql) if t in LEDGER_TABLES]
+    if sum(verb == "into" for verb, _ in references) != len(inserts):
+        return False
+    if not all("scope_id" in {c.strip() for c in cols.split(",")} for _, cols in inserts):
+        return False
+    others = sum(verb != "into" for verb, _ in references)
+    keyed_wheres = sum(bool(SCOPE_EQUALS_PARAM.search(w)) for w in sql.split(" where ")[1:])
+    return keyed_wheres >= others
 
 
 def ledger_statements(statements: list[str]) -> list[str]:
@@ -70,6 +73,11 @@ def test_the_checker_catches_an_unkeyed_statement():
     assert keyed_by_scope("with c as ( insert into receipts (scope_id, event_id) values (?, ?) "
                           "returning scope_id ) insert into jobs (scope_id, event_id) "
                           "select scope_id, event_id from c")
+    assert not keyed_by_scope("select state from receipts where scope_id = ? union all "
+                              "select status from jobs where event_id = ?")
+    assert keyed_by_scope("with c as ( insert into receipts (scope_id) values (?) returning 1 )"
+                          " select 1 from c union all select state from receipts r "
+                          "where r.scope_id = %(scope_id)s and not exists (select 1 from c)")
     assert not keyed_by_scope("with c as ( insert into receipts (event_id) values (?) "
                               "returning event_id ) insert into jobs (scope_id, event_id) "
                               "select 1, event_id from c")
