@@ -92,7 +92,7 @@ def _receipt(scope_id: int, event_id: str, rng: random.Random, accepted_at: date
 def _job(row: dict[str, Any], status: JobStatus, now: datetime) -> dict[str, Any]:
     """Return the job row kept for a failed or pending receipt (payload retained)."""
     payload = json.dumps({"id": row["event_id"], "type": row["event_type"],
-                          "data": {"amount": 100, "note": "demo history"}})
+                          "data": {"amount": 100, "fail_times": 1, "note": "demo history"}})
     return {"scope_id": row["scope_id"], "event_id": row["event_id"],
             "event_type": row["event_type"], "accepted_at": row["accepted_at"],
             "run_at": row["accepted_at"] if status is JobStatus.QUEUED else now,
