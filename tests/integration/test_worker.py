@@ -373,18 +373,20 @@ def test_transition_logs_are_privacy_safe(make_app, caplog):
     assert "evt_secret_id" not in text and "31337" not in text
 
 
-def test_claim_query_can_use_the_due_index(make_app):
-    app = make_app()
-    svc = app.extensions["ledger"]
-    if svc.engine.dialect.name != "postgresql":
-        pytest.skip("EXPLAIN output is PostgreSQL's")
+def test_claim_query_can_use_the_due_index(pg_url, tmp_path):
     from ledger.worker_store import due_job_query
+    from tests.conftest import TEST_MASTER_KEY
+
+    app = create_app({"DATABASE_URL": pg_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
+                      "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_SECRET_KEY": "t"})
+    svc = app.extensions["ledger"]
 
     with svc.engine.begin() as conn:
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
         compiled = due_job_query(svc.clock.now()).compile(conn)
         plan = "\n".join(row[0] for row in conn.exec_driver_sql(
             f"EXPLAIN {compiled.string}", compiled.construct_params()))
+    svc.close()
     assert "ix_jobs_due" in plan and "LockRows" in plan, plan
 
 
