@@ -38,15 +38,22 @@ def _int_field(event: Event, name: str) -> int:
     return value
 
 
-def add_to_balance(conn: Connection, scope_id: int, amount: int) -> int:
-    """Add `amount` to the scope's demo balance and return the new balance."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    stmt = dialect.insert(demo_balances).values(scope_id=scope_id, balance=amount)
-    stmt = stmt.on_conflict_do_update(
+def _credit_statement(dialect: Any) -> Any:
+    """Build the balance upsert once per dialect; each credit only binds values."""
+    stmt = dialect.insert(demo_balances)
+    return stmt.on_conflict_do_update(
         index_elements=["scope_id"],
         set_={"balance": demo_balances.c.balance + stmt.excluded.balance},
     ).returning(demo_balances.c.balance)
-    return int(conn.execute(stmt).scalar_one())
+
+
+_CREDIT = {"postgresql": _credit_statement(postgresql), "sqlite": _credit_statement(sqlite)}
+
+
+def add_to_balance(conn: Connection, scope_id: int, amount: int) -> int:
+    """Add `amount` to the scope's demo balance and return the new balance."""
+    stmt = _CREDIT["postgresql" if conn.dialect.name == "postgresql" else "sqlite"]
+    return int(conn.execute(stmt, {"scope_id": scope_id, "balance": amount}).scalar_one())
 
 
 @handler("demo.credit")

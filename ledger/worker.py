@@ -2,7 +2,7 @@
 
 One attempt is three short transactions and never holds one across slow work:
 
-1. Claim (`worker_store.select_due_job` + `lease_job`): lock the oldest due job
+1. Claim (`worker_store.claim_next`): lock the oldest due job
    (PostgreSQL `FOR UPDATE SKIP LOCKED`; SQLite's BEGIN IMMEDIATE), count the
    attempt, write a lease with a new fencing token (`lease_token`), push
    `run_at` to the lease's end, open an `attempts` row. Commit.
@@ -32,8 +32,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -49,14 +50,16 @@ from ledger.retry import RandomSource, RetryPolicy
 from ledger.services import Services
 from ledger.worker_store import (
     ClaimedJob,
+    ClaimLimits,
+    DueJob,
+    claim_next,
     complete_job,
     fail_job,
     fail_unstarted,
     finish_attempt,
     hold_lease,
-    lease_job,
+    relock_due,
     schedule_retry,
-    select_due_job,
     set_job_failed,
 )
 
@@ -109,6 +112,8 @@ class Worker:
         self.hooks = hooks or WorkerHooks()
         self._scopes: dict[int, str] = {}
         self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
+        self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
+                            if self.engine.dialect.name == "postgresql" else None)
 
     def process_one(self) -> bool:
         """Claim and run one due job; False when none is due."""
@@ -139,31 +144,52 @@ class Worker:
     def _claim(self) -> tuple[ClaimedJob, str] | bool | None:
         """Lease the oldest due job (transaction 1), or end it if it may not start."""
         now = self.services.clock.now()
-        with self.engine.begin() as conn:
-            due = select_due_job(conn, now)
-            if due is None:
+        with self._claim_connection() as conn:
+            claimed = claim_next(conn, worker_id=self.worker_id, now=now,
+                                 limits=self._limits(now),
+                                 lease_seconds=self.services.settings.lease_seconds)
+            if claimed is None:
                 return None
+            due, job = claimed
             scope = self._scope(conn, due.scope_id)
-            refusal = self.policy.refuse_to_start(due.attempts + 1, now=now,
-                                                  window_start=due.window_start)
-            if refusal is not None:
-                fail_unstarted(conn, due, worker_id=self.worker_id, reason=refusal, now=now)
-                job = None
-            else:
-                job = lease_job(conn, due, worker_id=self.worker_id, now=now,
-                                lease_seconds=self.services.settings.lease_seconds)
-                if job is None:  # a job without a receipt: park it, never loop on it
-                    set_job_failed(conn, due.scope_id, due.event_id)
-        if refusal is not None or job is None:
-            self._log("job.transition", scope=scope, event_id=due.event_id,
-                      event_type=due.event_type, attempt=due.attempts + 1,
-                      accepted_at=due.window_start,
-                      from_state="queued", to_state="failed", outcome="not-run",
-                      reason=refusal or "orphan job: no receipt")
-            self._count(due.event_type, "not-run", terminal=True)
+        if job is None:
+            self._end_unstarted(due, scope, now)
             return True
         self._transition(job, scope, "queued", "running")
         return job, scope
+
+    def _claim_connection(self) -> AbstractContextManager[Connection]:
+        """Return the claim's transaction: one statement in autocommit on PostgreSQL.
+
+        The PostgreSQL claim is a single statement, hence atomic on its own:
+        autocommit saves the BEGIN and COMMIT round trips. SQLite runs several
+        statements inside the engine's BEGIN IMMEDIATE.
+        """
+        if self._autocommit is not None:
+            return self._autocommit.connect()
+        return self.engine.begin()
+
+    def _end_unstarted(self, due: DueJob, scope: str, now: datetime) -> None:
+        """End a claimed job that may not start (out of attempts, too old) or has no receipt."""
+        refusal = self.policy.refuse_to_start(due.attempts + 1, now=now,
+                                              window_start=due.window_start)
+        with self.engine.begin() as conn:
+            if not relock_due(conn, due):
+                return  # another worker ended it meanwhile
+            if refusal is not None:
+                fail_unstarted(conn, due, worker_id=self.worker_id, reason=refusal, now=now)
+            else:  # a job without a receipt: park it, never loop on it
+                set_job_failed(conn, due.scope_id, due.event_id)
+        self._log("job.transition", scope=scope, event_id=due.event_id,
+                  event_type=due.event_type, attempt=due.attempts + 1,
+                  accepted_at=due.window_start, from_state="queued", to_state="failed",
+                  outcome="not-run", reason=refusal or "orphan job: no receipt")
+        self._count(due.event_type, "not-run", terminal=True)
+
+    def _limits(self, now: datetime) -> ClaimLimits:
+        """Return the retry policy's refuse_to_start as the claim checks it."""
+        oldest = now - timedelta(seconds=self.policy.max_event_age_seconds)
+        return ClaimLimits(max_attempts=self.policy.max_attempts, oldest_window=oldest)
 
     def _scope(self, conn: Connection, scope_id: int) -> str:
         """Return `account/integration` of a scope id (cached: it never changes)."""

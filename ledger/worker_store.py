@@ -5,6 +5,12 @@ claim (lease + attempt row), complete (handler effects + receipt + job end),
 and, when the handler raised, record the failure. The last two start with
 `hold_lease`, the fencing check: a worker whose lease was taken over finds
 its token gone and changes nothing.
+
+Hot statements are built once at import and run with a plain parameter dict
+(building `update(...).values(...)` per call cost most of the worker's CPU,
+as it did the intake's: bench/README.md, "Workers"). On PostgreSQL the claim
+and the completion's writes are one statement each (data-modifying CTEs);
+SQLite runs the same steps as simple statements inside its BEGIN IMMEDIATE.
 """
 
 from __future__ import annotations
@@ -13,10 +19,23 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, delete, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    Select,
+    Text,
+    bindparam,
+    column,
+    delete,
+    insert,
+    select,
+    text,
+    update,
+)
 
 from ledger.domain import JobStatus, ReceiptState
-from ledger.schema import attempts, jobs, receipts
+from ledger.schema import UTCDateTime, attempts, jobs, receipts
 
 ERROR_LIMIT = 500
 LOST_ERROR = "WorkerLost: the lease expired before the attempt reported an outcome"
@@ -51,18 +70,33 @@ class ClaimedJob:
     leased_until: datetime
 
 
-def _job_key(scope_id: int, event_id: str) -> tuple[object, object]:
-    """Return the WHERE clause naming one job."""
-    return (jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimLimits:
+    """What the claim checks before it starts an attempt (RetryPolicy.refuse_to_start)."""
+
+    max_attempts: int  # a job with this many attempts started in its window may not start
+    oldest_window: datetime  # a window opened before this is too old (now - max event age)
 
 
-def _receipt_key(scope_id: int, event_id: str) -> tuple[object, object]:
-    """Return the WHERE clause naming one receipt."""
-    return (receipts.c.scope_id == scope_id, receipts.c.event_id == event_id)
+# Bind names differ from column names: SQLAlchemy would read a parameter named like a
+# column of the updated table as a value to SET.
+def _job_key() -> tuple[Any, Any]:
+    """Return the WHERE clause naming one job by :sid/:eid."""
+    return (jobs.c.scope_id == bindparam("sid"), jobs.c.event_id == bindparam("eid"))
 
 
-def due_job_query(now: datetime) -> Select[Any]:
-    """Return the claim query: the oldest due job that no other worker holds, locked."""
+def _receipt_key() -> tuple[Any, Any]:
+    """Return the WHERE clause naming one receipt by :sid/:eid."""
+    return (receipts.c.scope_id == bindparam("sid"), receipts.c.event_id == bindparam("eid"))
+
+
+def _attempt_key() -> tuple[Any, Any]:
+    """Return the WHERE clause naming one receipt's attempts by :sid/:eid."""
+    return (attempts.c.scope_id == bindparam("sid"), attempts.c.event_id == bindparam("eid"))
+
+
+def due_job_query() -> Select[Any]:
+    """Return the claim query: the oldest due job (run_at <= :now) that no other worker holds."""
     return (
         select(jobs.c.scope_id, jobs.c.event_id, jobs.c.event_type, jobs.c.accepted_at,
                jobs.c.attempts, jobs.c.lease_token, jobs.c.payload)
@@ -71,7 +105,7 @@ def due_job_query(now: datetime) -> Select[Any]:
         .where(jobs.c.status == JobStatus.QUEUED.value)
         # Due: new work, a retry whose backoff has passed, or a lease that expired
         # (a claim sets run_at to the lease's end, so no separate lease test).
-        .where(jobs.c.run_at <= now)
+        .where(jobs.c.run_at <= bindparam("now", type_=UTCDateTime))
         # Oldest first, in index order: fair, and no sort step.
         .order_by(jobs.c.run_at)
         # One job per claim: a worker never sits on work it cannot start.
@@ -83,14 +117,164 @@ def due_job_query(now: datetime) -> Select[Any]:
     )
 
 
+_TIMES = ("now", "leased_until", "oldest_window")
+
+# PostgreSQL claim: due_job_query + lease_job in one round trip. `due` locks the
+# job (same clauses and reasons as due_job_query); `counted` counts the attempt
+# on the receipt unless the job may not start (out of attempts or too old: the
+# worker then ends it with fail_unstarted) or its receipt is gone; `leased`
+# writes the new fencing token and pushes run_at to the lease's end; `lost`
+# closes the attempt of a worker that vanished; `opened` starts this attempt's
+# row. All CTEs read one snapshot, so `lost` never sees the row `opened` adds.
+CLAIM_SQL = text("""
+WITH due AS MATERIALIZED (
+    SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload
+    FROM jobs
+    WHERE status = 0 AND run_at <= :now
+    ORDER BY run_at
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), counted AS (
+    UPDATE receipts r SET attempts = r.attempts + 1
+    FROM due
+    WHERE r.scope_id = due.scope_id AND r.event_id = due.event_id
+      AND due.attempts < :max_attempts AND due.accepted_at >= :oldest_window
+    RETURNING r.scope_id, r.event_id, r.attempts, r.accepted_at
+), leased AS (
+    UPDATE jobs j SET attempts = j.attempts + 1, lease_token = j.lease_token + 1,
+                      leased_by = :worker_id, leased_until = :leased_until,
+                      run_at = :leased_until
+    FROM counted
+    WHERE j.scope_id = counted.scope_id AND j.event_id = counted.event_id
+    RETURNING j.lease_token
+), lost AS (
+    UPDATE attempts a SET finished_at = :now, outcome = 'lost', error = :lost_error
+    FROM due, counted
+    WHERE a.scope_id = counted.scope_id AND a.event_id = counted.event_id
+      AND due.attempts > 0 AND a.finished_at IS NULL
+    RETURNING 1
+), opened AS (
+    INSERT INTO attempts (scope_id, event_id, number, worker_id, lease_token, started_at)
+    SELECT counted.scope_id, counted.event_id, counted.attempts, :worker_id,
+           due.lease_token + 1, :now
+    FROM due, counted
+    RETURNING 1
+)
+SELECT due.scope_id, due.event_id, due.event_type, due.accepted_at, due.attempts,
+       due.lease_token, due.payload, counted.attempts AS number,
+       counted.accepted_at AS receipt_accepted_at
+FROM due LEFT JOIN counted ON true
+""").bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
+    # Positional columns: SQLAlchemy caches the result layout (by name it rebuilds it per call).
+    column("scope_id", Integer), column("event_id", Text), column("event_type", Text),
+    column("accepted_at", UTCDateTime), column("attempts", Integer),
+    column("lease_token", BigInteger), column("payload", Text), column("number", Integer),
+    column("receipt_accepted_at", UTCDateTime))
+
+# PostgreSQL completion after the handler: receipt complete, job gone, attempt closed.
+_COMPLETE_SQL = text("""
+WITH done AS (
+    UPDATE receipts SET state = :complete, completed_at = :now, result_ref = :result_ref
+    WHERE scope_id = :sid AND event_id = :eid
+    RETURNING 1
+), gone AS (
+    DELETE FROM jobs WHERE scope_id = :sid AND event_id = :eid
+    RETURNING 1
+)
+UPDATE attempts SET finished_at = :now, outcome = 'complete', error = NULL
+WHERE scope_id = :sid AND event_id = :eid AND number = :number AND lease_token = :token
+""").bindparams(bindparam("now", type_=UTCDateTime))
+
+_DUE = due_job_query()
+_COUNT = (update(receipts).where(*_receipt_key()).values(attempts=receipts.c.attempts + 1)
+          .returning(receipts.c.attempts, receipts.c.accepted_at))
+_LEASE = update(jobs).where(*_job_key()).values(
+    attempts=jobs.c.attempts + 1, lease_token=bindparam("token"),
+    leased_by=bindparam("worker_id"), leased_until=bindparam("lease_end", type_=UTCDateTime),
+    run_at=bindparam("lease_end", type_=UTCDateTime))
+_MARK_LOST = update(attempts).where(*_attempt_key(), attempts.c.finished_at.is_(None)).values(
+    finished_at=bindparam("now", type_=UTCDateTime), outcome="lost", error=LOST_ERROR)
+_OPEN = insert(attempts)
+_HOLD = (select(jobs.c.lease_token)
+         .where(*_job_key(), jobs.c.lease_token == bindparam("token"),
+                jobs.c.status == JobStatus.QUEUED.value)
+         .with_for_update())
+_RELOCK = (select(jobs.c.lease_token)
+           .where(*_job_key(), jobs.c.lease_token == bindparam("token"),
+                  jobs.c.attempts == bindparam("tries"),
+                  jobs.c.status == JobStatus.QUEUED.value)
+           .with_for_update())
+_FINISH = update(attempts).where(
+    *_attempt_key(), attempts.c.number == bindparam("num"),
+    attempts.c.lease_token == bindparam("token"),
+).values(finished_at=bindparam("now", type_=UTCDateTime), outcome=bindparam("how"),
+         error=bindparam("err"))
+_RECEIPT_DONE = update(receipts).where(*_receipt_key()).values(
+    state=ReceiptState.COMPLETE.code, completed_at=bindparam("now", type_=UTCDateTime),
+    result_ref=bindparam("ref"))
+_RECEIPT_FAILED = update(receipts).where(*_receipt_key()).values(
+    state=ReceiptState.FAILED.code, completed_at=bindparam("now", type_=UTCDateTime))
+_DELETE_JOB = delete(jobs).where(*_job_key())
+_PARK = update(jobs).where(*_job_key()).values(
+    status=JobStatus.FAILED.value, leased_by=None, leased_until=None)
+_RETRY = update(jobs).where(*_job_key()).values(
+    run_at=bindparam("due_at", type_=UTCDateTime), leased_by=None, leased_until=None)
+
+
+def _is_postgresql(conn: Connection) -> bool:
+    """Tell whether the connection runs PostgreSQL (the one-statement paths)."""
+    return conn.dialect.name == "postgresql"
+
+
 def select_due_job(conn: Connection, now: datetime) -> DueJob | None:
     """Find and lock the oldest due job that no other worker holds."""
-    row = conn.execute(due_job_query(now)).first()
+    row = conn.execute(_DUE, {"now": now}).first()
     if row is None:
         return None
     return DueJob(scope_id=row.scope_id, event_id=row.event_id, event_type=row.event_type,
                   window_start=row.accepted_at, attempts=row.attempts,
                   lease_token=row.lease_token, payload=row.payload)
+
+
+def claim_next(conn: Connection, *, worker_id: str, now: datetime, lease_seconds: int,
+               limits: ClaimLimits) -> tuple[DueJob, ClaimedJob | None] | None:
+    """Lock the oldest due job and lease it unless it may not start; None when none is due.
+
+    The job is (due, None) when it may not start (see ClaimLimits) or has no
+    receipt; nothing was counted or leased then, and the caller ends it.
+    """
+    leased_until = now + timedelta(seconds=lease_seconds)
+    if not _is_postgresql(conn):
+        due = select_due_job(conn, now)
+        if due is None:
+            return None
+        if due.attempts >= limits.max_attempts or due.window_start < limits.oldest_window:
+            return due, None
+        return due, lease_job(conn, due, worker_id=worker_id, now=now,
+                              lease_seconds=lease_seconds)
+    row = conn.execute(CLAIM_SQL, {
+        "now": now, "leased_until": leased_until, "oldest_window": limits.oldest_window,
+        "max_attempts": limits.max_attempts, "worker_id": worker_id,
+        "lost_error": LOST_ERROR}).first()
+    if row is None:
+        return None
+    due = DueJob(scope_id=row.scope_id, event_id=row.event_id, event_type=row.event_type,
+                 window_start=row.accepted_at, attempts=row.attempts,
+                 lease_token=row.lease_token, payload=row.payload)
+    if row.number is None:
+        return due, None
+    return due, _claimed(due, number=row.number, accepted_at=row.receipt_accepted_at,
+                         leased_until=leased_until)
+
+
+def _claimed(due: DueJob, *, number: int, accepted_at: datetime,
+             leased_until: datetime) -> ClaimedJob:
+    """Return the leased job: the token is the one the claim wrote (the old one + 1)."""
+    return ClaimedJob(
+        scope_id=due.scope_id, event_id=due.event_id, event_type=due.event_type,
+        payload=due.payload, window_start=due.window_start, accepted_at=accepted_at,
+        attempt=due.attempts + 1, number=number, lease_token=due.lease_token + 1,
+        leased_until=leased_until)
 
 
 def lease_job(conn: Connection, due: DueJob, *, worker_id: str, now: datetime,
@@ -100,48 +284,30 @@ def lease_job(conn: Connection, due: DueJob, *, worker_id: str, now: datetime,
     The attempt is counted here, before the handler runs, so a job that keeps
     killing its workers still runs out of attempts. None if the receipt is gone.
     """
-    counted = conn.execute(
-        update(receipts).where(*_receipt_key(due.scope_id, due.event_id))
-        .values(attempts=receipts.c.attempts + 1)
-        .returning(receipts.c.attempts, receipts.c.accepted_at)
-    ).first()
+    key = {"sid": due.scope_id, "eid": due.event_id}
+    counted = conn.execute(_COUNT, key).first()
     if counted is None:
         return None
-    token = due.lease_token + 1
-    leased_until = now + timedelta(seconds=lease_seconds)
-    conn.execute(
-        update(jobs).where(*_job_key(due.scope_id, due.event_id))
-        .values(attempts=jobs.c.attempts + 1, lease_token=token, leased_by=worker_id,
-                leased_until=leased_until, run_at=leased_until)
-    )
+    job = _claimed(due, number=counted.attempts, accepted_at=counted.accepted_at,
+                   leased_until=now + timedelta(seconds=lease_seconds))
+    conn.execute(_LEASE, {**key, "token": job.lease_token, "worker_id": worker_id,
+                          "lease_end": job.leased_until})
     if due.attempts > 0:
         mark_lost_attempts(conn, due.scope_id, due.event_id, now)
-    conn.execute(insert(attempts).values(
-        scope_id=due.scope_id, event_id=due.event_id, number=counted.attempts,
-        worker_id=worker_id, lease_token=token, started_at=now))
-    return ClaimedJob(
-        scope_id=due.scope_id, event_id=due.event_id, event_type=due.event_type,
-        payload=due.payload, window_start=due.window_start, accepted_at=counted.accepted_at,
-        attempt=due.attempts + 1, number=counted.attempts, lease_token=token,
-        leased_until=leased_until)
+    conn.execute(_OPEN, {"scope_id": due.scope_id, "event_id": due.event_id,
+                         "number": job.number, "worker_id": worker_id,
+                         "lease_token": job.lease_token, "started_at": now})
+    return job
 
 
 def mark_lost_attempts(conn: Connection, scope_id: int, event_id: str, now: datetime) -> None:
     """Close attempts whose worker vanished: their lease expired without an outcome."""
-    conn.execute(
-        update(attempts)
-        .where(attempts.c.scope_id == scope_id, attempts.c.event_id == event_id,
-               attempts.c.finished_at.is_(None))
-        .values(finished_at=now, outcome="lost", error=LOST_ERROR)
-    )
+    conn.execute(_MARK_LOST, {"sid": scope_id, "eid": event_id, "now": now})
 
 
 def set_job_failed(conn: Connection, scope_id: int, event_id: str) -> None:
     """Park a job for review: status failed, payload kept."""
-    conn.execute(
-        update(jobs).where(*_job_key(scope_id, event_id))
-        .values(status=JobStatus.FAILED.value, leased_by=None, leased_until=None)
-    )
+    conn.execute(_PARK, {"sid": scope_id, "eid": event_id})
 
 
 def fail_unstarted(conn: Connection, due: DueJob, *, worker_id: str, reason: str,
@@ -150,7 +316,8 @@ def fail_unstarted(conn: Connection, due: DueJob, *, worker_id: str, reason: str
     if due.attempts > 0:
         mark_lost_attempts(conn, due.scope_id, due.event_id, now)
     started = conn.execute(
-        update(receipts).where(*_receipt_key(due.scope_id, due.event_id))
+        update(receipts).where(receipts.c.scope_id == due.scope_id,
+                               receipts.c.event_id == due.event_id)
         .values(state=ReceiptState.FAILED.code, completed_at=now)
         .returning(receipts.c.attempts)
     ).scalar()
@@ -165,6 +332,13 @@ def fail_unstarted(conn: Connection, due: DueJob, *, worker_id: str, reason: str
     return int(started)
 
 
+def relock_due(conn: Connection, due: DueJob) -> bool:
+    """Lock a job found by an earlier claim if no worker changed it since (before ending it)."""
+    key = {"sid": due.scope_id, "eid": due.event_id, "token": due.lease_token,
+           "tries": due.attempts}
+    return conn.execute(_RELOCK, key).first() is not None
+
+
 def hold_lease(conn: Connection, job: ClaimedJob) -> bool:
     """Lock the job if our fencing token is still current (the first statement of a write).
 
@@ -172,51 +346,40 @@ def hold_lease(conn: Connection, job: ClaimedJob) -> bool:
     and waits out a claim in flight, then re-reads the token. SQLite: the
     transaction's BEGIN IMMEDIATE write lock already excludes every other writer.
     """
-    row = conn.execute(
-        select(jobs.c.lease_token)
-        .where(*_job_key(job.scope_id, job.event_id), jobs.c.lease_token == job.lease_token,
-               jobs.c.status == JobStatus.QUEUED.value)
-        .with_for_update()
-    ).first()
-    return row is not None
+    key = {"sid": job.scope_id, "eid": job.event_id, "token": job.lease_token}
+    return conn.execute(_HOLD, key).first() is not None
 
 
 def finish_attempt(conn: Connection, job: ClaimedJob, *, outcome: str, now: datetime,
                    error: str | None = None) -> None:
     """Record how this attempt ended."""
-    conn.execute(
-        update(attempts)
-        .where(attempts.c.scope_id == job.scope_id, attempts.c.event_id == job.event_id,
-               attempts.c.number == job.number, attempts.c.lease_token == job.lease_token)
-        .values(finished_at=now, outcome=outcome,
-                error=error[:ERROR_LIMIT] if error is not None else None)
-    )
+    conn.execute(_FINISH, {
+        "sid": job.scope_id, "eid": job.event_id, "num": job.number,
+        "token": job.lease_token, "now": now, "how": outcome,
+        "err": error[:ERROR_LIMIT] if error is not None else None})
 
 
 def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: datetime) -> None:
     """Mark the receipt complete and end the job; its payload leaves the hot ledger."""
-    conn.execute(
-        update(receipts).where(*_receipt_key(job.scope_id, job.event_id))
-        .values(state=ReceiptState.COMPLETE.code, completed_at=now, result_ref=result_ref)
-    )
-    conn.execute(delete(jobs).where(*_job_key(job.scope_id, job.event_id)))
+    key = {"sid": job.scope_id, "eid": job.event_id}
+    if _is_postgresql(conn):
+        conn.execute(_COMPLETE_SQL, {
+            **key, "complete": ReceiptState.COMPLETE.code, "now": now,
+            "result_ref": result_ref, "number": job.number, "token": job.lease_token})
+        return
+    conn.execute(_RECEIPT_DONE, {**key, "now": now, "ref": result_ref})
+    conn.execute(_DELETE_JOB, key)
     finish_attempt(conn, job, outcome="complete", now=now)
 
 
 def schedule_retry(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> None:
     """Release the lease and make the job due again at `run_at`."""
-    conn.execute(
-        update(jobs).where(*_job_key(job.scope_id, job.event_id))
-        .values(run_at=run_at, leased_by=None, leased_until=None)
-    )
+    conn.execute(_RETRY, {"sid": job.scope_id, "eid": job.event_id, "due_at": run_at})
 
 
 def fail_job(conn: Connection, job: ClaimedJob, *, now: datetime) -> None:
     """Make the receipt failed (terminal, reviewable); the job keeps its payload for review."""
-    conn.execute(
-        update(receipts).where(*_receipt_key(job.scope_id, job.event_id))
-        .values(state=ReceiptState.FAILED.code, completed_at=now)
-    )
+    conn.execute(_RECEIPT_FAILED, {"sid": job.scope_id, "eid": job.event_id, "now": now})
     set_job_failed(conn, job.scope_id, job.event_id)
 
 
@@ -233,7 +396,7 @@ def lock_job(conn: Connection, scope_id: int, event_id: str) -> ParkedJob | None
     """Lock one job row for an operator action; None if it no longer exists."""
     row = conn.execute(
         select(jobs.c.payload, jobs.c.status, jobs.c.accepted_at)
-        .where(*_job_key(scope_id, event_id)).with_for_update()
+        .where(jobs.c.scope_id == scope_id, jobs.c.event_id == event_id).with_for_update()
     ).first()
     if row is None:
         return None
@@ -243,11 +406,11 @@ def lock_job(conn: Connection, scope_id: int, event_id: str) -> ParkedJob | None
 def requeue_job(conn: Connection, scope_id: int, event_id: str, now: datetime) -> None:
     """Queue a failed job again, due now, with a fresh retry window (history is kept)."""
     conn.execute(
-        update(jobs).where(*_job_key(scope_id, event_id))
+        update(jobs).where(jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)
         .values(status=JobStatus.QUEUED.value, run_at=now, accepted_at=now, attempts=0,
                 leased_by=None, leased_until=None)
     )
     conn.execute(
-        update(receipts).where(*_receipt_key(scope_id, event_id))
+        update(receipts).where(receipts.c.scope_id == scope_id, receipts.c.event_id == event_id)
         .values(state=ReceiptState.PENDING.code, completed_at=None)
     )

@@ -374,7 +374,7 @@ def test_transition_logs_are_privacy_safe(make_app, caplog):
 
 
 def test_claim_query_can_use_the_due_index(pg_url, tmp_path):
-    from ledger.worker_store import due_job_query
+    from ledger.worker_store import CLAIM_SQL
     from tests.conftest import TEST_MASTER_KEY
 
     app = create_app({"DATABASE_URL": pg_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
@@ -383,9 +383,12 @@ def test_claim_query_can_use_the_due_index(pg_url, tmp_path):
 
     with svc.engine.begin() as conn:
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
-        compiled = due_job_query(svc.clock.now()).compile(conn)
+        now = svc.clock.now()
+        compiled = CLAIM_SQL.compile(conn)
+        params = {"now": now, "leased_until": now, "oldest_window": now, "max_attempts": 8,
+                  "worker_id": "w", "lost_error": "lost"}
         plan = "\n".join(row[0] for row in conn.exec_driver_sql(
-            f"EXPLAIN {compiled.string}", compiled.construct_params()))
+            f"EXPLAIN {compiled.string}", compiled.construct_params(params)))
     svc.close()
     assert "ix_jobs_due" in plan and "LockRows" in plan, plan
 
