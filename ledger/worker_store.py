@@ -199,11 +199,7 @@ _HOLD = (select(jobs.c.lease_token)
          .where(*_job_key(), jobs.c.lease_token == bindparam("token"),
                 jobs.c.status == JobStatus.QUEUED.value)
          .with_for_update())
-_RELOCK = (select(jobs.c.lease_token)
-           .where(*_job_key(), jobs.c.lease_token == bindparam("token"),
-                  jobs.c.attempts == bindparam("tries"),
-                  jobs.c.status == JobStatus.QUEUED.value)
-           .with_for_update())
+_RELOCK = _HOLD.where(jobs.c.attempts == bindparam("tries"))
 _FINISH = update(attempts).where(
     *_attempt_key(), attempts.c.number == bindparam("num"),
     attempts.c.lease_token == bindparam("token"),
@@ -221,16 +217,14 @@ _RETRY = update(jobs).where(*_job_key()).values(
     run_at=bindparam("due_at", type_=UTCDateTime), leased_by=None, leased_until=None)
 
 
-def _is_postgresql(conn: Connection) -> bool:
-    """Tell whether the connection runs PostgreSQL (the one-statement paths)."""
-    return conn.dialect.name == "postgresql"
-
-
 def select_due_job(conn: Connection, now: datetime) -> DueJob | None:
     """Find and lock the oldest due job that no other worker holds."""
     row = conn.execute(_DUE, {"now": now}).first()
-    if row is None:
-        return None
+    return None if row is None else _due(row)
+
+
+def _due(row: Any) -> DueJob:
+    """Return the due job of a claim row."""
     return DueJob(scope_id=row.scope_id, event_id=row.event_id, event_type=row.event_type,
                   window_start=row.accepted_at, attempts=row.attempts,
                   lease_token=row.lease_token, payload=row.payload)
@@ -244,7 +238,7 @@ def claim_next(conn: Connection, *, worker_id: str, now: datetime, lease_seconds
     receipt; nothing was counted or leased then, and the caller ends it.
     """
     leased_until = now + timedelta(seconds=lease_seconds)
-    if not _is_postgresql(conn):
+    if conn.dialect.name != "postgresql":
         due = select_due_job(conn, now)
         if due is None:
             return None
@@ -258,9 +252,7 @@ def claim_next(conn: Connection, *, worker_id: str, now: datetime, lease_seconds
         "lost_error": LOST_ERROR}).first()
     if row is None:
         return None
-    due = DueJob(scope_id=row.scope_id, event_id=row.event_id, event_type=row.event_type,
-                 window_start=row.accepted_at, attempts=row.attempts,
-                 lease_token=row.lease_token, payload=row.payload)
+    due = _due(row)
     if row.number is None:
         return due, None
     return due, _claimed(due, number=row.number, accepted_at=row.receipt_accepted_at,
@@ -362,7 +354,7 @@ def finish_attempt(conn: Connection, job: ClaimedJob, *, outcome: str, now: date
 def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: datetime) -> None:
     """Mark the receipt complete and end the job; its payload leaves the hot ledger."""
     key = {"sid": job.scope_id, "eid": job.event_id}
-    if _is_postgresql(conn):
+    if conn.dialect.name == "postgresql":
         conn.execute(_COMPLETE_SQL, {
             **key, "complete": ReceiptState.COMPLETE.code, "now": now,
             "result_ref": result_ref, "number": job.number, "token": job.lease_token})
