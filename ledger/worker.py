@@ -5,7 +5,8 @@ One attempt is three short transactions and never holds one across slow work:
 1. Claim (`worker_store.claim_next`): lock the oldest due job
    (PostgreSQL `FOR UPDATE SKIP LOCKED`; SQLite's BEGIN IMMEDIATE), count the
    attempt, write a lease with a new fencing token (`lease_token`), push
-   `run_at` to the lease's end, open an `attempts` row. Commit.
+   `run_at` to the lease's end, open an `attempts` row. Commit. (On PostgreSQL
+   one statement in autocommit does all of it.)
 2. `prepare(event)`, if the handler declares one, with NO transaction open:
    network calls and sleeps belong here (demo.slow sleeps here).
 3. Complete: a transaction that first re-checks the token (`hold_lease`), then
