@@ -2,9 +2,12 @@
 
 A receipt is deleted only when it is `complete` or `failed` and was accepted
 more than LEDGER_RETENTION_SECONDS ago; a pending receipt is never touched.
-Its attempts, its failed job, its unsigned-body record and its conflicts go in
-the same batch transaction, so a replay after expiry finds nothing and becomes
-new work (the seed's stated consequence, README "Operations: scheduled jobs").
+Its failed job, its unsigned-body record and its conflicts go in the same batch
+transaction; its attempts go in that batch too, or (PostgreSQL, the bulk of
+them) just before it by their own time, so a replay after expiry finds nothing
+and becomes new work (the seed's stated consequence, README "Operations:
+scheduled jobs"). A failed receipt an operator requeues while a purge runs may
+lose the attempts older than the cutoff; the receipt itself stays.
 
 Every batch is its own short transaction with `lock_timeout` set: intake keeps
 committing between and during batches, and nothing references receipts with a
@@ -40,13 +43,23 @@ from ledger.schema import (
 )
 
 log = get_logger("ledger.jobs.retention")
-DEFAULT_BATCH_SIZE = 10_000
+DEFAULT_BATCH_SIZE = 25_000
 FINISHED = (ReceiptState.COMPLETE.code, ReceiptState.FAILED.code)
 LOCK_RETRIES = 3
+# How far apart the intake's and the workers' clocks may be: an attempt is never
+# stamped more than this before its receipt's accepted_at (NTP keeps hosts far closer).
+CLOCK_SKEW = timedelta(minutes=5)
+# Share of wall time the purge may spend in batches: after a batch that took t
+# seconds it sleeps t * (1 / duty - 1), leaving the rest of the CPU to intake
+# (bench/README.md "Retention purge": rows/s vs intake during the purge).
+DEFAULT_DUTY_CYCLE = 0.5
 
 # PostgreSQL: one statement per batch. The inner SELECT walks the BRIN index on
 # accepted_at; `ctid = ANY(ARRAY(...))` is a TID scan, and the outer predicate is
 # re-checked in case a row changed (an operator requeue) after it was picked.
+# Attempts started before `:late` are already gone (`_PG_ATTEMPTS_BY_TIME`), so
+# only a receipt that finished after it (or failed) is probed for attempts; only
+# a failed receipt can still have a job (a completed job's row is deleted).
 _PG_BATCH = text("""
 WITH doomed AS (
     DELETE FROM receipts
@@ -55,13 +68,14 @@ WITH doomed AS (
             WHERE accepted_at < :cutoff AND state IN (1, 2)
             LIMIT :batch))
       AND accepted_at < :cutoff AND state IN (1, 2)
-    RETURNING scope_id, event_id, body_sha256
+    RETURNING scope_id, event_id, body_sha256, state, completed_at
 ), gone_attempts AS (
     DELETE FROM attempts a USING doomed d
-    WHERE a.scope_id = d.scope_id AND a.event_id = d.event_id RETURNING 1
+    WHERE (d.state = 2 OR d.completed_at IS NULL OR d.completed_at >= :late)
+      AND a.scope_id = d.scope_id AND a.event_id = d.event_id RETURNING 1
 ), gone_jobs AS (
     DELETE FROM jobs j USING doomed d
-    WHERE j.scope_id = d.scope_id AND j.event_id = d.event_id RETURNING 1
+    WHERE d.state = 2 AND j.scope_id = d.scope_id AND j.event_id = d.event_id RETURNING 1
 ), gone_bodies AS (
     DELETE FROM unsigned_bodies u USING doomed d
     WHERE u.scope_id = d.scope_id AND u.body_sha256 = d.body_sha256
@@ -75,7 +89,28 @@ SELECT (SELECT count(*) FROM doomed) AS receipts,
        (SELECT count(*) FROM gone_jobs) AS jobs,
        (SELECT count(*) FROM gone_bodies) AS unsigned_bodies,
        (SELECT count(*) FROM gone_conflicts) AS conflicts
-""").bindparams(bindparam("cutoff", type_=UTCDateTime))
+""").bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("late", type_=UTCDateTime))
+
+# PostgreSQL, before the receipts: attempts are inserted in time order, so those
+# started before `:before` sit at the front of the heap. Each batch walks on from
+# the last tuple the previous one looked at (a TID range scan: no rescan of the
+# rows already deleted). Such an attempt belongs to a receipt accepted before the
+# cutoff (CLOCK_SKEW covers hosts' clocks), which this purge deletes unless it is
+# pending: a pending receipt's attempts stay (the NOT IN is one hashed lookup).
+_PG_ATTEMPTS_BY_TIME = text("""
+WITH picked AS (
+    SELECT ctid FROM attempts
+    WHERE ctid > CAST(:after AS tid) AND started_at < :before
+      AND (scope_id, event_id) NOT IN (
+            SELECT scope_id, event_id FROM receipts WHERE state = 0 AND accepted_at < :cutoff)
+    LIMIT :batch
+), gone AS (
+    DELETE FROM attempts WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked))
+      AND started_at < :before RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM picked) AS picked,
+       CAST((SELECT max(ctid) FROM picked) AS text) AS last
+""").bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("before", type_=UTCDateTime))
 
 _SQLITE_BATCH = text("""
 DELETE FROM receipts
@@ -101,10 +136,13 @@ class PurgeResult:
 
 def purge(engine: Engine, settings: Settings, clock: Clock, *, dry_run: bool = False,
           batch_size: int = DEFAULT_BATCH_SIZE, actor: audit.Actor | None = None,
-          on_batch: Callable[[int], None] | None = None) -> PurgeResult:
+          on_batch: Callable[[int], None] | None = None,
+          duty_cycle: float = DEFAULT_DUTY_CYCLE) -> PurgeResult:
     """Expire finished receipts past retention and drop failed payloads past review."""
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    if not 0 < duty_cycle <= 1:
+        raise ValueError("duty_cycle must be in (0, 1]")
     now = clock.now()
     cutoff = now - timedelta(seconds=settings.retention_seconds)
     review_cutoff = now - timedelta(seconds=settings.review_window_seconds)
@@ -116,7 +154,8 @@ def purge(engine: Engine, settings: Settings, clock: Clock, *, dry_run: bool = F
     # Payloads first: a failed job past retention is also past review, so each
     # dropped payload is counted once, whichever step removes it.
     dropped = expire_payloads(engine, settings, review_cutoff, batch_size)
-    expired = expire_receipts(engine, settings, cutoff, batch_size, on_batch)
+    expire_attempts_by_time(engine, settings, cutoff, batch_size, duty_cycle)
+    expired = expire_receipts(engine, settings, cutoff, batch_size, on_batch, duty_cycle)
     expire_bookkeeping(engine, settings, cutoff)
     result = PurgeResult(expired_receipts=expired, payloads_dropped=dropped, dry_run=False)
     if actor is not None and (expired or dropped):
@@ -183,18 +222,43 @@ def expire_payloads(engine: Engine, settings: Settings, review_cutoff: datetime,
             return total
 
 
+def expire_attempts_by_time(engine: Engine, settings: Settings, cutoff: datetime,
+                            batch_size: int, duty_cycle: float = 1.0) -> int:
+    """PostgreSQL: delete attempts older than the cutoff (less skew) unless still pending."""
+    if engine.dialect.name != "postgresql":
+        return 0
+    params = {"cutoff": cutoff, "before": cutoff - CLOCK_SKEW, "batch": batch_size,
+              "after": "(0,0)"}
+    total = 0
+    while True:
+        def step(conn: Connection) -> Any:
+            # Any plan then reads in ctid order (a synchronized seq scan could
+            # start mid-table and make the cursor skip rows).
+            conn.exec_driver_sql("SET LOCAL synchronize_seqscans = off")
+            return conn.execute(_PG_ATTEMPTS_BY_TIME, params).one()
+
+        row = _with_lock_retries(engine, settings, step, duty_cycle)
+        total += row.deleted
+        PURGED_ROWS.labels("attempts").inc(row.deleted)
+        if row.picked < batch_size:
+            return total
+        params["after"] = row.last
+
+
 def expire_receipts(engine: Engine, settings: Settings, cutoff: datetime, batch_size: int,
-                    on_batch: Callable[[int], None] | None = None) -> int:
+                    on_batch: Callable[[int], None] | None = None,
+                    duty_cycle: float = 1.0) -> int:
     """Delete finished receipts before `cutoff` with their dependants, one batch per commit."""
     total = 0
+    # A receipt finished before `late` has no attempt left after expire_attempts_by_time.
+    params = {"cutoff": cutoff, "late": cutoff - 2 * CLOCK_SKEW, "batch": batch_size}
     while True:
         def step(conn: Connection) -> dict[str, int]:
             if conn.dialect.name == "postgresql":
-                row = conn.execute(_PG_BATCH, {"cutoff": cutoff, "batch": batch_size}).one()
-                return dict(row._mapping)
+                return dict(conn.execute(_PG_BATCH, params).one()._mapping)
             return _sqlite_batch(conn, cutoff, batch_size)
 
-        counts = _with_lock_retries(engine, settings, step)
+        counts = _with_lock_retries(engine, settings, step, duty_cycle)
         for kind, count in counts.items():
             PURGED_ROWS.labels(kind).inc(count)
         total += counts["receipts"]
@@ -248,14 +312,18 @@ def expire_bookkeeping(engine: Engine, settings: Settings, cutoff: datetime) -> 
         PURGED_ROWS.labels(kind).inc(max(_with_lock_retries(engine, settings, step), 0))
 
 
-def _with_lock_retries(engine: Engine, settings: Settings,
-                       step: Callable[[Connection], Any]) -> Any:
-    """Run `step` in its own transaction; retry a few times when a lock wait times out."""
+def _with_lock_retries(engine: Engine, settings: Settings, step: Callable[[Connection], Any],
+                       duty_cycle: float = 1.0) -> Any:
+    """Run `step` in its own transaction (retried on a lock timeout), then pace the next one."""
     for attempt in range(LOCK_RETRIES):
+        started = time.perf_counter()
         try:
             with engine.begin() as conn:
                 _set_lock_timeout(conn, settings)
-                return step(conn)
+                out = step(conn)
+            if duty_cycle < 1:
+                time.sleep((time.perf_counter() - started) * (1 / duty_cycle - 1))
+            return out
         except sa_exc.OperationalError as error:
             if attempt == LOCK_RETRIES - 1 or not _is_lock_timeout(error):
                 raise

@@ -15,7 +15,7 @@ from jobs.retention import purge
 from ledger.clock import FixedClock
 from ledger.config import DEFAULT_RETENTION_SECONDS
 from ledger.domain import JobStatus, ReceiptState
-from ledger.schema import audit_log, jobs, receipts
+from ledger.schema import attempts, audit_log, jobs, receipts
 from tests.conftest import TEST_MASTER_KEY
 from tests.helpers import deliver, make_sender
 from tests.integration.ledger_rows import add_receipt, count
@@ -55,6 +55,38 @@ def test_purge_removes_finished_receipts_past_retention_with_their_history(app):
         assert count(conn, "attempts", "event_id = 'old-pending'") == 1
         assert count(conn, "unsigned_bodies") == 0
         assert count(conn, "conflicts") == 0
+
+
+def test_attempts_go_with_their_receipt_whenever_they_started(app):
+    """Attempts leave by time and by receipt: a late retry goes, a recent receipt's stays."""
+    svc = app.extensions["ledger"]
+    s = make_sender(app).scope_id
+    with svc.engine.begin() as conn:
+        # accepted long ago, requeued, retried and completed just before the purge
+        add_receipt(conn, s, "old-retried", state=ReceiptState.COMPLETE, accepted_at=OLD,
+                    n_attempts=2)
+        conn.execute(update(receipts).where(receipts.c.event_id == "old-retried")
+                     .values(completed_at=NOW - timedelta(seconds=5)))
+        conn.execute(update(attempts).where(attempts.c.event_id == "old-retried",
+                                            attempts.c.number == 2)
+                     .values(started_at=NOW - timedelta(seconds=10)))
+        # accepted after the cutoff; its worker's clock ran a minute behind the intake's
+        add_receipt(conn, s, "skewed", state=ReceiptState.COMPLETE,
+                    accepted_at=NOW - timedelta(seconds=DEFAULT_RETENTION_SECONDS - 30))
+        conn.execute(update(attempts).where(attempts.c.event_id == "skewed")
+                     .values(started_at=NOW - timedelta(seconds=DEFAULT_RETENTION_SECONDS + 30)))
+    assert purge(svc.engine, svc.settings, FixedClock(NOW)).expired_receipts == 1
+    with svc.engine.connect() as conn:
+        assert count(conn, "attempts", "event_id = 'old-retried'") == 0
+        assert count(conn, "attempts", "event_id = 'skewed'") == 1
+        assert count(conn, "receipts", "event_id = 'skewed'") == 1
+
+
+def test_a_duty_cycle_outside_zero_to_one_is_refused(app):
+    svc = app.extensions["ledger"]
+    for duty in (0, 1.5):
+        with pytest.raises(ValueError, match="duty_cycle"):
+            purge(svc.engine, svc.settings, FixedClock(NOW), duty_cycle=duty)
 
 
 def test_dry_run_counts_without_deleting(app):
