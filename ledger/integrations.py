@@ -82,6 +82,8 @@ def get_integration_by_id(conn: Connection, integration_id: int) -> Integration:
 def get_integration_by_scope(conn: Connection, scope: str) -> Integration:
     """Return the integration named by `account/name`, or raise NotFound."""
     account, _, name = scope.partition("/")
+    if not (SLUG.match(account) and SLUG.match(name)):
+        raise NotFound("scope", scope)  # no query for what no scope can be (NUL, spaces…)
     row = conn.execute(
         select(integrations).where(integrations.c.account == account,
                                    integrations.c.name == name)

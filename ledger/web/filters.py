@@ -68,8 +68,17 @@ def receipt_filter(conn: Connection, args: Mapping[str, str]) -> ReceiptFilter:
                          prefix=prefix or None)
 
 
+def _printable(value: str, label: str) -> str:
+    """Refuse control characters (NUL cannot even be stored in PostgreSQL text)."""
+    if not value.isprintable():
+        raise BadFilter(f"{label} has characters it cannot have")
+    return value
+
+
 def audit_filter(args: Mapping[str, str]) -> AuditFilter:
     """Build an audit filter from request arguments, or raise BadFilter."""
+    for label in ("actor", "action", "scope"):
+        _printable(args.get(label) or "", label)
     since, until = parse_time(args.get("since"), "since"), parse_time(args.get("until"), "until")
     return AuditFilter(actor=(args.get("actor") or "").strip()[:MAX_FIELD] or None,
                        action=(args.get("action") or "").strip()[:MAX_FIELD] or None,

@@ -118,3 +118,15 @@ def test_openapi_describes_the_intake_and_every_api_read(app, client) -> None:  
                                                                     "<path:event_id>")
                  for p in document["paths"]}
     assert api_rules <= described
+
+
+def test_filters_with_control_characters_are_refused_not_500(app) -> None:  # type: ignore[no-untyped-def]
+    make_operator(app, "robot", "viewer")
+    headers = _bearer(make_token(app, "robot"))
+    client = app.test_client()
+    for path in ("/api/v1/conflicts?scope=acme%00/x", "/api/v1/receipts?scope=a%00b/c",
+                 "/api/v1/audit?actor=a%00b", "/api/v1/audit?scope=%01",
+                 "/api/v1/receipts?prefix=evt%00"):
+        response = client.get(path, headers=headers)
+        assert response.status_code == 400, (path, response.get_data(as_text=True))
+        assert response.get_json()["error"]
