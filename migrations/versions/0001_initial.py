@@ -279,7 +279,8 @@ def downgrade() -> None:
     """Drop everything (development only)."""
     for table in ("hourly_series", "scope_counts", "findings", "scheduler_runs", "instances",
                   "login_failures", "operator_sessions", "api_tokens", "operators",
-                  "demo_balances", "attempts", "conflicts", "unsigned_bodies", "jobs", "receipts", "credentials", "integrations"):
+                  "demo_balances", "attempts", "conflicts", "unsigned_bodies", "jobs",
+                  "receipts", "credentials", "integrations"):
         op.drop_table(table)
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP TRIGGER audit_log_no_change ON audit_log")
