@@ -28,6 +28,7 @@ run: $(RUN_STAMP)
 
 ## test: the whole suite on SQLite and PostgreSQL
 test: $(TEST_STAMP) system-deps
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 ## system-deps: Debian packages the tests drive (chromium for browser tests)
