@@ -29,15 +29,6 @@ def clock() -> FixedClock:
     return FixedClock(START)
 
 
-@pytest.fixture
-def clocked_app(test_env, clock):  # type: ignore[no-untyped-def]
-    from app import create_app
-
-    application = create_app(test_env, clock=clock)
-    yield application
-    application.extensions["ledger"].close()
-
-
 def _rotate(app, sender, **kwargs):  # type: ignore[no-untyped-def]
     svc = app.extensions["ledger"]
     with svc.engine.begin() as conn:

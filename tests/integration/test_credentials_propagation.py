@@ -30,13 +30,8 @@ def clock() -> FixedClock:
 
 
 @pytest.fixture
-def clocked_app(test_env, clock):  # type: ignore[no-untyped-def]
-    from app import create_app
-
-    application = create_app({**test_env, "LEDGER_REVOCATION_BOUND_SECONDS": "10"},
-                             clock=clock)
-    yield application
-    application.extensions["ledger"].close()
+def clocked_env(test_env):  # type: ignore[no-untyped-def]
+    return {**test_env, "LEDGER_REVOCATION_BOUND_SECONDS": "10"}
 
 
 def _instance(app, instance_id: str, *, heartbeat_at, refreshed_at) -> None:  # type: ignore[no-untyped-def]

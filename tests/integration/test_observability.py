@@ -6,14 +6,12 @@ import json
 import logging
 import re
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from app import create_app
 from ledger import audit
-from ledger.clock import FixedClock, unix
+from ledger.clock import unix
 from ledger.credentials import revoke_credential, rotate_credential
 from ledger.integrations import get_integration
 from ledger.scheduler import default_jobs, run_once
@@ -57,12 +55,9 @@ def lines() -> Iterator[_Lines]:
 
 
 @pytest.fixture
-def clocked_app(test_env):
-    """An app on a FixedClock, failing jobs terminally on their first error."""
-    application = create_app({**test_env, "LEDGER_MAX_ATTEMPTS": "1"},
-                             clock=FixedClock(datetime.now(UTC)))
-    yield application
-    application.extensions["ledger"].close()
+def clocked_env(test_env):
+    """Jobs fail terminally on their first error."""
+    return {**test_env, "LEDGER_MAX_ATTEMPTS": "1"}
 
 
 def _send(app, sender, event_id, event_type="demo.credit", **kwargs):

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
 from ledger import audit
-from ledger.clock import FixedClock, unix
+from ledger.clock import unix
 from ledger.credentials import revoke_credential
 from ledger.scheduler import default_jobs, run_once
 from ledger.worker import process_one
@@ -47,12 +46,9 @@ def value(page: dict, name: str, **labels: str) -> float:
 
 
 @pytest.fixture
-def clocked_app(test_env):
-    """An app on a FixedClock; a failing job fails terminally at once."""
-    application = create_app({**test_env, "LEDGER_MAX_ATTEMPTS": "1"},
-                             clock=FixedClock(datetime.now(UTC)))
-    yield application
-    application.extensions["ledger"].close()
+def clocked_env(test_env):
+    """Jobs fail terminally on their first error."""
+    return {**test_env, "LEDGER_MAX_ATTEMPTS": "1"}
 
 
 def _scrape(client) -> dict:

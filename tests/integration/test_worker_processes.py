@@ -137,17 +137,22 @@ def _baseline(app) -> dict:
     return _outcome(app, sender, "evt_cut")
 
 
+def _kill_child_at(crash_env, cut: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Run a worker child until it reaches `cut`, then kill -9 it there."""
+    marker = tmp_path / "marker"
+    child = _spawn_child(crash_env, cut, marker, tmp_path / "child.log")
+    try:
+        _wait_for(marker.exists, f"the child to reach {cut}", child)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        _stop(child)
+
+
 def test_kill_before_local_commit(crash_app, crash_env, tmp_path):
     sender = make_sender(crash_app)
     assert deliver(crash_app.test_client(), sender, "evt_cut", "demo.credit",
                    {"amount": 7}).status_code == 202
-    marker = tmp_path / "marker"
-    child = _spawn_child(crash_env, "before-commit", marker, tmp_path / "child.log")
-    try:
-        _wait_for(marker.exists, "the child to reach its commit", child)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        _stop(child)
+    _kill_child_at(crash_env, "before-commit", tmp_path)
     during = _outcome(crash_app, sender, "evt_cut")
     assert (during["state"], during["balance"], during["jobs"]) == ("pending", 0, 1)
     _recover(crash_app, sender, "evt_cut")
@@ -162,13 +167,7 @@ def test_kill_right_after_local_commit(crash_app, crash_env, tmp_path):
     sender = make_sender(crash_app)
     assert deliver(crash_app.test_client(), sender, "evt_cut", "demo.credit",
                    {"amount": 7}).status_code == 202
-    marker = tmp_path / "marker"
-    child = _spawn_child(crash_env, "after-commit", marker, tmp_path / "child.log")
-    try:
-        _wait_for(marker.exists, "the child's commit", child)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        _stop(child)
+    _kill_child_at(crash_env, "after-commit", tmp_path)
     time.sleep(2.5)  # past the dead worker's lease: nothing may become due again
     assert process_one(crash_app.extensions["ledger"], "recovery") is False
     after = _outcome(crash_app, sender, "evt_cut")

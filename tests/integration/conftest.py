@@ -1,0 +1,31 @@
+"""Fixtures shared by integration modules: an app on a clock the test moves."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from ledger.clock import FixedClock
+
+
+@pytest.fixture
+def clock() -> FixedClock:
+    """A clock that only moves when the test says so (modules may pin its start)."""
+    return FixedClock(datetime.now(UTC))
+
+
+@pytest.fixture
+def clocked_env(test_env: dict[str, str]) -> dict[str, str]:
+    """Settings of `clocked_app` (modules override this to change a few)."""
+    return test_env
+
+
+@pytest.fixture
+def clocked_app(clocked_env, clock):  # type: ignore[no-untyped-def]
+    """The app on the test database, reading time from `clock`."""
+    from app import create_app
+
+    application = create_app(clocked_env, clock=clock)
+    yield application
+    application.extensions["ledger"].close()
