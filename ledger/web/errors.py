@@ -1,4 +1,4 @@
-"""One place that maps domain errors to HTTP answers (JSON for the API and intake)."""
+"""Maps errors to HTTP answers for Flask routes (the intake maps its own: web/ingest.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,7 @@ from werkzeug.exceptions import HTTPException
 
 from ledger import metrics
 from ledger.db import is_unavailable
-from ledger.errors import (
-    AuthenticationFailed,
-    BodyTooLarge,
-    InvalidEvent,
-    StorageUnavailable,
-    UnknownIntegration,
-)
+from ledger.errors import StorageUnavailable
 from ledger.logs import get_logger
 
 log = get_logger("ledger.web")
@@ -37,30 +31,6 @@ def _json(status: int, body: dict[str, object]):  # type: ignore[no-untyped-def]
 
 def register_error_handlers(app: Flask) -> None:
     """Install the domain-error → HTTP mapping on the app."""
-
-    @app.errorhandler(UnknownIntegration)
-    def _unknown(_e: UnknownIntegration):  # type: ignore[no-untyped-def]
-        metrics.DELIVERIES.labels("unknown_integration").inc()
-        return _json(404, {"error": "unknown_integration"})
-
-    @app.errorhandler(AuthenticationFailed)
-    def _unauthenticated(e: AuthenticationFailed):  # type: ignore[no-untyped-def]
-        metrics.DELIVERIES.labels("unauthenticated").inc()
-        metrics.AUTH_FAILURES.labels(e.reason).inc()
-        return _json(401, {"error": "unauthenticated"})
-
-    @app.errorhandler(InvalidEvent)
-    def _invalid(e: InvalidEvent):  # type: ignore[no-untyped-def]
-        metrics.DELIVERIES.labels("invalid_event").inc()
-        return _json(400, {"error": "invalid_event", "detail": e.detail})
-
-    @app.errorhandler(BodyTooLarge)
-    def _too_large(_e: BodyTooLarge):  # type: ignore[no-untyped-def]
-        metrics.DELIVERIES.labels("body_too_large").inc()
-        response = _json(413, {"error": "body_too_large"})
-        # The rest of the body was never read: the connection cannot be reused.
-        response.headers["Connection"] = "close"
-        return response
 
     @app.errorhandler(StorageUnavailable)
     def _unavailable(e: StorageUnavailable):  # type: ignore[no-untyped-def]
