@@ -11,15 +11,18 @@ lose the attempts older than the cutoff; the receipt itself stays.
 
 Every batch is its own short transaction with `lock_timeout` set: intake keeps
 committing between and during batches, and nothing references receipts with a
-foreign key, so a batch costs no per-row FK check (MEASUREMENTS.md: ~7x).
-"""
+foreign key, so a batch costs no per-row FK check (MEASUREMENTS.md: ~7x). On
+PostgreSQL a batch is a window of heap pages; the Pacer leaves the intake its
+share of the machine (LEDGER_PURGE_DUTY_CYCLE)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
+from itertools import repeat
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, delete, func, select, text, tuple_, update
@@ -27,7 +30,7 @@ from sqlalchemy import exc as sa_exc
 
 from ledger import audit
 from ledger.clock import Clock
-from ledger.config import Settings
+from ledger.config import DEFAULT_DUTY_CYCLE, Settings, check_duty_cycle
 from ledger.domain import JobStatus, ReceiptState
 from ledger.logs import get_logger
 from ledger.metrics import PURGED_ROWS
@@ -49,68 +52,102 @@ LOCK_RETRIES = 3
 # How far apart the intake's and the workers' clocks may be: an attempt is never
 # stamped more than this before its receipt's accepted_at (NTP keeps hosts far closer).
 CLOCK_SKEW = timedelta(minutes=5)
-# Share of wall time the purge may spend in batches: after a batch that took t
-# seconds it sleeps t * (1 / duty - 1), leaving the rest of the CPU to intake
-# (bench/README.md "Retention purge": rows/s vs intake during the purge).
-DEFAULT_DUTY_CYCLE = 0.5
 
-# PostgreSQL: one statement per batch. The inner SELECT walks the BRIN index on
-# accepted_at; `ctid = ANY(ARRAY(...))` is a TID scan, and the outer predicate is
-# re-checked in case a row changed (an operator requeue) after it was picked.
-# Attempts started before `:late` are already gone (`_PG_ATTEMPTS_BY_TIME`), so
-# only a receipt that finished after it (or failed) is probed for attempts; only
-# a failed receipt can still have a job (a completed job's row is deleted).
-_PG_BATCH = text("""
-WITH doomed AS (
-    DELETE FROM receipts
-    WHERE ctid = ANY(ARRAY(
-            SELECT ctid FROM receipts
-            WHERE accepted_at < :cutoff AND state IN (1, 2)
-            LIMIT :batch))
-      AND accepted_at < :cutoff AND state IN (1, 2)
-    RETURNING scope_id, event_id, body_sha256, state, completed_at
+# PostgreSQL walks each table in page windows: `ctid >= '(lo,0)' AND ctid < '(hi,0)'`
+# is a TID range scan, so a batch reads its window once and deletes in the same
+# pass (no LIMIT picker, no ctid array, no rescan of the rows earlier batches
+# deleted: bench/README.md "Retention purge" measured 2-3x less CPU per row).
+# A window spans about `batch_size` rows (pg_class's rows per page); rows added
+# after the purge starts land past the last window or are too new to expire. The
+# walk reads every page once, also where nothing has expired yet (a filter, no
+# delete): the price of never rescanning, on a table holding many days.
+
+# Attempts go first, by their own time: one started before `:before` belongs to a
+# receipt accepted before the cutoff (CLOCK_SKEW covers hosts' clocks), which this
+# purge deletes unless it is pending: a pending receipt's attempts stay. An attempt
+# whose outcome is 'complete' needs no lookup: it completed its receipt in the same
+# transaction, and a complete receipt never becomes pending again (only a failed
+# one can be requeued). That skips the hashed lookup for most rows.
+_PG_ATTEMPTS_WINDOW = text("""
+DELETE FROM attempts
+WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid) AND started_at < :before
+  AND (outcome = 'complete' OR (scope_id, event_id) NOT IN (
+        SELECT scope_id, event_id FROM receipts WHERE state = 0 AND accepted_at < :cutoff))
+""").bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("before", type_=UTCDateTime))
+
+# Receipts, statement 1 of a batch: lock the window's expired receipts that still
+# have dependants and delete those. After the attempts pass that is a failed
+# receipt (attempts, job), one finished after `:late` (attempts), or one with a
+# conflict or an unsigned-body record: about 1 % of the window. The rest (complete
+# before `:late`, nothing attached) need no probe, and statement 2 deletes them
+# without RETURNING, which cost ~0.5 us per row (a refetch plus a tuplestore row).
+# FOR UPDATE keeps a held receipt as it is until the batch commits (a requeue
+# waits), so its dependants and the receipt go together or not at all.
+_PG_HOLD = text("""
+WITH held AS MATERIALIZED (
+    SELECT r.ctid, r.scope_id, r.event_id, r.state, r.body_sha256 FROM receipts r
+    WHERE r.ctid >= CAST(:lo AS tid) AND r.ctid < CAST(:hi AS tid)
+      AND r.accepted_at < :cutoff AND r.state IN (1, 2)
+      AND (r.state = 2 OR r.completed_at IS NULL OR r.completed_at >= :late
+           OR EXISTS (SELECT 1 FROM conflicts c
+                      WHERE c.scope_id = r.scope_id AND c.event_id = r.event_id)
+           OR EXISTS (SELECT 1 FROM unsigned_bodies u
+                      WHERE u.scope_id = r.scope_id AND u.body_sha256 = r.body_sha256))
+    FOR UPDATE OF r
 ), gone_attempts AS (
-    DELETE FROM attempts a USING doomed d
-    WHERE (d.state = 2 OR d.completed_at IS NULL OR d.completed_at >= :late)
-      AND a.scope_id = d.scope_id AND a.event_id = d.event_id RETURNING 1
+    DELETE FROM attempts a USING held h
+    WHERE a.scope_id = h.scope_id AND a.event_id = h.event_id RETURNING 1
 ), gone_jobs AS (
-    DELETE FROM jobs j USING doomed d
-    WHERE d.state = 2 AND j.scope_id = d.scope_id AND j.event_id = d.event_id RETURNING 1
+    DELETE FROM jobs j USING held h
+    WHERE h.state = 2 AND j.scope_id = h.scope_id AND j.event_id = h.event_id RETURNING 1
 ), gone_bodies AS (
-    DELETE FROM unsigned_bodies u USING doomed d
-    WHERE u.scope_id = d.scope_id AND u.body_sha256 = d.body_sha256
-      AND u.event_id = d.event_id RETURNING 1
+    DELETE FROM unsigned_bodies u USING held h
+    WHERE u.scope_id = h.scope_id AND u.body_sha256 = h.body_sha256
+      AND u.event_id = h.event_id RETURNING 1
 ), gone_conflicts AS (
-    DELETE FROM conflicts c USING doomed d
-    WHERE c.scope_id = d.scope_id AND c.event_id = d.event_id RETURNING 1
+    DELETE FROM conflicts c USING held h
+    WHERE c.scope_id = h.scope_id AND c.event_id = h.event_id RETURNING 1
 )
-SELECT (SELECT count(*) FROM doomed) AS receipts,
+SELECT CAST(array_agg(ctid) AS text) AS held,
        (SELECT count(*) FROM gone_attempts) AS attempts,
        (SELECT count(*) FROM gone_jobs) AS jobs,
        (SELECT count(*) FROM gone_bodies) AS unsigned_bodies,
        (SELECT count(*) FROM gone_conflicts) AS conflicts
+FROM held
 """).bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("late", type_=UTCDateTime))
 
-# PostgreSQL, before the receipts: attempts are inserted in time order, so those
-# started before `:before` sit at the front of the heap. Each batch walks on from
-# the last tuple the previous one looked at (a TID range scan: no rescan of the
-# rows already deleted). Such an attempt belongs to a receipt accepted before the
-# cutoff (CLOCK_SKEW covers hosts' clocks), which this purge deletes unless it is
-# pending: a pending receipt's attempts stay (the NOT IN is one hashed lookup).
-_PG_ATTEMPTS_BY_TIME = text("""
-WITH picked AS (
-    SELECT ctid FROM attempts
-    WHERE ctid > CAST(:after AS tid) AND started_at < :before
-      AND (scope_id, event_id) NOT IN (
-            SELECT scope_id, event_id FROM receipts WHERE state = 0 AND accepted_at < :cutoff)
-    LIMIT :batch
-), gone AS (
-    DELETE FROM attempts WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked))
-      AND started_at < :before RETURNING 1
-)
-SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM picked) AS picked,
-       CAST((SELECT max(ctid) FROM picked) AS text) AS last
-""").bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("before", type_=UTCDateTime))
+# Receipts, statement 2: delete the window's expired receipts, either held above
+# or needing no probe. A receipt that finished after statement 1 looked (it was
+# pending then) has completed_at >= :late and is not held, so it stays for the
+# next purge instead of leaving its attempts behind. The held test comes second:
+# it only runs for the ~1 % of rows the first one rejects.
+_PG_DELETE_WINDOW = text("""
+DELETE FROM receipts
+WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)
+  AND accepted_at < :cutoff AND state IN (1, 2)
+  AND ((state = 1 AND completed_at < :late) OR ctid = ANY(CAST(:held AS tid[])))
+""").bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("late", type_=UTCDateTime))
+
+# The probes above join a few held rows to big tables by index; the planner,
+# misjudging how few, would hash all of `attempts` instead. JIT compilation of
+# these plans would cost more than a batch.
+_PG_PROBE_SETTINGS = ("SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; "
+                      "SET LOCAL jit = off")
+
+_PG_WINDOW_SIZE = text("""
+SELECT pg_relation_size(c.oid) / current_setting('block_size')::int AS pages,
+       CASE WHEN c.relpages > 0 AND c.reltuples > 0 THEN c.reltuples / c.relpages END AS per_page
+FROM pg_class c WHERE c.oid = CAST(:table AS regclass)
+""")
+# Rows per page assumed before the table was ever analyzed (a receipt is ~150 B),
+# and the least assumed after: a table emptied by an earlier purge averages few
+# rows per page, and a window sized on that average must not swallow its dense
+# part (a page holds at most ~90 receipts or attempts) in one transaction.
+DEFAULT_ROWS_PER_PAGE = 50
+MIN_ROWS_PER_PAGE = 30
+# Attempts rows are never locked by the intake, and each attempts batch rebuilds
+# the pending receipts' keys once, so its windows are larger.
+ATTEMPTS_WINDOW_FACTOR = 4
 
 _SQLITE_BATCH = text("""
 DELETE FROM receipts
@@ -134,15 +171,38 @@ class PurgeResult:
                 "payloads_dropped": self.payloads_dropped, "dry_run": self.dry_run}
 
 
+@dataclass(slots=True)
+class Pacer:
+    """Keep the purge's batches to a share of wall time, leaving the rest to the intake.
+
+    After a batch that took t seconds it sleeps t * (1 / duty_cycle - 1): at 0.5
+    the purge runs half the time at full speed. On 2 cores a full-speed purge
+    takes the CPU a CPU-bound intake needs (bench/README.md "Retention purge").
+    """
+
+    duty_cycle: float = DEFAULT_DUTY_CYCLE
+    sleep: Callable[[float], None] = time.sleep
+
+    def __post_init__(self) -> None:
+        check_duty_cycle(self.duty_cycle)
+
+    def rest(self, busy_seconds: float) -> None:
+        """Sleep after a batch that kept the database busy for `busy_seconds`."""
+        if self.duty_cycle < 1 and busy_seconds > 0:
+            self.sleep(busy_seconds * (1 / self.duty_cycle - 1))
+
+
 def purge(engine: Engine, settings: Settings, clock: Clock, *, dry_run: bool = False,
           batch_size: int = DEFAULT_BATCH_SIZE, actor: audit.Actor | None = None,
           on_batch: Callable[[int], None] | None = None,
-          duty_cycle: float = DEFAULT_DUTY_CYCLE) -> PurgeResult:
-    """Expire finished receipts past retention and drop failed payloads past review."""
+          pacer: Pacer | None = None) -> PurgeResult:
+    """Expire finished receipts past retention and drop failed payloads past review.
+
+    Batches are paced by the operator's LEDGER_PURGE_DUTY_CYCLE unless `pacer` is given.
+    """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    if not 0 < duty_cycle <= 1:
-        raise ValueError("duty_cycle must be in (0, 1]")
+    pacer = pacer or Pacer(settings.purge_duty_cycle)
     now = clock.now()
     cutoff = now - timedelta(seconds=settings.retention_seconds)
     review_cutoff = now - timedelta(seconds=settings.review_window_seconds)
@@ -154,8 +214,8 @@ def purge(engine: Engine, settings: Settings, clock: Clock, *, dry_run: bool = F
     # Payloads first: a failed job past retention is also past review, so each
     # dropped payload is counted once, whichever step removes it.
     dropped = expire_payloads(engine, settings, review_cutoff, batch_size)
-    expire_attempts_by_time(engine, settings, cutoff, batch_size, duty_cycle)
-    expired = expire_receipts(engine, settings, cutoff, batch_size, on_batch, duty_cycle)
+    expire_attempts_by_time(engine, settings, cutoff, batch_size, pacer)
+    expired = expire_receipts(engine, settings, cutoff, batch_size, on_batch, pacer)
     expire_bookkeeping(engine, settings, cutoff)
     result = PurgeResult(expired_receipts=expired, payloads_dropped=dropped, dry_run=False)
     if actor is not None and (expired or dropped):
@@ -223,49 +283,72 @@ def expire_payloads(engine: Engine, settings: Settings, review_cutoff: datetime,
 
 
 def expire_attempts_by_time(engine: Engine, settings: Settings, cutoff: datetime,
-                            batch_size: int, duty_cycle: float = 1.0) -> int:
+                            batch_size: int, pacer: Pacer | None = None) -> int:
     """PostgreSQL: delete attempts older than the cutoff (less skew) unless still pending."""
     if engine.dialect.name != "postgresql":
         return 0
-    params = {"cutoff": cutoff, "before": cutoff - CLOCK_SKEW, "batch": batch_size,
-              "after": "(0,0)"}
+    params: dict[str, Any] = {"cutoff": cutoff, "before": cutoff - CLOCK_SKEW}
     total = 0
-    while True:
-        def step(conn: Connection) -> Any:
-            # Any plan then reads in ctid order (a synchronized seq scan could
-            # start mid-table and make the cursor skip rows).
-            conn.exec_driver_sql("SET LOCAL synchronize_seqscans = off")
-            return conn.execute(_PG_ATTEMPTS_BY_TIME, params).one()
+    for lo, hi in _page_windows(engine, "attempts", batch_size * ATTEMPTS_WINDOW_FACTOR):
+        def step(conn: Connection, lo: int = lo, hi: int = hi) -> int:
+            conn.exec_driver_sql("SET LOCAL jit = off")
+            return conn.execute(_PG_ATTEMPTS_WINDOW, {**params, **_tids(lo, hi)}).rowcount
 
-        row = _with_lock_retries(engine, settings, step, duty_cycle)
-        total += row.deleted
-        PURGED_ROWS.labels("attempts").inc(row.deleted)
-        if row.picked < batch_size:
-            return total
-        params["after"] = row.last
+        deleted = _with_lock_retries(engine, settings, step, pacer)
+        total += deleted
+        PURGED_ROWS.labels("attempts").inc(deleted)
+    return total
 
 
 def expire_receipts(engine: Engine, settings: Settings, cutoff: datetime, batch_size: int,
                     on_batch: Callable[[int], None] | None = None,
-                    duty_cycle: float = 1.0) -> int:
+                    pacer: Pacer | None = None) -> int:
     """Delete finished receipts before `cutoff` with their dependants, one batch per commit."""
     total = 0
-    # A receipt finished before `late` has no attempt left after expire_attempts_by_time.
-    params = {"cutoff": cutoff, "late": cutoff - 2 * CLOCK_SKEW, "batch": batch_size}
-    while True:
-        def step(conn: Connection) -> dict[str, int]:
-            if conn.dialect.name == "postgresql":
-                return dict(conn.execute(_PG_BATCH, params).one()._mapping)
-            return _sqlite_batch(conn, cutoff, batch_size)
-
-        counts = _with_lock_retries(engine, settings, step, duty_cycle)
+    if engine.dialect.name == "postgresql":
+        # A receipt finished before `late` has no attempt left after expire_attempts_by_time.
+        params = {"cutoff": cutoff, "late": cutoff - 2 * CLOCK_SKEW}
+        batches: Iterator[Callable[[Connection], dict[str, int]]] = (
+            partial(_pg_batch, params={**params, **_tids(lo, hi)})
+            for lo, hi in _page_windows(engine, "receipts", batch_size))
+    else:
+        batches = repeat(partial(_sqlite_batch, cutoff=cutoff, batch_size=batch_size))
+    for step in batches:
+        counts = _with_lock_retries(engine, settings, step, pacer)
         for kind, count in counts.items():
             PURGED_ROWS.labels(kind).inc(count)
         total += counts["receipts"]
         if on_batch is not None:
             on_batch(total)
-        if counts["receipts"] < batch_size:
+        if engine.dialect.name != "postgresql" and counts["receipts"] < batch_size:
             return total
+    return total
+
+
+def _pg_batch(conn: Connection, params: dict[str, Any]) -> dict[str, int]:
+    """Delete one page window of receipts: dependants of the held ones, then the receipts."""
+    conn.exec_driver_sql(_PG_PROBE_SETTINGS)
+    held = conn.execute(_PG_HOLD, params).one()._mapping
+    counts = {kind: int(held[kind]) for kind in ("attempts", "jobs", "unsigned_bodies",
+                                                 "conflicts")}
+    counts["receipts"] = conn.execute(
+        _PG_DELETE_WINDOW, {**params, "held": held["held"] or "{}"}).rowcount
+    return counts
+
+
+def _page_windows(engine: Engine, table: str, rows: int) -> Iterator[tuple[int, int]]:
+    """Yield [lo, hi) page ranges of `table` holding about `rows` rows each."""
+    with engine.connect() as conn:
+        size = conn.execute(_PG_WINDOW_SIZE, {"table": table}).one()
+    per_page = max(float(size.per_page or DEFAULT_ROWS_PER_PAGE), MIN_ROWS_PER_PAGE)
+    width = max(1, int(rows / per_page))
+    for lo in range(0, int(size.pages), width):
+        yield lo, lo + width
+
+
+def _tids(lo: int, hi: int) -> dict[str, str]:
+    """Return the bounds of a page window as tid literals."""
+    return {"lo": f"({lo},0)", "hi": f"({hi},0)"}
 
 
 def _sqlite_batch(conn: Connection, cutoff: datetime, batch_size: int) -> dict[str, int]:
@@ -313,7 +396,7 @@ def expire_bookkeeping(engine: Engine, settings: Settings, cutoff: datetime) -> 
 
 
 def _with_lock_retries(engine: Engine, settings: Settings, step: Callable[[Connection], Any],
-                       duty_cycle: float = 1.0) -> Any:
+                       pacer: Pacer | None = None) -> Any:
     """Run `step` in its own transaction (retried on a lock timeout), then pace the next one."""
     for attempt in range(LOCK_RETRIES):
         started = time.perf_counter()
@@ -321,8 +404,8 @@ def _with_lock_retries(engine: Engine, settings: Settings, step: Callable[[Conne
             with engine.begin() as conn:
                 _set_lock_timeout(conn, settings)
                 out = step(conn)
-            if duty_cycle < 1:
-                time.sleep((time.perf_counter() - started) * (1 / duty_cycle - 1))
+            if pacer is not None:
+                pacer.rest(time.perf_counter() - started)
             return out
         except sa_exc.OperationalError as error:
             if attempt == LOCK_RETRIES - 1 or not _is_lock_timeout(error):

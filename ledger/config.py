@@ -16,6 +16,9 @@ REPAIR_WINDOW_SECONDS = 4 * 86400
 CLOCK_SKEW_SECONDS = 300
 DEFAULT_RETENTION_SECONDS = SENDER_RETRY_WINDOW_SECONDS + REPAIR_WINDOW_SECONDS + CLOCK_SKEW_SECONDS
 DEFAULT_REVIEW_WINDOW_SECONDS = 14 * 86400
+# Share of wall time the retention purge may spend deleting (jobs/retention.py
+# Pacer); the rest is left to the intake. 1 = full speed.
+DEFAULT_DUTY_CYCLE = 0.5
 
 
 def project_root() -> Path:
@@ -46,6 +49,27 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def check_duty_cycle(value: float, name: str = "duty_cycle") -> float:
+    """Return a purge duty cycle, refusing one outside (0, 1]."""
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} must be > 0 and <= 1 (a share of wall time), got {value}")
+    return value
+
+
+def _duty_cycle(env: Mapping[str, str], name: str) -> float:
+    """Read LEDGER_PURGE_DUTY_CYCLE, refusing garbage with a clear message."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return DEFAULT_DUTY_CYCLE
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number in (0, 1], got {raw!r}") from None
+    if value != value:  # NaN passes no comparison, so check_duty_cycle would let it through
+        raise ValueError(f"{name} must be a number in (0, 1], got {raw!r}")
+    return check_duty_cycle(value, name)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """Every knob of the ledger, with the contract's defaults."""
@@ -56,6 +80,7 @@ class Settings:
     revocation_bound_seconds: int = 30
     retention_seconds: int = DEFAULT_RETENTION_SECONDS
     review_window_seconds: int = DEFAULT_REVIEW_WINDOW_SECONDS
+    purge_duty_cycle: float = DEFAULT_DUTY_CYCLE
     max_body_bytes: int = 1024 * 1024
     max_attempts: int = 8
     retry_base_seconds: int = 10
@@ -97,6 +122,7 @@ class Settings:
             review_window_seconds=min(
                 _int(env, "LEDGER_REVIEW_WINDOW_SECONDS", DEFAULT_REVIEW_WINDOW_SECONDS, 1),
                 retention),
+            purge_duty_cycle=_duty_cycle(env, "LEDGER_PURGE_DUTY_CYCLE"),
             max_body_bytes=_int(env, "LEDGER_MAX_BODY_BYTES", 1024 * 1024, 1),
             max_attempts=_int(env, "LEDGER_MAX_ATTEMPTS", 8, 1),
             retry_base_seconds=_int(env, "LEDGER_RETRY_BASE_SECONDS", 10),
