@@ -4,26 +4,33 @@ One load serves three measures, in this order (the purge destroys the data):
 1. bytes per receipt, ledger vs the naive schema holding the same rows;
 2. the raw batched DELETE on the naive table: the purge's baseline;
 3. every dashboard page (bench.dashboard's page list and timer);
-4. the retention purge of every finished receipt while wrk keeps delivering new
-   events over HTTP; intake during the purge vs before it, from accepted_at.
+4. the retention purge of every finished receipt on a copy of that ledger, nothing
+   else running, at full speed (duty cycle 1): PostgreSQL CPU and WAL per receipt;
+5. the retention purge of every finished receipt at the default pacing while wrk
+   keeps delivering new events over HTTP; intake during the purge vs before it,
+   from accepted_at, and how busy the machine's CPUs were in each window.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from bench import env as benv
 from bench import storage
 from bench.datagen import DataSpec, generate
 from bench.intake import CONNECTIONS, THREADS, ours_app, signed_files
 from bench.loadgen import LUA, wrk_binary
-from jobs.retention import purge
+from jobs.retention import Pacer, purge
 from ledger import audit
 from ledger.clock import SystemClock
 from ledger.db import make_engine
@@ -86,6 +93,35 @@ def dashboard(e: benv.BenchEnv, url: str, made: Any, rounds: int) -> dict[str, A
         app.extensions["ledger"].close()
 
 
+def copy_ledger(e: benv.BenchEnv, url: str, name: str) -> str:
+    """Clone the big ledger's database (file copy: no 500 MB of WAL) and return its URL."""
+    source = make_url(url).database
+    copy = f"ledger_bench_{e.run_id}_{name}"
+    with benv.admin_engine().connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{copy}" TEMPLATE "{source}" STRATEGY FILE_COPY'))
+    e.databases.append(copy)
+    return make_url(url).set(database=copy).render_as_string(hide_password=False)
+
+
+def purge_unloaded(e: benv.BenchEnv, url: str) -> dict[str, Any]:
+    """Purge every finished receipt at full speed with nothing else running."""
+    settings = e.settings(url).with_(retention_seconds=60, statement_timeout_ms=600_000)
+    engine = make_engine(settings)
+    try:
+        wal, cpu = _wal_bytes(engine), _postgres_cpu_seconds()
+        started = time.perf_counter()
+        result = purge(engine, settings, SystemClock(), pacer=Pacer(1.0))
+        seconds = time.perf_counter() - started
+        wal, cpu = _wal_bytes(engine) - wal, _postgres_cpu_seconds() - cpu
+    finally:
+        engine.dispose()
+    n = max(result.expired_receipts, 1)
+    return {"expired_receipts": result.expired_receipts, "purge_seconds": round(seconds, 2),
+            "purge_rows_per_s": result.expired_receipts / seconds,
+            "postgres_cpu_us_per_receipt": round(cpu / n * 1e6, 2),
+            "wal_bytes_per_receipt": round(wal / n)}
+
+
 def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
                        before_seconds: float = 6) -> dict[str, Any]:
     """Purge every finished receipt while wrk delivers new events; compare intake rates."""
@@ -94,6 +130,7 @@ def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
     settings = e.settings(url).with_(retention_seconds=60, statement_timeout_ms=600_000)
     engine = make_engine(settings)
     marks: dict[str, datetime] = {}
+    busy: dict[str, float] = {}
     with benv.gunicorn("app:create_app()", e.app_env(url), shape, cwd=benv.ROOT,
                        log=e.tmp / "purge.log") as (base, _):
         load_proc = subprocess.Popen(
@@ -102,12 +139,16 @@ def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             marks["load"] = datetime.now(UTC)
-            time.sleep(before_seconds)
+            time.sleep(2)
+            cpu = _cpu_ticks()
+            time.sleep(before_seconds - 2)
+            busy["before"], cpu = _busy_share(cpu), _cpu_ticks()
             marks["purge"] = datetime.now(UTC)
             started = time.perf_counter()
             result = purge(engine, settings, SystemClock())
             seconds = time.perf_counter() - started
             marks["purged"] = datetime.now(UTC)
+            busy["during"] = _busy_share(cpu)
         finally:
             benv.stop(load_proc)
     try:
@@ -118,7 +159,42 @@ def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
         engine.dispose()
     return {"expired_receipts": result.expired_receipts, "purge_seconds": round(seconds, 2),
             "purge_rows_per_s": result.expired_receipts / seconds,
-            "intake_before_per_s": before, "intake_during_per_s": during}
+            "duty_cycle": settings.purge_duty_cycle,
+            "intake_before_per_s": before, "intake_during_per_s": during,
+            "cpu_busy_before": busy["before"], "cpu_busy_during": busy["during"]}
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """Return (busy, total) CPU ticks of the whole machine from /proc/stat."""
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def _busy_share(since: tuple[int, int]) -> float:
+    """Return the share of all CPUs' time spent busy since `since` (0..1)."""
+    busy, total = _cpu_ticks()
+    return round((busy - since[0]) / max(total - since[1], 1), 3)
+
+
+def _postgres_cpu_seconds() -> float:
+    """Sum user + system CPU of the local server's processes (0 when not readable)."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if "(postgres)" in stat:
+                fields = stat.rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _wal_bytes(engine: Any) -> int:
+    """Return the server's current WAL insert position in bytes."""
+    with engine.connect() as conn:
+        return int(conn.execute(text(
+            "SELECT pg_current_wal_insert_lsn() - CAST('0/0' AS pg_lsn)")).scalar_one())
 
 
 def _accepted_between(engine: Any, public_id: str, start: datetime, end: datetime) -> float:
@@ -133,12 +209,17 @@ def _accepted_between(engine: Any, public_id: str, start: datetime, end: datetim
 
 def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: int,
             rounds: int) -> dict[str, Any]:
-    """Load once, then run the four measures in order."""
+    """Load once, then run the five measures in order."""
     started = time.perf_counter()
     url, made = load(e, receipts, scopes)
     out: dict[str, Any] = {"load_seconds": round(time.perf_counter() - started, 1),
                            "receipts": receipts, "scopes": scopes}
     out |= bytes_and_raw_purge(e, url)
     out["dashboard"] = dashboard(e, url, made, rounds)
+    copy = copy_ledger(e, url, "big_copy")
+    out["purge_unloaded"] = purge_unloaded(e, copy)
+    with benv.admin_engine().connect() as conn:
+        conn.execute(text(f'DROP DATABASE "{make_url(copy).database}" WITH (FORCE)'))
+    e.databases.remove(make_url(copy).database)
     out["purge"] = purge_under_intake(e, url, shape)
     return out
