@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +27,10 @@ from ledger.errors import (
 )
 from ledger.signatures import HeaderMap, get_profile
 from ledger.store import (
+    DriverClaim,
     NewEvent,
     RecordedOutcome,
     claim_receipt,
-    claim_receipt_with_job,
     claim_unsigned_body,
     enqueue_job,
     original_of_body,
@@ -64,6 +62,7 @@ class Intake:
 
     def __init__(self, engine: Engine, view: CredentialView, clock: Clock) -> None:
         self._engine = engine
+        self._driver_claim = DriverClaim(engine)
         self._view = view
         self._clock = clock
 
@@ -138,43 +137,31 @@ class Intake:
         """Claim the event id in one transaction; answer from the ledger if it is taken."""
         for _ in range(3):
             try:
-                with self._claim_connection(single_statement=id_is_signed) as conn:
-                    claimed, existing = _claim_new(conn, event, id_is_signed=id_is_signed)
-                    if claimed:
-                        return 202, {"status": "accepted", "event_id": event.event_id,
-                                     "state": ReceiptState.PENDING.value}
-                    if existing is None:
-                        continue  # purged between our insert and read: claim again
-                    if existing.body_sha256 != event.body_sha256:
-                        record_conflict(
-                            conn, scope_id=event.scope_id, event_id=event.event_id,
-                            kind=ConflictKind.DIFFERENT_BODY,
-                            original_event_id=event.event_id,
-                            original_sha256=existing.body_sha256,
-                            incoming_sha256=event.body_sha256, now=event.accepted_at)
-                        return 409, {"status": "conflict", "event_id": event.event_id}
-                    return duplicate_answer(event.event_id, existing)
+                if id_is_signed:
+                    claimed, existing = self._driver_claim.claim(event)
+                else:
+                    with self._engine.begin() as conn:
+                        claimed, existing = _claim_unsigned(conn, event)
             except _ReplayedBody:
                 answer = self._answer_replayed_body(event)
                 if answer is not None:
                     return answer
+                continue
+            if claimed:
+                return 202, {"status": "accepted", "event_id": event.event_id,
+                             "state": ReceiptState.PENDING.value}
+            if existing is None:
+                continue  # the holder was purged, or is not visible yet: claim again
+            if existing.body_sha256 != event.body_sha256:
+                with self._engine.begin() as conn:
+                    record_conflict(
+                        conn, scope_id=event.scope_id, event_id=event.event_id,
+                        kind=ConflictKind.DIFFERENT_BODY, original_event_id=event.event_id,
+                        original_sha256=existing.body_sha256,
+                        incoming_sha256=event.body_sha256, now=event.accepted_at)
+                return 409, {"status": "conflict", "event_id": event.event_id}
+            return duplicate_answer(event.event_id, existing)
         raise StorageUnavailable("the ledger changed under this delivery three times")
-
-    @contextmanager
-    def _claim_connection(self, *, single_statement: bool) -> Iterator[Connection]:
-        """Open a transaction, or an autocommit connection when each write is one statement.
-
-        On PostgreSQL a signed-id claim writes receipt and job in ONE statement
-        (store.claim_receipt_with_job), which is its own transaction: autocommit
-        saves the BEGIN and COMMIT round trips (3 -> 1 per accepted delivery).
-        The duplicate path after it is a read and at most one conflict upsert.
-        """
-        if single_statement and self._engine.dialect.name == "postgresql":
-            with self._engine.connect() as conn:
-                yield conn.execution_options(isolation_level="AUTOCOMMIT")
-        else:
-            with self._engine.begin() as conn:
-                yield conn
 
     def _answer_replayed_body(self, event: NewEvent) -> tuple[int, dict[str, Any]] | None:
         """Answer a body replayed under a fresh id as a duplicate of the original."""
@@ -192,14 +179,12 @@ class Intake:
             return duplicate_answer(original, existing)
 
 
-def _claim_new(conn: Connection, event: NewEvent, *,
-               id_is_signed: bool) -> tuple[bool, RecordedOutcome | None]:
-    """Claim the id with its job, or return the outcome recorded under it.
+def _claim_unsigned(conn: Connection, event: NewEvent) -> tuple[bool, RecordedOutcome | None]:
+    """Claim an unsigned id (GitHub) with its job, or return the outcome recorded under it.
 
-    Raises _ReplayedBody when an unsigned-id body was accepted before.
+    Raises _ReplayedBody (rolling the claim back) when the body was accepted
+    before under another id.
     """
-    if id_is_signed:
-        return claim_receipt_with_job(conn, event)
     if not claim_receipt(conn, event):
         return False, recorded_outcome(conn, event.scope_id, event.event_id)
     if not claim_unsigned_body(conn, event):

@@ -1,4 +1,5 @@
-"""Every SQL statement of the intake's hot path. Functions take `conn` and never commit.
+"""Every SQL statement of the intake's hot path. Functions take `conn` and never commit;
+DriverClaim, the signed-id claim, runs its own transaction on a pooled driver connection.
 
 Each statement filters on the consumer scope (`scope_id`) first: the ledger can
 then be distributed or split by scope (see README, "Scaling past one database").
@@ -10,8 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, LargeBinary, bindparam, select, text
+from sqlalchemy import Connection, Engine, LargeBinary, bindparam, select, text
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 
 from ledger.domain import ConflictKind, JobStatus, ReceiptState
 from ledger.schema import UTCDateTime, conflicts, jobs, receipts, unsigned_bodies
@@ -114,31 +116,121 @@ def claim_receipt(conn: Connection, event: NewEvent) -> bool:
     return conn.execute(_statement(conn, "receipt"), row).first() is not None
 
 
-def claim_receipt_with_job(conn: Connection,
-                           event: NewEvent) -> tuple[bool, RecordedOutcome | None]:
-    """Insert the pending receipt and its job, or read the receipt that holds the id.
+# The signed-id claim on SQLite: the same rows as the prebuilt statements above,
+# written for the driver (qmark parameters). Literal codes: PENDING = QUEUED = 0.
+_SQLITE_RECEIPT = ("INSERT INTO receipts (accepted_at, scope_id, state, attempts, event_id,"
+                   " event_type, body_sha256) VALUES (?, ?, 0, 0, ?, ?, ?)"
+                   " ON CONFLICT (scope_id, event_id) DO NOTHING RETURNING scope_id")
+_SQLITE_JOB = ("INSERT INTO jobs (scope_id, event_id, event_type, accepted_at, run_at, status,"
+               " attempts, lease_token, payload) VALUES (?, ?, ?, ?, ?, 0, 0, 0, ?)")
+_SQLITE_OUTCOME = ("SELECT state, body_sha256, result_ref FROM receipts"
+                   " WHERE scope_id = ? AND event_id = ?")
 
-    Returns (True, None) when claimed; (False, outcome) for a taken id, where
-    the outcome is None if the holder is not visible (yet, or any more).
-    On PostgreSQL one statement does it all (see _CLAIM_WITH_JOB): one round
-    trip for a new delivery and for a duplicate. SQLite runs the statements.
+
+class DriverClaim:
+    """Claim a signed event id with its job, on the driver connection: no SQLAlchemy per call.
+
+    The claim is the intake's one hot statement, and SQLAlchemy's execution
+    machinery (connection and result objects, execution options, type
+    processing) cost more Python than the driver call itself (bench/README.md,
+    "Intake CPU"). This takes a pooled connection (same pool, same
+    connect-time settings and timeouts) and runs:
+
+    - PostgreSQL: `_CLAIM_WITH_JOB`, one statement in autocommit (its own
+      transaction): receipt + job, or the recorded receipt for a taken id.
+    - SQLite: BEGIN IMMEDIATE, insert the receipt, then the job, or read the
+      recorded receipt, COMMIT.
+
+    Driver errors are raised as the SQLAlchemy errors the rest of the ledger
+    handles (`storage_guard`), without parameters in the message, and a
+    broken connection is invalidated instead of going back to the pool.
     """
-    if conn.dialect.name != "postgresql":
-        if claim_receipt(conn, event):
-            enqueue_job(conn, event)
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        dialect = engine.dialect
+        self._postgresql = dialect.name == "postgresql"
+        self._when = UTCDateTime().dialect_impl(dialect).bind_processor(dialect)
+        self._sql = _CLAIM_WITH_JOB.compile(dialect=dialect).string if self._postgresql else ""
+        self._dbapi_error = dialect.loaded_dbapi.Error
+
+    @property
+    def statements(self) -> tuple[str, ...]:
+        """Return the SQL this claim runs (it bypasses the engine's statement events)."""
+        if self._postgresql:
+            return (self._sql,)
+        return (_SQLITE_RECEIPT, _SQLITE_JOB, _SQLITE_OUTCOME)
+
+    def claim(self, event: NewEvent) -> tuple[bool, RecordedOutcome | None]:
+        """Return (True, None) when claimed, else (False, the recorded outcome or None).
+
+        The outcome is None when the holder of the id is not visible (yet, or
+        any more): the caller claims again.
+        """
+        when = self._when(event.accepted_at) if self._when else event.accepted_at
+        try:
+            fairy = self._engine.raw_connection()  # a failed connect raises the driver's error
+        except self._dbapi_error as error:
+            raise self._wrapped(error, invalidated=False) from error
+        try:
+            if self._postgresql:
+                row = self._claim_postgresql(fairy, event, when)
+            else:
+                row = self._claim_sqlite(fairy, event, when)
+        except self._dbapi_error as error:
+            invalidated = self._engine.dialect.is_disconnect(error, fairy.dbapi_connection,
+                                                             None)
+            if invalidated:
+                fairy.invalidate(error)
+            raise self._wrapped(error, invalidated=invalidated) from error
+        finally:
+            fairy.close()  # back to the pool, which rolls back anything left open
+        if row is True:
             return True, None
-        return False, recorded_outcome(conn, event.scope_id, event.event_id)
-    params = {"scope_id": event.scope_id, "event_id": event.event_id,
-              "event_type": event.event_type, "accepted_at": event.accepted_at,
-              "body_sha256": event.body_sha256, "payload": event.payload}
-    row = conn.execute(_CLAIM_WITH_JOB, params).first()
-    if row is None:
-        return False, None
-    if row.claimed:
-        return True, None
-    return False, RecordedOutcome(state=ReceiptState.from_code(row.state),
-                                  body_sha256=bytes(row.body_sha256),
-                                  result_ref=row.result_ref)
+        if row is None:
+            return False, None
+        return False, RecordedOutcome(state=ReceiptState.from_code(row[0]),
+                                      body_sha256=bytes(row[1]), result_ref=row[2])
+
+    def _wrapped(self, error: Exception, *, invalidated: bool) -> DBAPIError:
+        """Return the SQLAlchemy error for a driver error, without its parameters."""
+        return DBAPIError.instance("intake claim", None, error, self._dbapi_error,
+                                   hide_parameters=True, connection_invalidated=invalidated,
+                                   dialect=self._engine.dialect)
+
+    def _claim_postgresql(self, fairy: Any, event: NewEvent, when: Any) -> Any:
+        conn = fairy.driver_connection
+        conn.autocommit = True
+        try:
+            row = conn.execute(self._sql, {
+                "scope_id": event.scope_id, "event_id": event.event_id,
+                "event_type": event.event_type, "accepted_at": when,
+                "body_sha256": event.body_sha256, "payload": event.payload}).fetchone()
+        finally:
+            if not conn.closed:
+                conn.autocommit = False
+        if row is None:
+            return None
+        return True if row[0] else row[1:]
+
+    def _claim_sqlite(self, fairy: Any, event: NewEvent, when: Any) -> Any:
+        cursor = fairy.driver_connection.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+            taken = cursor.execute(_SQLITE_RECEIPT, (
+                when, event.scope_id, event.event_id, event.event_type,
+                event.body_sha256)).fetchone() is None
+            if taken:
+                row = cursor.execute(_SQLITE_OUTCOME,
+                                     (event.scope_id, event.event_id)).fetchone()
+            else:
+                cursor.execute(_SQLITE_JOB, (event.scope_id, event.event_id,
+                                             event.event_type, when, when, event.payload))
+                row = True
+            cursor.execute("COMMIT")
+            return row
+        finally:
+            cursor.close()
 
 
 def enqueue_job(conn: Connection, event: NewEvent) -> None:

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import event
 
+from ledger.store import DriverClaim
 from ledger.worker import process_one
 from tests.helpers import deliver, event_body, make_sender, signed_headers
 
@@ -101,7 +102,9 @@ def test_every_intake_statement_is_keyed_by_scope(app, client):
         replay = client.post(f"/hooks/{github.public_id}", data=body, headers=signed_headers(
             github, body, "d-2", "push.opened"))
         assert replay.status_code == 202 and replay.get_json()["event_id"] == "d-1"
-    touched = ledger_statements(statements)
+    # The signed-id claim runs on the driver connection, unseen by engine events.
+    driver = [" ".join(s.split()).lower() for s in DriverClaim(engine).statements]
+    touched = ledger_statements(statements) + driver
     tables = {TABLE.search(s).group(1) for s in touched}
     assert {"receipts", "jobs", "conflicts", "unsigned_bodies"} <= tables
     unkeyed = [s for s in touched if not keyed_by_scope(s)]
@@ -128,8 +131,15 @@ def test_worker_statements_are_keyed_by_scope_except_the_claim(app, client):
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_statements_of_every_kind_are_seen(app, client):
     """A capture that saw nothing would pass vacuously: make sure the hook sees statements."""
-    sender = make_sender(app)
+    sender = make_sender(app, profile="github")  # unsigned ids: claimed through the engine
     with captured_sql(app.extensions["ledger"].engine) as statements:
-        deliver(client, sender, "evt_seen")
+        deliver(client, sender, "d-seen", "push.opened")
     assert any(s.startswith("insert into receipts") for s in statements)
     assert any(s.startswith("insert into jobs") for s in statements)
+
+
+def test_driver_claim_lists_the_statements_it_runs(app):
+    """The list the keyed-by-scope check reads is the SQL the claim runs, every part of it."""
+    statements = " ".join(DriverClaim(app.extensions["ledger"].engine).statements).lower()
+    for part in ("insert into receipts", "insert into jobs", "from receipts"):
+        assert part in " ".join(statements.split())
