@@ -111,8 +111,37 @@ def abba(e: benv.BenchEnv, thin: Target, ours: Target, seconds: float,
         for name, target, files in (("thin", thin, a), ("ours", ours, a), ("ours", ours, b),
                                     ("thin", thin, b)):
             runs[name].append(load_run(target, files, each))
-        runs.setdefault("files", a)
+        runs.setdefault("files", []).extend([a, b])
     return runs
+
+
+def duplicates(e: benv.BenchEnv, ours: Target, runs: dict[str, Any], seconds: float,
+               cycles: int = 2) -> dict[str, Any]:
+    """Replay ours' runs as duplicates, interleaved with new events (D, N, N, D per cycle).
+
+    A duplicate run replays exactly what one of ours' ABBA runs sent (same
+    requests, same count per wrk thread), so every answer is a duplicate; the
+    new-event runs next to it are the baseline, measured in the same minutes.
+    """
+    public_id = ours.path.rsplit("/", 1)[1]
+    each = max(seconds / cycles, 3)
+    sent = list(zip(runs["files"], runs["ours"], strict=True))  # [a0, b0, a1, b1]
+    dup_runs: list[Run] = []
+    new_runs: list[Run] = []
+    for cycle in range(cycles):
+        first, second = sent[2 * cycle % len(sent)], sent[(2 * cycle + 1) % len(sent)]
+        dup_runs.append(load_run(ours, first[0], each, limits=first[1].wrk.sent_per_thread))
+        for half in ("a", "b"):
+            new_runs.append(load_run(ours, signed_files(e.tmp, f"dup-{cycle}{half}",
+                                                        public_id, each), each))
+        dup_runs.append(load_run(ours, second[0], each, limits=second[1].wrk.sent_per_thread))
+    dup_seconds = sum(r.wrk.seconds for r in dup_runs)
+    new_seconds = sum(r.wrk.seconds for r in new_runs)
+    return {"dup_per_s": sum(r.wrk.requests for r in dup_runs) / dup_seconds,
+            "dup_new_receipts": sum(r.accepted for r in dup_runs),
+            "new_accepted_per_s": sum(r.accepted for r in new_runs) / new_seconds,
+            "runs": {"duplicates": [r.to_json() for r in dup_runs],
+                     "new": [r.to_json() for r in new_runs]}}
 
 
 def measure_pg(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[str, Any]:
@@ -129,9 +158,7 @@ def measure_pg(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dic
         thin = Target(thin_base, thin_url, f"/hooks/{public_id}")
         ours = Target(ours_base, ours_url, f"/hooks/{public_id}")
         runs = abba(e, thin, ours, seconds, "pg")
-        first = runs["ours"][0]
-        dup = load_run(ours, runs["files"], seconds,  # type: ignore[arg-type]
-                       limits=first.wrk.sent_per_thread)
+        dup = duplicates(e, ours, runs, seconds)
     return summarize(runs) | {"duplicates": dup}
 
 
