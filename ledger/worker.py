@@ -26,6 +26,7 @@ counts a new one, so a job that keeps killing workers still reaches `failed`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import socket
@@ -65,6 +66,7 @@ from ledger.worker_store import (
 )
 
 log = get_logger("ledger.worker")
+_stdlib_log = logging.getLogger("ledger.worker")  # its level decides the debug lines
 POLL_SECONDS = 0.5
 MAX_IDLE_BACKOFF_SECONDS = 30.0
 BURST_ERROR_LIMIT = 5
@@ -112,6 +114,7 @@ class Worker:
         self.rng = rng or random.SystemRandom()
         self.hooks = hooks or WorkerHooks()
         self._scopes: dict[int, str] = {}
+        self._counters: dict[tuple[str, str], Any] = {}  # ATTEMPTS children by labels
         self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
         self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                             if self.engine.dialect.name == "postgresql" else None)
@@ -156,8 +159,21 @@ class Worker:
         if job is None:
             self._end_unstarted(due, scope, now)
             return True
-        self._transition(job, scope, "queued", "running")
+        if job.lost:
+            self._log_lost(job, scope)
+        # The attempt's start is in its attempts row (worker, time); at INFO one
+        # line per attempt, when it ends, is the transition an operator reads.
+        if _stdlib_log.isEnabledFor(logging.DEBUG):
+            self._transition(job, scope, "queued", "running", level=logging.DEBUG)
         return job, scope
+
+    def _log_lost(self, job: ClaimedJob, scope: str) -> None:
+        """Log the attempt(s) this claim found abandoned by a worker that vanished."""
+        self._log("job.transition", scope=scope, event_id=job.event_id,
+                  event_type=job.event_type, attempt=job.number - 1, from_state="running",
+                  to_state="lost", outcome="lost", lost_attempts=job.lost,
+                  accepted_at=job.accepted_at)
+        self._count(job.event_type, "lost", terminal=False)
 
     def _claim_connection(self) -> AbstractContextManager[Connection]:
         """Return the claim's transaction: one statement in autocommit on PostgreSQL.
@@ -251,32 +267,37 @@ class Worker:
                              retry_in_seconds=round((run_at - now).total_seconds(), 3))
 
     def _transition(self, job: ClaimedJob, scope: str, from_state: str, to_state: str, *,
-                    outcome: str | None = None, **extra: Any) -> None:
+                    outcome: str | None = None, level: int = logging.INFO,
+                    **extra: Any) -> None:
         """Log one state transition and count the attempt's outcome."""
         if outcome is not None:
             extra["outcome"] = outcome
             if self._attempt_started is not None:
                 extra["latency_ms"] = round(
                     (time.perf_counter() - self._attempt_started) * 1000, 2)
-        self._log("job.transition", scope=scope, event_id=job.event_id,
+        self._log("job.transition", scope=scope, event_id=job.event_id, level=level,
                   event_type=job.event_type, attempt=job.number, from_state=from_state,
                   to_state=to_state, accepted_at=job.accepted_at, **extra)
         if outcome is not None:
             self._count(job.event_type, outcome, terminal=to_state == "failed")
 
-    def _log(self, message: str, *, scope: str, event_id: str,
+    def _log(self, message: str, *, scope: str, event_id: str, level: int = logging.INFO,
              accepted_at: datetime | None = None, **fields: Any) -> None:
         """Write a structured line: a keyed hash instead of the event id, never the payload."""
         if accepted_at is not None:
             age = (self.services.clock.now() - accepted_at).total_seconds()
             fields["event_age_seconds"] = round(age, 3)
-        log.info(message, scope=scope, event_ref=event_ref(scope, event_id),
-                 worker_id=self.worker_id, **fields)
+        log.log(level, message, scope=scope, event_ref=event_ref(scope, event_id),
+                worker_id=self.worker_id, **fields)
 
     def _count(self, event_type: str, outcome: str, *, terminal: bool) -> None:
         """Update the attempt metrics (event types without a handler share one label)."""
         label = event_type if self.registry.get(event_type) is not None else "unhandled"
-        metrics.ATTEMPTS.labels(event_type=label, outcome=outcome).inc()
+        counter = self._counters.get((label, outcome))
+        if counter is None:  # labels() takes a lock and builds its key: once per pair
+            counter = self._counters[(label, outcome)] = metrics.ATTEMPTS.labels(
+                event_type=label, outcome=outcome)
+        counter.inc()
         if terminal:
             metrics.TERMINAL_FAILURES.labels(event_type=label).inc()
 

@@ -68,6 +68,7 @@ class ClaimedJob:
     number: int  # this attempt's number in the receipt's history (never reset)
     lease_token: int
     leased_until: datetime
+    lost: int = 0  # earlier attempts this claim found abandoned (their worker vanished)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,14 +163,14 @@ WITH due AS MATERIALIZED (
 )
 SELECT due.scope_id, due.event_id, due.event_type, due.accepted_at, due.attempts,
        due.lease_token, due.payload, counted.attempts AS number,
-       counted.accepted_at AS receipt_accepted_at
+       counted.accepted_at AS receipt_accepted_at, (SELECT count(*) FROM lost) AS lost
 FROM due LEFT JOIN counted ON true
 """).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
     # Positional columns: SQLAlchemy caches the result layout (by name it rebuilds it per call).
     column("scope_id", Integer), column("event_id", Text), column("event_type", Text),
     column("accepted_at", UTCDateTime), column("attempts", Integer),
     column("lease_token", BigInteger), column("payload", Text), column("number", Integer),
-    column("receipt_accepted_at", UTCDateTime))
+    column("receipt_accepted_at", UTCDateTime), column("lost", Integer))
 
 # PostgreSQL completion after the handler: receipt complete, job gone, attempt closed.
 _COMPLETE_SQL = text("""
@@ -256,17 +257,17 @@ def claim_next(conn: Connection, *, worker_id: str, now: datetime, lease_seconds
     if row.number is None:
         return due, None
     return due, _claimed(due, number=row.number, accepted_at=row.receipt_accepted_at,
-                         leased_until=leased_until)
+                         leased_until=leased_until, lost=row.lost)
 
 
-def _claimed(due: DueJob, *, number: int, accepted_at: datetime,
-             leased_until: datetime) -> ClaimedJob:
+def _claimed(due: DueJob, *, number: int, accepted_at: datetime, leased_until: datetime,
+             lost: int) -> ClaimedJob:
     """Return the leased job: the token is the one the claim wrote (the old one + 1)."""
     return ClaimedJob(
         scope_id=due.scope_id, event_id=due.event_id, event_type=due.event_type,
         payload=due.payload, window_start=due.window_start, accepted_at=accepted_at,
         attempt=due.attempts + 1, number=number, lease_token=due.lease_token + 1,
-        leased_until=leased_until)
+        leased_until=leased_until, lost=lost)
 
 
 def lease_job(conn: Connection, due: DueJob, *, worker_id: str, now: datetime,
@@ -280,21 +281,20 @@ def lease_job(conn: Connection, due: DueJob, *, worker_id: str, now: datetime,
     counted = conn.execute(_COUNT, key).first()
     if counted is None:
         return None
+    lost = mark_lost_attempts(conn, due.scope_id, due.event_id, now) if due.attempts else 0
     job = _claimed(due, number=counted.attempts, accepted_at=counted.accepted_at,
-                   leased_until=now + timedelta(seconds=lease_seconds))
+                   leased_until=now + timedelta(seconds=lease_seconds), lost=lost)
     conn.execute(_LEASE, {**key, "token": job.lease_token, "worker_id": worker_id,
                           "lease_end": job.leased_until})
-    if due.attempts > 0:
-        mark_lost_attempts(conn, due.scope_id, due.event_id, now)
     conn.execute(_OPEN, {"scope_id": due.scope_id, "event_id": due.event_id,
                          "number": job.number, "worker_id": worker_id,
                          "lease_token": job.lease_token, "started_at": now})
     return job
 
 
-def mark_lost_attempts(conn: Connection, scope_id: int, event_id: str, now: datetime) -> None:
-    """Close attempts whose worker vanished: their lease expired without an outcome."""
-    conn.execute(_MARK_LOST, {"sid": scope_id, "eid": event_id, "now": now})
+def mark_lost_attempts(conn: Connection, scope_id: int, event_id: str, now: datetime) -> int:
+    """Close attempts whose worker vanished (lease expired, no outcome); return how many."""
+    return conn.execute(_MARK_LOST, {"sid": scope_id, "eid": event_id, "now": now}).rowcount
 
 
 def set_job_failed(conn: Connection, scope_id: int, event_id: str) -> None:

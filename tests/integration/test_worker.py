@@ -233,7 +233,7 @@ def test_crashes_count_as_attempts_so_a_killer_job_still_fails(make_app):
     assert _balance(app, sender) == 0  # the crashed transactions never committed
 
 
-def test_crashed_worker_job_is_claimable_after_its_lease(make_app):
+def test_crashed_worker_job_is_claimable_after_its_lease(make_app, caplog):
     app = make_app(LEDGER_LEASE_SECONDS="60")
     clock = app.extensions["ledger"].clock
     sender = make_sender(app)
@@ -243,11 +243,15 @@ def test_crashed_worker_job_is_claimable_after_its_lease(make_app):
     clock.advance(59)
     assert _drain(app) == 0
     clock.advance(2)
-    assert _drain(app) == 1
+    with caplog.at_level(logging.INFO, logger="ledger"):
+        assert _drain(app) == 1
     receipt = _receipt(app, sender, "evt_l")
     assert (receipt.state.value, receipt.result_ref, receipt.attempts) == (
         "complete", "credit:9", 2)
     assert [(n, o) for n, o, _ in _history(app, sender, "evt_l")] == [(1, "lost"), (2, "complete")]
+    # The operator's log shows the lost attempt when the next claim finds it.
+    assert [(line["attempt"], line["to_state"]) for line in _transitions(caplog)] == [
+        (1, "lost"), (2, "complete")]
 
 
 def test_poison_event_does_not_block_good_ones(make_app):
@@ -355,20 +359,33 @@ def test_requeue_refused_once_the_payload_was_dropped(make_app):
     assert _requeue_audits(app) == 0
 
 
+def _transitions(caplog) -> list[dict]:
+    """Return the worker's job.transition lines captured so far."""
+    return [json.loads(r.getMessage()) for r in caplog.records
+            if r.name == "ledger.worker" and "job.transition" in r.getMessage()]
+
+
 def test_transition_logs_are_privacy_safe(make_app, caplog):
     app = make_app()
     sender = make_sender(app)
     _send(app, sender, "evt_secret_id", "demo.fail", {"amount": 31337})
     with caplog.at_level(logging.INFO, logger="ledger"):
         _drain(app)
-    lines = [json.loads(r.getMessage()) for r in caplog.records
-             if r.name == "ledger.worker" and "job.transition" in r.getMessage()]
-    assert [(line["from_state"], line["to_state"]) for line in lines] == [
-        ("queued", "running"), ("running", "retrying")]
-    for line in lines:
+    info = _transitions(caplog)
+    # One line per attempt at INFO, when it ends; its start too with debug on.
+    assert [(line["from_state"], line["to_state"]) for line in info] == [
+        ("running", "retrying")]
+    caplog.clear()
+    app.extensions["ledger"].clock.advance(3600)
+    with caplog.at_level(logging.DEBUG, logger="ledger"):
+        _drain(app)
+    debug = _transitions(caplog)
+    assert [(line["from_state"], line["to_state"], line["level"]) for line in debug] == [
+        ("queued", "running", "debug"), ("running", "retrying", "info")]
+    for line in info + debug:
         assert line["scope"] == sender.scope and line["event_ref"].startswith("ev_")
-        assert line["attempt"] == 1 and line["event_type"] == "demo.fail"
-        assert line["event_age_seconds"] >= 0
+        assert line["attempt"] == (1 if line in info else 2)
+        assert line["event_type"] == "demo.fail" and line["event_age_seconds"] >= 0
     text = caplog.text
     assert "evt_secret_id" not in text and "31337" not in text
 
