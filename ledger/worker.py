@@ -9,11 +9,13 @@ One attempt is three short transactions and never holds one across slow work:
    one statement in autocommit does all of it.)
 2. `prepare(event)`, if the handler declares one, with NO transaction open:
    network calls and sleeps belong here (demo.slow sleeps here).
-3. Complete: a transaction that first re-checks the token (`hold_lease`), then
-   runs the handler with that connection (its local effects), marks the
-   receipt complete with the handler's result_ref, deletes the job and closes
-   the attempt. A worker whose lease was taken over finds its token gone and
-   rolls back: it changes nothing.
+3. Complete: a transaction that runs the handler with its connection (its
+   local effects), then deletes the job only if our token is still its token
+   (the fence), marks the receipt complete with the handler's result_ref and
+   closes the attempt (on PostgreSQL one statement). A worker whose lease was
+   taken over deletes nothing and rolls back, its handler's writes included:
+   it changes nothing. (The fence comes last so that it costs no round trip
+   of its own; a stale worker's handler may run, but never commits.)
 
 If the handler raises, its transaction rolls back and a fenced transaction
 records the error (class and message, never the payload) and schedules a
@@ -231,13 +233,13 @@ class Worker:
     def _complete(self, job: ClaimedJob, event: Event, spec: HandlerSpec | None) -> str:
         """Run the handler and record its outcome in one fenced transaction (2)."""
         with self.engine.begin() as conn:
-            if not hold_lease(conn, job):
-                raise LeaseLost()
             result_ref = spec.apply(conn, event) if spec is not None else NO_HANDLER_RESULT
             if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
                 raise TypeError(f"handler of {job.event_type} must return a str result_ref of "
                                 f"1-{RESULT_REF_LIMIT} characters")
-            complete_job(conn, job, result_ref=result_ref, now=self.services.clock.now())
+            if not complete_job(conn, job, result_ref=result_ref,
+                                now=self.services.clock.now()):
+                raise LeaseLost()  # rolls the handler's writes back too
             if self.hooks.before_commit is not None:
                 self.hooks.before_commit(conn, event)
         return result_ref

@@ -2,9 +2,10 @@
 
 Three short transactions make one attempt (ledger.worker opens them):
 claim (lease + attempt row), complete (handler effects + receipt + job end),
-and, when the handler raised, record the failure. The last two start with
-`hold_lease`, the fencing check: a worker whose lease was taken over finds
-its token gone and changes nothing.
+and, when the handler raised, record the failure. Each write is fenced by the
+lease token: `complete_job` deletes the job only while the token is ours, and
+the failure path starts with `hold_lease`; a worker whose lease was taken over
+finds its token gone and changes nothing.
 
 Hot statements are built once at import and run with a plain parameter dict
 (building `update(...).values(...)` per call cost most of the worker's CPU,
@@ -172,19 +173,29 @@ FROM due LEFT JOIN counted ON true
     column("lease_token", BigInteger), column("payload", Text), column("number", Integer),
     column("receipt_accepted_at", UTCDateTime), column("lost", Integer))
 
-# PostgreSQL completion after the handler: receipt complete, job gone, attempt closed.
-_COMPLETE_SQL = text("""
-WITH done AS (
-    UPDATE receipts SET state = :complete, completed_at = :now, result_ref = :result_ref
-    WHERE scope_id = :sid AND event_id = :eid
+# PostgreSQL completion after the handler, in one statement. `gone` is the fence:
+# the job goes only while our token is still its token, so a worker whose lease
+# was taken over deletes nothing, and its caller rolls back (the handler's
+# writes too). The receipt and the attempt join `gone`: they change only after
+# it and only if it held. A job row is locked before its receipt here as in
+# every other writer, so two completions cannot deadlock on them.
+COMPLETE_SQL = text("""
+WITH gone AS (
+    DELETE FROM jobs
+    WHERE scope_id = :sid AND event_id = :eid AND lease_token = :token AND status = 0
+    RETURNING scope_id, event_id
+), done AS (
+    UPDATE receipts r SET state = :complete, completed_at = :now, result_ref = :result_ref
+    FROM gone WHERE r.scope_id = gone.scope_id AND r.event_id = gone.event_id
     RETURNING 1
-), gone AS (
-    DELETE FROM jobs WHERE scope_id = :sid AND event_id = :eid
+), closed AS (
+    UPDATE attempts a SET finished_at = :now, outcome = 'complete', error = NULL
+    FROM gone WHERE a.scope_id = gone.scope_id AND a.event_id = gone.event_id
+      AND a.number = :number AND a.lease_token = :token
     RETURNING 1
 )
-UPDATE attempts SET finished_at = :now, outcome = 'complete', error = NULL
-WHERE scope_id = :sid AND event_id = :eid AND number = :number AND lease_token = :token
-""").bindparams(bindparam("now", type_=UTCDateTime))
+SELECT count(*) AS held FROM gone
+""").bindparams(bindparam("now", type_=UTCDateTime)).columns(column("held", Integer))
 
 _DUE = due_job_query()
 _COUNT = (update(receipts).where(*_receipt_key()).values(attempts=receipts.c.attempts + 1)
@@ -211,7 +222,8 @@ _RECEIPT_DONE = update(receipts).where(*_receipt_key()).values(
     result_ref=bindparam("ref"))
 _RECEIPT_FAILED = update(receipts).where(*_receipt_key()).values(
     state=ReceiptState.FAILED.code, completed_at=bindparam("now", type_=UTCDateTime))
-_DELETE_JOB = delete(jobs).where(*_job_key())
+_FENCED_DELETE = delete(jobs).where(*_job_key(), jobs.c.lease_token == bindparam("token"),
+                                     jobs.c.status == JobStatus.QUEUED.value)
 _PARK = update(jobs).where(*_job_key()).values(
     status=JobStatus.FAILED.value, leased_by=None, leased_until=None)
 _RETRY = update(jobs).where(*_job_key()).values(
@@ -351,17 +363,23 @@ def finish_attempt(conn: Connection, job: ClaimedJob, *, outcome: str, now: date
         "err": error[:ERROR_LIMIT] if error is not None else None})
 
 
-def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: datetime) -> None:
-    """Mark the receipt complete and end the job; its payload leaves the hot ledger."""
-    key = {"sid": job.scope_id, "eid": job.event_id}
+def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: datetime) -> bool:
+    """End the job if our lease still holds: receipt complete, job and payload gone.
+
+    The job row is the fence: it is deleted only while our token is still its
+    token. False when the lease was taken over: nothing changed, roll back.
+    """
+    key = {"sid": job.scope_id, "eid": job.event_id, "token": job.lease_token}
     if conn.dialect.name == "postgresql":
-        conn.execute(_COMPLETE_SQL, {
+        return bool(conn.execute(COMPLETE_SQL, {
             **key, "complete": ReceiptState.COMPLETE.code, "now": now,
-            "result_ref": result_ref, "number": job.number, "token": job.lease_token})
-        return
-    conn.execute(_RECEIPT_DONE, {**key, "now": now, "ref": result_ref})
-    conn.execute(_DELETE_JOB, key)
+            "result_ref": result_ref, "number": job.number}).scalar_one())
+    if conn.execute(_FENCED_DELETE, key).rowcount != 1:
+        return False
+    conn.execute(_RECEIPT_DONE, {"sid": job.scope_id, "eid": job.event_id, "now": now,
+                                 "ref": result_ref})
     finish_attempt(conn, job, outcome="complete", now=now)
+    return True
 
 
 def schedule_retry(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> None:

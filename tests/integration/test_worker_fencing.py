@@ -93,14 +93,16 @@ def test_late_commit_after_takeover_is_refused_while_b_holds_the_lease(fixed_app
     thread_a.join(WAIT)
     receipt, history, job, credited = _state(app, sender, "evt_fence")
     assert (receipt.state.value, credited, job is not None) == ("pending", 0, True)
-    assert apply.calls == []  # A's transaction was rolled back before its handler wrote
+    # A's handler ran (the fence is the completion's last statement), but the
+    # fence refused A's commit and its transaction rolled back, credit included.
+    assert apply.calls == ["A"]
     paused[2][1].set()
     thread_b.join(WAIT)
     receipt, history, job, credited = _state(app, sender, "evt_fence")
     assert (receipt.state.value, receipt.result_ref, credited, job) == (
         "complete", "credit:5", 5, None)
     assert history == [(1, "worker-a", "lost"), (2, "worker-b", "complete")]
-    assert apply.calls == ["B"]
+    assert apply.calls == ["A", "B"]
 
 
 def test_late_commit_after_b_completed_changes_nothing(fixed_app):
@@ -125,7 +127,7 @@ def test_late_commit_after_b_completed_changes_nothing(fixed_app):
     assert (receipt.state.value, receipt.result_ref, credited, job) == (
         "complete", "credit:8", 8, None)
     assert history == [(1, "worker-a", "lost"), (2, "worker-b", "complete")]
-    assert len(apply.calls) == 1
+    assert len(apply.calls) == 2  # B's committed; A's ran after B's and rolled back
 
 
 def test_burst_runs_every_due_job_then_exits_zero(app, runner):
