@@ -76,13 +76,11 @@ WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid) AND started_at < :bef
 """).bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("before", type_=UTCDateTime))
 
 # Receipts, statement 1 of a batch: lock the window's expired receipts that still
-# have dependants and delete those. After the attempts pass that is a failed
-# receipt (attempts, job), one finished after `:late` (attempts), or one with a
-# conflict or an unsigned-body record: about 1 % of the window. The rest (complete
-# before `:late`, nothing attached) need no probe, and statement 2 deletes them
-# without RETURNING, which cost ~0.5 us per row (a refetch plus a tuplestore row).
-# FOR UPDATE keeps a held receipt as it is until the batch commits (a requeue
-# waits), so its dependants and the receipt go together or not at all.
+# have dependants, delete those dependants and the receipts. After the attempts
+# pass that is a failed receipt (attempts, job), one finished after `:late`
+# (attempts), or one with a conflict or an unsigned-body record: about 1 % of the
+# window. FOR UPDATE keeps a held receipt as it is until the batch commits (a
+# requeue waits), so its dependants and the receipt go together or not at all.
 _PG_HOLD = text("""
 WITH held AS MATERIALIZED (
     SELECT r.ctid, r.scope_id, r.event_id, r.state, r.body_sha256 FROM receipts r
@@ -94,6 +92,8 @@ WITH held AS MATERIALIZED (
            OR EXISTS (SELECT 1 FROM unsigned_bodies u
                       WHERE u.scope_id = r.scope_id AND u.body_sha256 = r.body_sha256))
     FOR UPDATE OF r
+), gone_receipts AS (
+    DELETE FROM receipts r USING held h WHERE r.ctid = h.ctid RETURNING 1
 ), gone_attempts AS (
     DELETE FROM attempts a USING held h
     WHERE a.scope_id = h.scope_id AND a.event_id = h.event_id RETURNING 1
@@ -108,24 +108,22 @@ WITH held AS MATERIALIZED (
     DELETE FROM conflicts c USING held h
     WHERE c.scope_id = h.scope_id AND c.event_id = h.event_id RETURNING 1
 )
-SELECT CAST(array_agg(ctid) AS text) AS held,
+SELECT (SELECT count(*) FROM gone_receipts) AS receipts,
        (SELECT count(*) FROM gone_attempts) AS attempts,
        (SELECT count(*) FROM gone_jobs) AS jobs,
        (SELECT count(*) FROM gone_bodies) AS unsigned_bodies,
        (SELECT count(*) FROM gone_conflicts) AS conflicts
-FROM held
 """).bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("late", type_=UTCDateTime))
 
-# Receipts, statement 2: delete the window's expired receipts, either held above
-# or needing no probe. A receipt that finished after statement 1 looked (it was
-# pending then) has completed_at >= :late and is not held, so it stays for the
-# next purge instead of leaving its attempts behind. The held test comes second:
-# it only runs for the ~1 % of rows the first one rejects.
+# Receipts, statement 2: the rest of the window's expired receipts, complete before
+# `:late` with nothing attached when statement 1 looked, deleted without RETURNING
+# (which cost ~0.5 us a row: a refetch plus a tuplestore row). A receipt that
+# finished after statement 1 looked (it was pending then) has completed_at >= :late,
+# so it stays for the next purge instead of leaving its attempts behind.
 _PG_DELETE_WINDOW = text("""
 DELETE FROM receipts
 WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)
-  AND accepted_at < :cutoff AND state IN (1, 2)
-  AND ((state = 1 AND completed_at < :late) OR ctid = ANY(CAST(:held AS tid[])))
+  AND accepted_at < :cutoff AND state = 1 AND completed_at < :late
 """).bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("late", type_=UTCDateTime))
 
 # The probes above join a few held rows to big tables by index; the planner,
@@ -328,11 +326,8 @@ def expire_receipts(engine: Engine, settings: Settings, cutoff: datetime, batch_
 def _pg_batch(conn: Connection, params: dict[str, Any]) -> dict[str, int]:
     """Delete one page window of receipts: dependants of the held ones, then the receipts."""
     conn.exec_driver_sql(_PG_PROBE_SETTINGS)
-    held = conn.execute(_PG_HOLD, params).one()._mapping
-    counts = {kind: int(held[kind]) for kind in ("attempts", "jobs", "unsigned_bodies",
-                                                 "conflicts")}
-    counts["receipts"] = conn.execute(
-        _PG_DELETE_WINDOW, {**params, "held": held["held"] or "{}"}).rowcount
+    counts = {kind: int(n) for kind, n in conn.execute(_PG_HOLD, params).one()._mapping.items()}
+    counts["receipts"] += conn.execute(_PG_DELETE_WINDOW, params).rowcount
     return counts
 
 
