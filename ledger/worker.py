@@ -6,7 +6,10 @@ One attempt is three short transactions and never holds one across slow work:
    (PostgreSQL `FOR UPDATE SKIP LOCKED`; SQLite's BEGIN IMMEDIATE), count the
    attempt, write a lease with a new fencing token (`lease_token`), push
    `run_at` to the lease's end, open an `attempts` row. Commit. (On PostgreSQL
-   one statement in autocommit does all of it.)
+   one statement in autocommit does all of it.) Inside `run` a completion
+   claims the next job in its own transaction (3 below), so under a backlog
+   each job costs one commit: the claim is still committed, the attempt
+   counted and the lease written, before that job's handler runs.
 2. `prepare(event)`, if the handler declares one, with NO transaction open:
    network calls and sleeps belong here (demo.slow sleeps here).
 3. Complete: a transaction that runs the handler with its connection (its
@@ -53,8 +56,10 @@ from ledger.logs import event_ref, get_logger
 from ledger.retry import RandomSource, RetryPolicy
 from ledger.services import Services
 from ledger.worker_store import (
+    Claim,
     ClaimedJob,
     ClaimLimits,
+    ClaimRequest,
     DueJob,
     claim_next,
     complete_job,
@@ -82,6 +87,9 @@ class WorkerHooks:
 
     before_commit: Callable[[Connection, Event], None] | None = None
     after_commit: Callable[[Event], None] | None = None
+
+
+Leased = tuple[Claim, str, datetime]  # a claim, its scope name, the claim's time
 
 
 class LeaseLost(Exception):
@@ -117,18 +125,22 @@ class Worker:
         self.hooks = hooks or WorkerHooks()
         self._scopes: dict[int, str] = {}
         self._counters: dict[tuple[str, str], Any] = {}  # ATTEMPTS children by labels
+        self._stop: threading.Event | None = None  # set inside run(): completions may chain
+        self._next: Leased | None = None  # the job the last completion claimed
         self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
         self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                             if self.engine.dialect.name == "postgresql" else None)
 
     def process_one(self) -> bool:
         """Claim and run one due job; False when none is due."""
-        claimed = self._claim()
+        claimed = self._next if self._next is not None else self._claim()
+        self._next = None
         if claimed is None:
             return False
-        if claimed is True:
+        started = self._start(*claimed)
+        if started is None:
             return True  # ended at claim time (out of attempts or too old)
-        job, scope = claimed
+        job, scope = started
         self._attempt_started = time.perf_counter()
         spec = self.registry.get(job.event_type)
         try:
@@ -147,20 +159,31 @@ class Worker:
             self.hooks.after_commit(event)
         return True
 
-    def _claim(self) -> tuple[ClaimedJob, str] | bool | None:
-        """Lease the oldest due job (transaction 1), or end it if it may not start."""
-        now = self.services.clock.now()
+    def _claim(self) -> Leased | None:
+        """Lease the oldest due job in a transaction of its own; None when none is due."""
+        request = self._request()
         with self._claim_connection() as conn:
-            claimed = claim_next(conn, worker_id=self.worker_id, now=now,
-                                 limits=self._limits(now),
-                                 lease_seconds=self.services.settings.lease_seconds)
-            if claimed is None:
-                return None
-            due, job = claimed
-            scope = self._scope(conn, due.scope_id)
+            return self._leased(conn, claim_next(conn, request), request)
+
+    def _request(self) -> ClaimRequest:
+        """Return this worker's claim of the next due job, now."""
+        now = self.services.clock.now()
+        return ClaimRequest(worker_id=self.worker_id, now=now, limits=self._limits(now),
+                            lease_seconds=self.services.settings.lease_seconds)
+
+    def _leased(self, conn: Connection, claim: Claim | None,
+                request: ClaimRequest) -> Leased | None:
+        """Return a claim with its scope name, read while the claim's transaction is open."""
+        if claim is None:
+            return None
+        return claim, self._scope(conn, claim[0].scope_id), request.now
+
+    def _start(self, claim: Claim, scope: str, now: datetime) -> tuple[ClaimedJob, str] | None:
+        """Start a claimed attempt, or end a job that may not start (then None)."""
+        due, job = claim
         if job is None:
             self._end_unstarted(due, scope, now)
-            return True
+            return None
         if job.lost:
             self._log_lost(job, scope)
         # The attempt's start is in its attempts row (worker, time); at INFO one
@@ -231,17 +254,27 @@ class Worker:
                      accepted_at=job.accepted_at)
 
     def _complete(self, job: ClaimedJob, event: Event, spec: HandlerSpec | None) -> str:
-        """Run the handler and record its outcome in one fenced transaction (2)."""
+        """Run the handler and record its outcome in one fenced transaction (3).
+
+        Inside `run`, unless it was told to stop, the same transaction claims
+        the next job (COMPLETE_SQL): one commit per job, and that job's
+        attempt is counted and leased before its handler runs, as always.
+        """
         with self.engine.begin() as conn:
             result_ref = spec.apply(conn, event) if spec is not None else NO_HANDLER_RESULT
             if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
                 raise TypeError(f"handler of {job.event_type} must return a str result_ref of "
                                 f"1-{RESULT_REF_LIMIT} characters")
-            if not complete_job(conn, job, result_ref=result_ref,
-                                now=self.services.clock.now()):
+            stopping = self._stop is None or self._stop.is_set()  # checked after the handler
+            chain = None if stopping else self._request()
+            done = complete_job(conn, job, result_ref=result_ref,
+                                now=self.services.clock.now(), then_claim=chain)
+            if not done.held:
                 raise LeaseLost()  # rolls the handler's writes back too
+            following = None if chain is None else self._leased(conn, done.next, chain)
             if self.hooks.before_commit is not None:
                 self.hooks.before_commit(conn, event)
+        self._next = following  # ours only once the commit succeeded
         return result_ref
 
     def _record_failure(self, job: ClaimedJob, scope: str, error: Exception) -> None:
@@ -307,8 +340,16 @@ class Worker:
             poll_seconds: float = POLL_SECONDS) -> int:
         """Process jobs until `stop` is set (or, with burst, until none is due)."""
         stop = stop or threading.Event()
+        self._stop = stop  # lets a completion claim the next job (see _complete)
+        try:
+            return self._loop(burst=burst, stop=stop, poll_seconds=poll_seconds)
+        finally:
+            self._stop = None
+
+    def _loop(self, *, burst: bool, stop: threading.Event, poll_seconds: float) -> int:
+        """Call process_one until told to stop; a job already leased to us runs first."""
         processed = errors = 0
-        while not stop.is_set():
+        while not stop.is_set() or self._next is not None:
             try:
                 worked = self.process_one()
                 errors = 0

@@ -17,7 +17,7 @@ SQLite runs the same steps as simple statements inside its BEGIN IMMEDIATE.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -80,6 +80,9 @@ class ClaimLimits:
     oldest_window: datetime  # a window opened before this is too old (now - max event age)
 
 
+_NONE = ClaimLimits(max_attempts=0, oldest_window=datetime.fromtimestamp(0, UTC))  # no claim
+
+
 # Bind names differ from column names: SQLAlchemy would read a parameter named like a
 # column of the updated table as a value to SET.
 def _job_key() -> tuple[Any, Any]:
@@ -122,17 +125,18 @@ def due_job_query() -> Select[Any]:
 _TIMES = ("now", "leased_until", "oldest_window")
 
 # PostgreSQL claim: due_job_query + lease_job in one round trip. `due` locks the
-# job (same clauses and reasons as due_job_query); `counted` counts the attempt
-# on the receipt unless the job may not start (out of attempts or too old: the
-# worker then ends it with fail_unstarted) or its receipt is gone; `leased`
-# writes the new fencing token and pushes run_at to the lease's end; `lost`
-# closes the attempt of a worker that vanished; `opened` starts this attempt's
-# row. All CTEs read one snapshot, so `lost` never sees the row `opened` adds.
-CLAIM_SQL = text("""
-WITH due AS MATERIALIZED (
+# job (same clauses and reasons as due_job_query; {due} adds the conditions of
+# COMPLETE_SQL's chained claim); `counted` counts the attempt on the receipt
+# unless the job may not start (out of attempts or too old: the worker then
+# ends it with fail_unstarted) or its receipt is gone; `leased` writes the new
+# fencing token and pushes run_at to the lease's end; `lost` closes the attempt
+# of a worker that vanished; `opened` starts this attempt's row. All CTEs read
+# one snapshot, so `lost` never sees the row `opened` adds.
+_CLAIM_CTES = """
+due AS MATERIALIZED (
     SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload
     FROM jobs
-    WHERE status = 0 AND run_at <= :now
+    WHERE status = 0 AND run_at <= :now{due}
     ORDER BY run_at
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -161,17 +165,22 @@ WITH due AS MATERIALIZED (
            due.lease_token + 1, :now
     FROM due, counted
     RETURNING 1
-)
-SELECT due.scope_id, due.event_id, due.event_type, due.accepted_at, due.attempts,
+)"""
+_CLAIM_COLUMNS = """
+       due.scope_id, due.event_id, due.event_type, due.accepted_at, due.attempts,
        due.lease_token, due.payload, counted.attempts AS number,
-       counted.accepted_at AS receipt_accepted_at, (SELECT count(*) FROM lost) AS lost
-FROM due LEFT JOIN counted ON true
-""").bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
-    # Positional columns: SQLAlchemy caches the result layout (by name it rebuilds it per call).
+       counted.accepted_at AS receipt_accepted_at, (SELECT count(*) FROM lost) AS lost"""
+# Positional columns: SQLAlchemy caches the result layout (by name it rebuilds it per call).
+_CLAIM_RESULT = (
     column("scope_id", Integer), column("event_id", Text), column("event_type", Text),
     column("accepted_at", UTCDateTime), column("attempts", Integer),
     column("lease_token", BigInteger), column("payload", Text), column("number", Integer),
     column("receipt_accepted_at", UTCDateTime), column("lost", Integer))
+
+CLAIM_SQL = text(
+    "WITH" + _CLAIM_CTES.format(due="") + "\nSELECT" + _CLAIM_COLUMNS
+    + "\nFROM due LEFT JOIN counted ON true"
+).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(*_CLAIM_RESULT)
 
 # PostgreSQL completion after the handler, in one statement. `gone` is the fence:
 # the job goes only while our token is still its token, so a worker whose lease
@@ -179,6 +188,14 @@ FROM due LEFT JOIN counted ON true
 # writes too). The receipt and the attempt join `gone`: they change only after
 # it and only if it held. A job row is locked before its receipt here as in
 # every other writer, so two completions cannot deadlock on them.
+#
+# With :chain the same statement then claims the next due job (the claim CTEs,
+# never the job just finished, and only if the fence held), so that claim
+# commits with this completion: one commit per job instead of two. The next
+# attempt is still counted and leased in a commit of its own before its
+# handler runs, which is all the separate claim commit was for: a job that
+# kills its worker still spends its attempts, and the worker holds one lease
+# at a time as before.
 COMPLETE_SQL = text("""
 WITH gone AS (
     DELETE FROM jobs
@@ -193,9 +210,13 @@ WITH gone AS (
     FROM gone WHERE a.scope_id = gone.scope_id AND a.event_id = gone.event_id
       AND a.number = :number AND a.lease_token = :token
     RETURNING 1
-)
-SELECT count(*) AS held FROM gone
-""").bindparams(bindparam("now", type_=UTCDateTime)).columns(column("held", Integer))
+),""" + _CLAIM_CTES.format(
+    due="\n      AND :chain AND EXISTS (SELECT FROM gone)"
+        "\n      AND NOT (scope_id = :sid AND event_id = :eid)") + """
+SELECT (SELECT count(*) FROM gone) AS held,""" + _CLAIM_COLUMNS + """
+FROM (SELECT) AS one LEFT JOIN due ON true LEFT JOIN counted ON true
+""").bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
+    column("held", Integer), *_CLAIM_RESULT)
 
 _DUE = due_job_query()
 _COUNT = (update(receipts).where(*_receipt_key()).values(attempts=receipts.c.attempts + 1)
@@ -243,33 +264,58 @@ def _due(row: Any) -> DueJob:
                   lease_token=row.lease_token, payload=row.payload)
 
 
-def claim_next(conn: Connection, *, worker_id: str, now: datetime, lease_seconds: int,
-               limits: ClaimLimits) -> tuple[DueJob, ClaimedJob | None] | None:
+Claim = tuple[DueJob, ClaimedJob | None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimRequest:
+    """Who claims the next due job, at what time, for how long, within which limits."""
+
+    worker_id: str
+    now: datetime
+    lease_seconds: int
+    limits: ClaimLimits
+
+    @property
+    def leased_until(self) -> datetime:
+        """Return the end of the lease this claim writes."""
+        return self.now + timedelta(seconds=self.lease_seconds)
+
+    def params(self) -> dict[str, Any]:
+        """Return the claim statement's parameters."""
+        return {"now": self.now, "leased_until": self.leased_until,
+                "oldest_window": self.limits.oldest_window,
+                "max_attempts": self.limits.max_attempts, "worker_id": self.worker_id,
+                "lost_error": LOST_ERROR}
+
+
+def claim_next(conn: Connection, request: ClaimRequest) -> Claim | None:
     """Lock the oldest due job and lease it unless it may not start; None when none is due.
 
     The job is (due, None) when it may not start (see ClaimLimits) or has no
     receipt; nothing was counted or leased then, and the caller ends it.
     """
-    leased_until = now + timedelta(seconds=lease_seconds)
-    if conn.dialect.name != "postgresql":
-        due = select_due_job(conn, now)
-        if due is None:
-            return None
-        if due.attempts >= limits.max_attempts or due.window_start < limits.oldest_window:
-            return due, None
-        return due, lease_job(conn, due, worker_id=worker_id, now=now,
-                              lease_seconds=lease_seconds)
-    row = conn.execute(CLAIM_SQL, {
-        "now": now, "leased_until": leased_until, "oldest_window": limits.oldest_window,
-        "max_attempts": limits.max_attempts, "worker_id": worker_id,
-        "lost_error": LOST_ERROR}).first()
-    if row is None:
+    if conn.dialect.name == "postgresql":
+        return _claim_of(conn.execute(CLAIM_SQL, request.params()).first(), request)
+    due = select_due_job(conn, request.now)
+    if due is None:
+        return None
+    limits = request.limits
+    if due.attempts >= limits.max_attempts or due.window_start < limits.oldest_window:
+        return due, None
+    return due, lease_job(conn, due, worker_id=request.worker_id, now=request.now,
+                          lease_seconds=request.lease_seconds)
+
+
+def _claim_of(row: Any, request: ClaimRequest) -> Claim | None:
+    """Return the claim a CLAIM_SQL or COMPLETE_SQL row describes; None if none was due."""
+    if row is None or row.scope_id is None:
         return None
     due = _due(row)
     if row.number is None:
         return due, None
     return due, _claimed(due, number=row.number, accepted_at=row.receipt_accepted_at,
-                         leased_until=leased_until, lost=row.lost)
+                         leased_until=request.leased_until, lost=row.lost)
 
 
 def _claimed(due: DueJob, *, number: int, accepted_at: datetime, leased_until: datetime,
@@ -363,23 +409,36 @@ def finish_attempt(conn: Connection, job: ClaimedJob, *, outcome: str, now: date
         "err": error[:ERROR_LIMIT] if error is not None else None})
 
 
-def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: datetime) -> bool:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    """What complete_job did. held=False: the lease was taken over, roll back."""
+
+    held: bool
+    next: Claim | None = None  # the job claimed in the same transaction, if asked
+
+
+def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: datetime,
+                 then_claim: ClaimRequest | None = None) -> Completion:
     """End the job if our lease still holds: receipt complete, job and payload gone.
 
     The job row is the fence: it is deleted only while our token is still its
-    token. False when the lease was taken over: nothing changed, roll back.
+    token. With `then_claim`, the next due job is claimed in the same
+    transaction (see COMPLETE_SQL); the caller commits both at once.
     """
     key = {"sid": job.scope_id, "eid": job.event_id, "token": job.lease_token}
     if conn.dialect.name == "postgresql":
-        return bool(conn.execute(COMPLETE_SQL, {
-            **key, "complete": ReceiptState.COMPLETE.code, "now": now,
-            "result_ref": result_ref, "number": job.number}).scalar_one())
+        claim = then_claim or ClaimRequest(worker_id="", now=now, lease_seconds=0, limits=_NONE)
+        row = conn.execute(COMPLETE_SQL, {
+            **claim.params(), **key, "now": now, "complete": ReceiptState.COMPLETE.code,
+            "result_ref": result_ref, "number": job.number,
+            "chain": then_claim is not None}).one()
+        return Completion(held=bool(row.held), next=_claim_of(row, claim) if row.held else None)
     if conn.execute(_FENCED_DELETE, key).rowcount != 1:
-        return False
+        return Completion(held=False)
     conn.execute(_RECEIPT_DONE, {"sid": job.scope_id, "eid": job.event_id, "now": now,
                                  "ref": result_ref})
     finish_attempt(conn, job, outcome="complete", now=now)
-    return True
+    return Completion(held=True, next=claim_next(conn, then_claim) if then_claim else None)
 
 
 def schedule_retry(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> None:

@@ -222,3 +222,63 @@ def test_demo_slow_sleeps_in_its_prepare_step(fixed_app):
     assert registry.get("demo.slow").prepare is not None
     assert registry.get("demo.credit").prepare is None
     assert {"demo.credit", "demo.fail", "demo.flaky", "demo.slow"} <= set(registry.types())
+
+
+class SimulatedCrash(BaseException):
+    """Stands for the worker process dying inside a handler: nothing catches it."""
+
+
+def _job_lease(app, event_id):
+    """Return (leased_by, attempts) of a job, read on a connection of its own."""
+    with app.extensions["ledger"].engine.connect() as conn:
+        row = conn.execute(select(jobs.c.leased_by, jobs.c.attempts)
+                           .where(jobs.c.event_id == event_id)).one()
+        return row.leased_by, row.attempts
+
+
+def test_the_loop_claims_the_next_job_with_a_completion_and_counts_it_first(fixed_app):
+    """In run(), job 1's commit leases job 2: a job that kills its worker still spends tries."""
+    app, clock = fixed_app, fixed_app.extensions["ledger"].clock
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    _send(app, sender, "evt_first", data={"amount": 1})
+    clock.advance(1)
+    _send(app, sender, "evt_killer", "t.kill", {"amount": 1})
+
+    def kill(conn, event) -> str:
+        raise SimulatedCrash()
+
+    registry = Registry({"demo.credit": HandlerSpec(event_type="demo.credit", apply=credit),
+                         "t.kill": HandlerSpec(event_type="t.kill", apply=kill)})
+    with pytest.raises(SimulatedCrash):
+        Worker(svc, worker_id="w-chain", handlers=registry).run(stop=threading.Event())
+    # The killer's transaction never committed, yet its lease and attempt are
+    # there: they were committed before its handler ran, with evt_first.
+    assert _job_lease(app, "evt_killer") == ("w-chain", 1)
+    receipt, history, job, credited = _state(app, sender, "evt_killer")
+    assert (receipt.state.value, receipt.attempts, job is not None) == ("pending", 1, True)
+    assert history == [(1, "w-chain", None)]  # open: the next claim marks it lost
+    assert _state(app, sender, "evt_first")[0].state.value == "complete" and credited == 1
+
+
+def test_a_loop_told_to_stop_claims_nothing_more(fixed_app):
+    """Stop during a job: that job completes, the next one stays unleased for anyone."""
+    app, clock = fixed_app, fixed_app.extensions["ledger"].clock
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    _send(app, sender, "evt_one", data={"amount": 2})
+    clock.advance(1)
+    _send(app, sender, "evt_two", data={"amount": 3})
+    stop = threading.Event()
+
+    def credit_then_stop(conn, event) -> str:
+        stop.set()  # SIGTERM arrives while this job runs
+        return credit(conn, event)
+
+    registry = Registry({"demo.credit": HandlerSpec(event_type="demo.credit",
+                                                    apply=credit_then_stop)})
+    assert Worker(svc, worker_id="w-stop", handlers=registry).run(stop=stop) == 1
+    assert _state(app, sender, "evt_one")[0].state.value == "complete"
+    assert _job_lease(app, "evt_two") == (None, 0)
+    assert Worker(svc, worker_id="w-next").process_one()  # due now, no lease to wait out
+    assert _state(app, sender, "evt_two")[0].result_ref == "credit:5"
