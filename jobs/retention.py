@@ -59,15 +59,15 @@ CLOCK_SKEW = timedelta(minutes=5)
 # deleted: bench/README.md "Retention purge" measured 2-3x less CPU per row).
 # A window spans about `batch_size` rows (pg_class's rows per page); rows added
 # after the purge starts land past the last window or are too new to expire. The
-# walk reads every page once, also where nothing has expired yet (a filter, no
-# delete): the price of never rescanning, on a table holding many days.
+# walk covers the pages from the first to the last expired row (_expired_span);
+# between them a window with nothing expired costs a filter, no delete.
 
 # Attempts go first, by their own time: one started before `:before` belongs to a
 # receipt accepted before the cutoff (CLOCK_SKEW covers hosts' clocks), which this
 # purge deletes unless it is pending: a pending receipt's attempts stay. An attempt
 # whose outcome is 'complete' needs no lookup: it completed its receipt in the same
 # transaction, and a complete receipt never becomes pending again (only a failed
-# one can be requeued). That skips the hashed lookup for most rows.
+# one can be requeued). That skips the per-row lookup for most rows.
 _PG_ATTEMPTS_WINDOW = text("""
 DELETE FROM attempts
 WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid) AND started_at < :before
@@ -287,7 +287,8 @@ def expire_attempts_by_time(engine: Engine, settings: Settings, cutoff: datetime
         return 0
     params: dict[str, Any] = {"cutoff": cutoff, "before": cutoff - CLOCK_SKEW}
     total = 0
-    for lo, hi in _page_windows(engine, "attempts", batch_size * ATTEMPTS_WINDOW_FACTOR):
+    for lo, hi in _page_windows(engine, "attempts", batch_size * ATTEMPTS_WINDOW_FACTOR,
+                                "started_at < :before", params):
         def step(conn: Connection, lo: int = lo, hi: int = hi) -> int:
             conn.exec_driver_sql("SET LOCAL jit = off")
             return conn.execute(_PG_ATTEMPTS_WINDOW, {**params, **_tids(lo, hi)}).rowcount
@@ -308,7 +309,8 @@ def expire_receipts(engine: Engine, settings: Settings, cutoff: datetime, batch_
         params = {"cutoff": cutoff, "late": cutoff - 2 * CLOCK_SKEW}
         batches: Iterator[Callable[[Connection], dict[str, int]]] = (
             partial(_pg_batch, params={**params, **_tids(lo, hi)})
-            for lo, hi in _page_windows(engine, "receipts", batch_size))
+            for lo, hi in _page_windows(engine, "receipts", batch_size,
+                                        "accepted_at < :cutoff AND state IN (1, 2)", params))
     else:
         batches = repeat(partial(_sqlite_batch, cutoff=cutoff, batch_size=batch_size))
     for step in batches:
@@ -331,14 +333,49 @@ def _pg_batch(conn: Connection, params: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
-def _page_windows(engine: Engine, table: str, rows: int) -> Iterator[tuple[int, int]]:
-    """Yield [lo, hi) page ranges of `table` holding about `rows` rows each."""
+def _page_windows(engine: Engine, table: str, rows: int, expired: str,
+                  params: dict[str, Any]) -> Iterator[tuple[int, int]]:
+    """Yield [lo, hi) page ranges of `table`, about `rows` rows each, that may hold expired rows."""
     with engine.connect() as conn:
         size = conn.execute(_PG_WINDOW_SIZE, {"table": table}).one()
-    per_page = max(float(size.per_page or DEFAULT_ROWS_PER_PAGE), MIN_ROWS_PER_PAGE)
-    width = max(1, int(rows / per_page))
-    for lo in range(0, int(size.pages), width):
+        per_page = max(float(size.per_page or DEFAULT_ROWS_PER_PAGE), MIN_ROWS_PER_PAGE)
+        width = max(1, int(rows / per_page))
+        first, last = _expired_span(conn, table, expired, params, int(size.pages), width)
+    for lo in range(first, last, width):
         yield lo, lo + width
+
+
+def _expired_span(conn: Connection, table: str, expired: str, params: dict[str, Any],
+                  pages: int, width: int) -> tuple[int, int]:
+    """Return the pages [first, last) holding rows that match `expired`.
+
+    When the first and the last window both hold some (a purge of most of the
+    table), that is the whole table, found without reading it. Otherwise (the
+    hourly purge of an hour's receipts) min/max(ctid) reads only the block
+    ranges the BRIN index on the time column gives, instead of a walk over days
+    of rows that stay.
+    """
+    def any_in(lo: int, hi: int) -> bool:
+        return bool(conn.execute(text(
+            f"SELECT EXISTS (SELECT 1 FROM {table} WHERE ctid >= CAST(:lo AS tid) "
+            f"AND ctid < CAST(:hi AS tid) AND {expired})"), {**params, **_tids(lo, hi)}
+        ).scalar_one())
+
+    if pages == 0:
+        return 0, 0
+    if any_in(0, width) and any_in(max(pages - width, 0), pages):
+        return 0, pages
+    low, high = conn.execute(text(
+        f"SELECT CAST(min(ctid) AS text), CAST(max(ctid) AS text) FROM {table} "
+        f"WHERE {expired}"), params).one()
+    if low is None:
+        return 0, 0
+    return _block(low), _block(high) + 1
+
+
+def _block(tid: str) -> int:
+    """Return the page number of a tid literal such as '(123,4)'."""
+    return int(tid.strip("()").split(",")[0])
 
 
 def _tids(lo: int, hi: int) -> dict[str, str]:

@@ -178,6 +178,23 @@ def test_many_small_batches_keep_every_rule_at_their_edges(app):
         assert count(conn, "unsigned_bodies") == 0 and count(conn, "conflicts") == 0
 
 
+def test_expired_receipts_between_recent_ones_are_all_found(app):
+    """Old rows stored between new ones (PostgreSQL: the middle pages of the heap)."""
+    svc = app.extensions["ledger"]
+    s = make_sender(app).scope_id
+    with svc.engine.begin() as conn:
+        for i in range(360):
+            at = OLD - timedelta(seconds=i) if 120 <= i < 240 else RECENT + timedelta(seconds=i)
+            add_receipt(conn, s, f"r{i:03d}", state=ReceiptState.COMPLETE, accepted_at=at)
+    result = purge(svc.engine, svc.settings, FixedClock(NOW), batch_size=40,
+                   pacer=Pacer(1.0))
+    assert result.expired_receipts == 120
+    with svc.engine.connect() as conn:
+        left = set(conn.execute(select(receipts.c.event_id)).scalars())
+        assert left == {f"r{i:03d}" for i in (*range(120), *range(240, 360))}
+        assert count(conn, "attempts") == 240
+
+
 def test_failed_payload_is_dropped_after_the_review_window_but_the_receipt_stays(test_env):
     # retention 30 days, so the 14-day review window is the shorter one
     app = create_app({**test_env, "LEDGER_RETENTION_SECONDS": str(30 * 86400)})
