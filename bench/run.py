@@ -69,17 +69,26 @@ def big_figures(r: dict[str, Any]) -> list[Figure]:
         f" + indexes {ours['indexes_per_row']} + TOAST {ours['toast_per_row']}; packed "
         f"(after REINDEX) {packed['receipts']} vs naive {packed['naive_receipts']}")
     bytes_fig = _with_met(bytes_fig, per_row <= 200, "<= 200 B")
-    p = r["purge"]
+    p, u, raw = r["purge"], r["purge_unloaded"], r["raw_purge"]["rows_per_s"]
+    unloaded = at_least(
+        "retention purge rows/s (1M expired, unloaded, full speed)", u["purge_rows_per_s"],
+        "/s", "raw batched DELETE (naive table, no history)", raw, 300_000 / raw,
+        f"PostgreSQL CPU {u['postgres_cpu_us_per_receipt']} us + client "
+        f"{u['client_cpu_us_per_receipt']} us, WAL {u['wal_bytes_per_receipt']} B per receipt")
+    loaded = at_least(
+        f"retention purge rows/s under HTTP intake load (duty cycle {p['duty_cycle']})",
+        p["purge_rows_per_s"], "/s", "raw batched DELETE (naive table, no history)", raw,
+        300_000 / raw, f"{p['expired_receipts']:,} receipts in {p['purge_seconds']} s; "
+        "300k/s with intake >= 0.8x needs more than 2 cores (bench/README.md)")
     figures = [
         bytes_fig,
-        at_least("retention purge rows/s (under HTTP intake load)", p["purge_rows_per_s"], "/s",
-                 "raw batched DELETE (naive table, no history)", r["raw_purge"]["rows_per_s"],
-                 300_000 / r["raw_purge"]["rows_per_s"],
-                 f"{p['expired_receipts']:,} receipts in {p['purge_seconds']} s"),
+        _with_met(unloaded, u["purge_rows_per_s"] >= 300_000, ">= 300,000/s"),
+        _with_met(loaded, p["purge_rows_per_s"] >= 300_000, ">= 300,000/s"),
         at_least("intake accepted/s during the purge", p["intake_during_per_s"], "/s",
-                 "intake before the purge", p["intake_before_per_s"], 0.8),
+                 "intake around the purge (mean of the 4 s before and after)",
+                 p["intake_around_per_s"], 0.8,
+                 f"before {p['intake_before_per_s']:.0f}/s, after {p['intake_after_per_s']:.0f}/s"),
     ]
-    figures[1] = _with_met(figures[1], p["purge_rows_per_s"] >= 300_000, ">= 300,000/s")
     for page, t in r["dashboard"].items():
         median = at_most(f"dashboard {page} (p95 {t['p95_ms']} ms)", t["median_ms"], "ms",
                          "target median", 150, 1.0)
