@@ -38,8 +38,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -127,6 +127,7 @@ class Worker:
         self._counters: dict[tuple[str, str], Any] = {}  # ATTEMPTS children by labels
         self._stop: threading.Event | None = None  # set inside run(): completions may chain
         self._next: Leased | None = None  # the job the last completion claimed
+        self._held: Connection | None = None  # run()'s connection: no pool checkout per job
         self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
         self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                             if self.engine.dialect.name == "postgresql" else None)
@@ -205,17 +206,24 @@ class Worker:
 
         The PostgreSQL claim is a single statement, hence atomic on its own:
         autocommit saves the BEGIN and COMMIT round trips. SQLite runs several
-        statements inside the engine's BEGIN IMMEDIATE.
+        statements inside the engine's BEGIN IMMEDIATE. Inside `run` the claim
+        takes the loop's own connection (most claims ride on a completion there).
         """
-        if self._autocommit is not None:
+        if self._autocommit is not None and self._held is None:
             return self._autocommit.connect()
+        return self._transaction()
+
+    def _transaction(self) -> AbstractContextManager[Connection]:
+        """Begin a transaction: on the loop's own connection inside `run`, else from the pool."""
+        if self._held is not None:
+            return _begun(self._held)
         return self.engine.begin()
 
     def _end_unstarted(self, due: DueJob, scope: str, now: datetime) -> None:
         """End a claimed job that may not start (out of attempts, too old) or has no receipt."""
         refusal = self.policy.refuse_to_start(due.attempts + 1, now=now,
                                               window_start=due.window_start)
-        with self.engine.begin() as conn:
+        with self._transaction() as conn:
             if not relock_due(conn, due):
                 return  # another worker ended it meanwhile
             if refusal is not None:
@@ -260,7 +268,7 @@ class Worker:
         the next job (COMPLETE_SQL): one commit per job, and that job's
         attempt is counted and leased before its handler runs, as always.
         """
-        with self.engine.begin() as conn:
+        with self._transaction() as conn:
             result_ref = spec.apply(conn, event) if spec is not None else NO_HANDLER_RESULT
             if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
                 raise TypeError(f"handler of {job.event_type} must return a str result_ref of "
@@ -281,7 +289,7 @@ class Worker:
         """Record the failed attempt and schedule a retry or end the job (transaction 3)."""
         summary = error_summary(error)
         now = self.services.clock.now()
-        with self.engine.begin() as conn:
+        with self._transaction() as conn:
             if not hold_lease(conn, job):
                 self._transition(job, scope, "running", "fenced", outcome="fenced")
                 return
@@ -345,15 +353,25 @@ class Worker:
             return self._loop(burst=burst, stop=stop, poll_seconds=poll_seconds)
         finally:
             self._stop = None
+            self._release()
+
+    def _release(self) -> None:
+        """Give the loop's own connection back (after storage trouble, a fresh one is taken)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
 
     def _loop(self, *, burst: bool, stop: threading.Event, poll_seconds: float) -> int:
         """Call process_one until told to stop; a job already leased to us runs first."""
         processed = errors = 0
         while not stop.is_set() or self._next is not None:
             try:
+                if self._held is None:
+                    self._held = self.engine.connect()
                 worked = self.process_one()
                 errors = 0
             except Exception as error:  # storage trouble: back off, the lease protects the job
+                self._release()
                 errors += 1
                 log.warning("worker.error", worker_id=self.worker_id,
                             error=error_summary(error), consecutive=errors)
@@ -368,6 +386,13 @@ class Worker:
             else:
                 stop.wait(poll_seconds * (0.5 + random.random()))  # jitter: no lockstep polls
         return processed
+
+
+@contextmanager
+def _begun(conn: Connection) -> Iterator[Connection]:
+    """Run the block in a transaction of `conn` (commit on success, roll back on error)."""
+    with conn.begin():
+        yield conn
 
 
 def _with_prepared(event: Event, prepared: Any) -> Event:
