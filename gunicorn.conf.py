@@ -38,6 +38,14 @@ limit_request_field_size = 8190
 # Recycle workers now and then (slow leaks), staggered so they never restart together.
 max_requests = 5000
 max_requests_jitter = 500
+# Load the app once in the master and fork workers from it. Importing and building
+# the app costs ~1.3 s of CPU; under load each worker recycles every ~15 s, so
+# without preloading the recycles alone took a fifth of a 2-core host and a
+# booting worker's queued requests made the latency tail (bench/README.md,
+# "Intake CPU"). Safe here: building the app opens no connection (pools fill in
+# each worker), the heartbeat thread starts in each worker on its first request,
+# and prometheus-client resets its per-process files after a fork.
+preload_app = os.environ.get("LEDGER_WEB_PRELOAD", "1") != "0"
 accesslog = os.environ.get("LEDGER_ACCESS_LOG") or None  # the app logs JSON lines itself
 errorlog = "-"
 proc_name = "ledger-web"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import secrets
@@ -28,8 +29,16 @@ TOKEN_PREFIX = "rlt_"
 TOKEN_TOUCH_SECONDS = 60
 
 _hasher = PasswordHasher()
-# Verifying against this keeps an unknown username as slow as a wrong password.
-_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """Return a hash to verify against, so an unknown username is as slow as a wrong password.
+
+    Made on first use, not at import: an Argon2 hash costs ~0.3 s of CPU, which
+    every web worker would otherwise pay at each start and recycle.
+    """
+    return _hasher.hash(secrets.token_urlsafe(16))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,7 +118,7 @@ def password_hash_of(conn: Connection, username: str) -> tuple[Operator | None, 
                                 operators.c.disabled_at.is_(None))
     ).first()
     if row is None or not row.password_hash:
-        return None, _DUMMY_HASH
+        return None, _dummy_hash()
     return Operator.from_row(row), row.password_hash
 
 
