@@ -1,8 +1,12 @@
 """Worker measure: demo.credit completions/s, 4 ledger workers vs 4 raw claim loops.
 
-Each side gets its own copy of the same backlog (pending receipts with queued
-demo.credit jobs over 100 scopes) and four processes. Completions are counted
-from the jobs table after a warm-up, over a fixed window.
+One backlog (pending receipts with queued demo.credit jobs over 100 scopes) is
+loaded once; every run gets its own copy of it (CREATE DATABASE ... TEMPLATE)
+and four processes. The sides run in ABBA order (raw, ours, ours, raw), each
+run over half of `seconds`, so a slow patch of a shared machine lands on both.
+Completions are counted from the jobs table once every process is working
+(the jobs left dropped by 100 per process: start-up imports stay out of the
+window and out of the CPU per job), over a fixed window.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
 from bench import env as benv
 from bench.datagen import copy_rows, create_scopes, event_id
@@ -25,6 +29,7 @@ from ledger.secrets_box import load_box
 
 PROCESSES = 4
 SCOPES = 100
+ORDER = ("raw", "ours", "ours", "raw")  # ABBA
 
 
 def backlog(e: benv.BenchEnv, url: str, jobs_count: int) -> None:
@@ -71,40 +76,61 @@ def jobs_left(url: str) -> int:
 
 
 def completions(url: str, commands: list[list[str]], env: dict[str, str],
-                           log: Any, warmup: float, seconds: float) -> dict[str, float]:
-    """Start the processes, wait out the warm-up, count completions over `seconds`."""
+                log: Any, seconds: float) -> dict[str, float]:
+    """Start the processes, wait until all work, count completions and CPU over `seconds`."""
     procs = [subprocess.Popen(cmd, cwd=str(benv.ROOT), env=env, stdout=subprocess.DEVNULL,
                               stderr=log, start_new_session=True) for cmd in commands]
     try:
-        time.sleep(warmup)
+        _wait_until_working(url, procs, started=jobs_left(url))
         before, t0, cpu0 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
         time.sleep(seconds)
         after, t1, cpu1 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
         if after == 0:
             raise RuntimeError("the backlog ran out during the window: raise jobs_count")
-        done = max(before - after, 1)
-        return {"per_s": done / (t1 - t0), "client_cpu_ms_per_job": 1000 * (cpu1 - cpu0) / done}
+        return {"done": max(before - after, 1), "seconds": t1 - t0, "cpu": cpu1 - cpu0}
     finally:
         for proc in procs:
             benv.stop(proc)
 
 
+def _wait_until_working(url: str, procs: list[subprocess.Popen], started: int,
+                        timeout: float = 60.0) -> None:
+    """Return once the processes completed 100 jobs each, plus a second to settle."""
+    deadline = time.monotonic() + timeout
+    while jobs_left(url) > started - 100 * len(procs):
+        if any(proc.poll() is not None for proc in procs):
+            raise RuntimeError("a worker process exited during the warm-up (see workers.log)")
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers did not start within a minute (see workers.log)")
+        time.sleep(0.2)
+    time.sleep(1)
+
+
 def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000) -> dict[str, Any]:
-    """Return completions/s of the raw loop and of the ledger's workers."""
-    raw_url, ours_url = e.migrated_pg("work_raw"), e.migrated_pg("work_ours")
-    for url in (raw_url, ours_url):
-        backlog(e, url, jobs_count)
+    """Return completions/s of the raw loop and of the ledger's workers, ABBA interleaved."""
+    source = e.migrated_pg("work_backlog")
+    backlog(e, source, jobs_count)
+    template = make_url(source).database
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    totals = {side: {"done": 0.0, "seconds": 0.0, "cpu": 0.0} for side in ("raw", "ours")}
     with open(e.tmp / "workers.log", "ab") as log:
-        raw = completions(
-            raw_url, [[sys.executable, "-m", "bench.raw_claim", raw_url.replace("+psycopg", "")]]
-            * PROCESSES, base_env, log, 2, seconds)
-        ours = completions(
-            ours_url, [[str(benv.BIN / "ledger"), "worker"]] * PROCESSES,
-            {**base_env, **e.app_env(ours_url)}, log, 4, seconds)
-    return {"raw_per_s": raw["per_s"], "ours_per_s": ours["per_s"], "processes": PROCESSES,
-            "raw_cpu_ms_per_job": raw["client_cpu_ms_per_job"],
-            "ours_cpu_ms_per_job": ours["client_cpu_ms_per_job"]}
+        for run, side in enumerate(ORDER):
+            url = e.pg_url(f"work_{run}_{side}", template=template)
+            if side == "raw":
+                figures = completions(url, [[sys.executable, "-m", "bench.raw_claim",
+                                             url.replace("+psycopg", "")]] * PROCESSES,
+                                      base_env, log, seconds / 2)
+            else:
+                figures = completions(url, [[str(benv.BIN / "ledger"), "worker"]] * PROCESSES,
+                                      {**base_env, **e.app_env(url)}, log, seconds / 2)
+            for key, value in figures.items():
+                totals[side][key] += value
+    raw, ours = totals["raw"], totals["ours"]
+    return {"raw_per_s": raw["done"] / raw["seconds"],
+            "ours_per_s": ours["done"] / ours["seconds"], "processes": PROCESSES,
+            "order": "".join("A" if side == "raw" else "B" for side in ORDER),
+            "raw_cpu_ms_per_job": 1000 * raw["cpu"] / raw["done"],
+            "ours_cpu_ms_per_job": 1000 * ours["cpu"] / ours["done"]}
 
 
 def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
