@@ -265,7 +265,7 @@ class Worker:
         """Run the handler and record its outcome in one fenced transaction (3).
 
         Inside `run`, unless it was told to stop, the same transaction claims
-        the next job (COMPLETE_SQL): one commit per job, and that job's
+        the next job (COMPLETE_AND_CLAIM_SQL): one commit per job, and that job's
         attempt is counted and leased before its handler runs, as always.
         """
         with self._transaction() as conn:

@@ -17,7 +17,7 @@ SQLite runs the same steps as simple statements inside its BEGIN IMMEDIATE.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -80,9 +80,6 @@ class ClaimLimits:
     oldest_window: datetime  # a window opened before this is too old (now - max event age)
 
 
-_NONE = ClaimLimits(max_attempts=0, oldest_window=datetime.fromtimestamp(0, UTC))  # no claim
-
-
 # Bind names differ from column names: SQLAlchemy would read a parameter named like a
 # column of the updated table as a value to SET.
 def _job_key() -> tuple[Any, Any]:
@@ -126,7 +123,7 @@ _TIMES = ("now", "leased_until", "oldest_window")
 
 # PostgreSQL claim: due_job_query + lease_job in one round trip. `due` locks the
 # job (same clauses and reasons as due_job_query; {due} adds the conditions of
-# COMPLETE_SQL's chained claim); `counted` counts the attempt on the receipt
+# COMPLETE_AND_CLAIM_SQL); `counted` counts the attempt on the receipt
 # unless the job may not start (out of attempts or too old: the worker then
 # ends it with fail_unstarted) or its receipt is gone; `leased` writes the new
 # fencing token and pushes run_at to the lease's end; `lost` closes the attempt
@@ -185,37 +182,42 @@ CLAIM_SQL = text(
 # PostgreSQL completion after the handler, in one statement. `gone` is the fence:
 # the job goes only while our token is still its token, so a worker whose lease
 # was taken over deletes nothing, and its caller rolls back (the handler's
-# writes too). The receipt and the attempt join `gone`: they change only after
-# it and only if it held. A job row is locked before its receipt here as in
-# every other writer, so two completions cannot deadlock on them.
-#
-# With :chain the same statement then claims the next due job (the claim CTEs,
-# never the job just finished, and only if the fence held), so that claim
-# commits with this completion: one commit per job instead of two. The next
-# attempt is still counted and leased in a commit of its own before its
-# handler runs, which is all the separate claim commit was for: a job that
-# kills its worker still spends its attempts, and the worker holds one lease
-# at a time as before.
-COMPLETE_SQL = text("""
-WITH gone AS (
+# writes too). The receipt and the attempt join `gone` (0 or 1 row): they
+# change only after it and only if it held; each names its row by scope and
+# id. A job row is locked before its receipt here as in every other writer, so
+# two completions cannot deadlock on them.
+_COMPLETE_CTES = """
+gone AS (
     DELETE FROM jobs
     WHERE scope_id = :sid AND event_id = :eid AND lease_token = :token AND status = 0
     RETURNING scope_id, event_id
 ), done AS (
     UPDATE receipts r SET state = :complete, completed_at = :now, result_ref = :result_ref
-    FROM gone WHERE r.scope_id = gone.scope_id AND r.event_id = gone.event_id
+    FROM gone WHERE r.scope_id = :sid AND r.event_id = :eid
     RETURNING 1
 ), closed AS (
     UPDATE attempts a SET finished_at = :now, outcome = 'complete', error = NULL
-    FROM gone WHERE a.scope_id = gone.scope_id AND a.event_id = gone.event_id
+    FROM gone WHERE a.scope_id = :sid AND a.event_id = :eid
       AND a.number = :number AND a.lease_token = :token
     RETURNING 1
-),""" + _CLAIM_CTES.format(
-    due="\n      AND :chain AND EXISTS (SELECT FROM gone)"
-        "\n      AND NOT (scope_id = :sid AND event_id = :eid)") + """
-SELECT (SELECT count(*) FROM gone) AS held,""" + _CLAIM_COLUMNS + """
-FROM (SELECT) AS one LEFT JOIN due ON true LEFT JOIN counted ON true
-""").bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
+)"""
+COMPLETE_SQL = text(
+    "WITH" + _COMPLETE_CTES + "\nSELECT count(*) AS held FROM gone"
+).bindparams(bindparam("now", type_=UTCDateTime)).columns(column("held", Integer))
+
+# The completion that also claims the next due job (the claim CTEs, never the
+# job just finished, and only if the fence held), so that claim commits with
+# this completion: one commit per job instead of two. The next attempt is
+# still counted and leased in a commit of its own before its handler runs,
+# which is all the separate claim commit was for: a job that kills its worker
+# still spends its attempts, and the worker holds one lease at a time.
+COMPLETE_AND_CLAIM_SQL = text(
+    "WITH" + _COMPLETE_CTES + "," + _CLAIM_CTES.format(
+        due="\n      AND EXISTS (SELECT FROM gone)"
+            "\n      AND NOT (scope_id = :sid AND event_id = :eid)")
+    + "\nSELECT (SELECT count(*) FROM gone) AS held," + _CLAIM_COLUMNS
+    + "\nFROM (SELECT) AS one LEFT JOIN due ON true LEFT JOIN counted ON true"
+).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
     column("held", Integer), *_CLAIM_RESULT)
 
 _DUE = due_job_query()
@@ -308,7 +310,7 @@ def claim_next(conn: Connection, request: ClaimRequest) -> Claim | None:
 
 
 def _claim_of(row: Any, request: ClaimRequest) -> Claim | None:
-    """Return the claim a CLAIM_SQL or COMPLETE_SQL row describes; None if none was due."""
+    """Return the claim a CLAIM_SQL or COMPLETE_AND_CLAIM_SQL row describes (None: none due)."""
     if row is None or row.scope_id is None:
         return None
     due = _due(row)
@@ -423,16 +425,17 @@ def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: dat
 
     The job row is the fence: it is deleted only while our token is still its
     token. With `then_claim`, the next due job is claimed in the same
-    transaction (see COMPLETE_SQL); the caller commits both at once.
+    transaction (see COMPLETE_AND_CLAIM_SQL); the caller commits both at once.
     """
     key = {"sid": job.scope_id, "eid": job.event_id, "token": job.lease_token}
     if conn.dialect.name == "postgresql":
-        claim = then_claim or ClaimRequest(worker_id="", now=now, lease_seconds=0, limits=_NONE)
-        row = conn.execute(COMPLETE_SQL, {
-            **claim.params(), **key, "now": now, "complete": ReceiptState.COMPLETE.code,
-            "result_ref": result_ref, "number": job.number,
-            "chain": then_claim is not None}).one()
-        return Completion(held=bool(row.held), next=_claim_of(row, claim) if row.held else None)
+        params = {**key, "now": now, "complete": ReceiptState.COMPLETE.code,
+                  "result_ref": result_ref, "number": job.number}
+        if then_claim is None:
+            return Completion(held=bool(conn.execute(COMPLETE_SQL, params).scalar_one()))
+        row = conn.execute(COMPLETE_AND_CLAIM_SQL, {**then_claim.params(), **params}).one()
+        return Completion(held=bool(row.held),
+                          next=_claim_of(row, then_claim) if row.held else None)
     if conn.execute(_FENCED_DELETE, key).rowcount != 1:
         return Completion(held=False)
     conn.execute(_RECEIPT_DONE, {"sid": job.scope_id, "eid": job.event_id, "now": now,
