@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 # Retention default, documented in README ("Retention"): the sender's maximum
 # retry window (Stripe retries for up to 3 days; GitHub allows manual
@@ -35,15 +36,23 @@ def database_url_from_env(env: Mapping[str, str] | None = None) -> str:
     return f"sqlite:///{Path(env.get('LEDGER_VAR_DIR', 'var')).resolve() / 'ledger.sqlite3'}"
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    """Read an integer setting, refusing garbage with a clear message."""
+def _parsed(env: Mapping[str, str], name: str, parse: Callable[[str], Any],
+            expected: str) -> Any:
+    """Return the setting parsed, None when unset; garbage is refused with a clear message."""
     raw = env.get(name)
     if raw is None or raw == "":
-        return default
+        return None
     try:
-        value = int(raw)
+        return parse(raw)
     except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+        raise ValueError(f"{name} must be {expected}, got {raw!r}") from None
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    """Read an integer setting, refusing garbage with a clear message."""
+    value = _parsed(env, name, int, "an integer")
+    if value is None:
+        return default
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
@@ -58,15 +67,11 @@ def check_duty_cycle(value: float, name: str = "duty_cycle") -> float:
 
 def _duty_cycle(env: Mapping[str, str], name: str) -> float:
     """Read LEDGER_PURGE_DUTY_CYCLE, refusing garbage with a clear message."""
-    raw = env.get(name)
-    if raw is None or raw == "":
+    value = _parsed(env, name, float, "a number in (0, 1]")
+    if value is None:
         return DEFAULT_DUTY_CYCLE
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number in (0, 1], got {raw!r}") from None
     if value != value:  # NaN passes no comparison, so check_duty_cycle would let it through
-        raise ValueError(f"{name} must be a number in (0, 1], got {raw!r}")
+        raise ValueError(f"{name} must be a number in (0, 1], got {env[name]!r}")
     return check_duty_cycle(value, name)
 
 
