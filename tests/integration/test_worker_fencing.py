@@ -236,14 +236,21 @@ def _job_lease(app, event_id):
         return row.leased_by, row.attempts
 
 
-def test_the_loop_claims_the_next_job_with_a_completion_and_counts_it_first(fixed_app):
-    """In run(), job 1's commit leases job 2: a job that kills its worker still spends tries."""
-    app, clock = fixed_app, fixed_app.extensions["ledger"].clock
+def _two_queued(app, first, second):  # type: ignore[no-untyped-def]
+    """Queue two (event id, type, amount) deliveries a second apart; return (services, sender)."""
     svc = app.extensions["ledger"]
     sender = make_sender(app)
-    _send(app, sender, "evt_first", data={"amount": 1})
-    clock.advance(1)
-    _send(app, sender, "evt_killer", "t.kill", {"amount": 1})
+    _send(app, sender, first[0], first[1], {"amount": first[2]})
+    svc.clock.advance(1)
+    _send(app, sender, second[0], second[1], {"amount": second[2]})
+    return svc, sender
+
+
+def test_the_loop_claims_the_next_job_with_a_completion_and_counts_it_first(fixed_app):
+    """In run(), job 1's commit leases job 2: a job that kills its worker still spends tries."""
+    app = fixed_app
+    svc, sender = _two_queued(app, ("evt_first", "demo.credit", 1),
+                              ("evt_killer", "t.kill", 1))
 
     def kill(conn, event) -> str:
         raise SimulatedCrash()
@@ -263,12 +270,8 @@ def test_the_loop_claims_the_next_job_with_a_completion_and_counts_it_first(fixe
 
 def test_a_loop_told_to_stop_claims_nothing_more(fixed_app):
     """Stop during a job: that job completes, the next one stays unleased for anyone."""
-    app, clock = fixed_app, fixed_app.extensions["ledger"].clock
-    svc = app.extensions["ledger"]
-    sender = make_sender(app)
-    _send(app, sender, "evt_one", data={"amount": 2})
-    clock.advance(1)
-    _send(app, sender, "evt_two", data={"amount": 3})
+    app = fixed_app
+    svc, sender = _two_queued(app, ("evt_one", "demo.credit", 2), ("evt_two", "demo.credit", 3))
     stop = threading.Event()
 
     def credit_then_stop(conn, event) -> str:
