@@ -102,6 +102,19 @@ def migration_status(engine: Engine) -> tuple[str | None, str | None]:
     return current, head
 
 
+def driver_error(dialect: Any, error: Exception, *, what: str,
+                 invalidated: bool) -> sa_exc.DBAPIError:
+    """Return the SQLAlchemy error for a driver error raised outside SQLAlchemy.
+
+    For statements run on the driver connection directly (the hot paths: see
+    store.DriverClaim and worker_store.DriverStatement): the rest of the ledger
+    handles SQLAlchemy's errors, and parameters never appear in the message.
+    """
+    return sa_exc.DBAPIError.instance(what, None, error, dialect.loaded_dbapi.Error,
+                                      hide_parameters=True, connection_invalidated=invalidated,
+                                      dialect=dialect)
+
+
 def is_unavailable(error: BaseException) -> bool:
     """Tell whether a driver error means the database is unreachable or overloaded."""
     if isinstance(error, sa_exc.TimeoutError):  # pool exhausted

@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, LargeBinary, bindparam, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
+from ledger.db import driver_error
 from ledger.domain import ConflictKind, JobStatus, ReceiptState
 from ledger.schema import UTCDateTime, conflicts, jobs, receipts, unsigned_bodies
 
@@ -194,9 +195,8 @@ class DriverClaim:
 
     def _wrapped(self, error: Exception, *, invalidated: bool) -> DBAPIError:
         """Return the SQLAlchemy error for a driver error, without its parameters."""
-        return DBAPIError.instance("intake claim", None, error, self._dbapi_error,
-                                   hide_parameters=True, connection_invalidated=invalidated,
-                                   dialect=self._engine.dialect)
+        return driver_error(self._engine.dialect, error, what="intake claim",
+                            invalidated=invalidated)
 
     def _claim_postgresql(self, fairy: Any, event: NewEvent, when: Any) -> Any:
         conn = fairy.driver_connection

@@ -323,6 +323,47 @@ def test_connection_killed_inside_a_worker_transaction(pg_env, admin):
         svc.close()
 
 
+def test_connection_lost_before_the_completion_statement(pg_env, admin):
+    """The handler wrote, then the backend died: the completion (run on the driver
+    connection) fails as a storage error without parameters, nothing commits, the broken
+    connection is not reused, and the retry credits once."""
+    from ledger.demo_handlers import credit
+    from ledger.handlers import Registry
+
+    app = create_app(pg_env, clock=FixedClock(datetime.now(UTC)))
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    killed: list[int] = []
+
+    def credit_then_lose_the_connection(conn, event):  # type: ignore[no-untyped-def]
+        ref = credit(conn, event)
+        if not killed:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+            with admin.connect() as other:
+                other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            killed.append(pid)
+        return ref
+
+    registry = Registry.of({"demo.credit": credit_then_lose_the_connection})
+    try:
+        answer = deliver(app.test_client(), sender, "evt_k", data={"amount": 5},
+                         timestamp=unix(svc.clock.now()))
+        assert answer.status_code == 202
+        assert process_one(svc, "w-cut", handlers=registry)
+        assert killed
+        assert _state_and_balance(svc.engine, sender) == ("pending", 0)
+        with svc.engine.connect() as conn:
+            (outcome, error), = conn.execute(text(
+                "SELECT outcome, error FROM attempts WHERE event_id = 'evt_k'")).all()
+        assert outcome == "retry"
+        assert error == "AdminShutdown: terminating connection due to administrator command"
+        svc.clock.advance(svc.settings.retry_cap_seconds)
+        assert process_one(svc, "w-retry", handlers=registry)
+        assert _state_and_balance(svc.engine, sender) == ("complete", 5)
+    finally:
+        svc.close()
+
+
 def _worker_pids(master: int) -> list[int]:
     """Return the pids of a gunicorn master's workers."""
     children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
