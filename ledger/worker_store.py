@@ -130,9 +130,11 @@ _TIMES = ("now", "leased_until", "oldest_window")
 # COMPLETE_AND_CLAIM_SQL); `counted` counts the attempt on the receipt
 # unless the job may not start (out of attempts or too old: the worker then
 # ends it with fail_unstarted) or its receipt is gone; `leased` writes the new
-# fencing token and pushes run_at to the lease's end; `lost` closes the attempt
-# of a worker that vanished; `opened` starts this attempt's row. All CTEs read
-# one snapshot, so `lost` never sees the row `opened` adds.
+# fencing token and pushes run_at to the lease's end; `opened` starts this
+# attempt's row. A job that had attempts in its window may have one whose
+# worker vanished: the caller closes it right after (see _claim_of), outside
+# this statement, which runs once per job: the extra UPDATE here cost every
+# claim ~0.1 ms of PostgreSQL CPU (bench/README.md, "Workers").
 _CLAIM_CTES = """
 due AS MATERIALIZED (
     SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload
@@ -154,12 +156,6 @@ due AS MATERIALIZED (
     FROM counted
     WHERE j.scope_id = counted.scope_id AND j.event_id = counted.event_id
     RETURNING j.lease_token
-), lost AS (
-    UPDATE attempts a SET finished_at = :now, outcome = 'lost', error = :lost_error
-    FROM due, counted
-    WHERE a.scope_id = counted.scope_id AND a.event_id = counted.event_id
-      AND due.attempts > 0 AND a.finished_at IS NULL
-    RETURNING 1
 ), opened AS (
     INSERT INTO attempts (scope_id, event_id, number, worker_id, lease_token, started_at)
     SELECT counted.scope_id, counted.event_id, counted.attempts, :worker_id,
@@ -170,13 +166,13 @@ due AS MATERIALIZED (
 _CLAIM_COLUMNS = """
        due.scope_id, due.event_id, due.event_type, due.accepted_at, due.attempts,
        due.lease_token, due.payload, counted.attempts AS number,
-       counted.accepted_at AS receipt_accepted_at, (SELECT count(*) FROM lost) AS lost"""
+       counted.accepted_at AS receipt_accepted_at"""
 # Positional columns: SQLAlchemy caches the result layout (by name it rebuilds it per call).
 _CLAIM_RESULT = (
     column("scope_id", Integer), column("event_id", Text), column("event_type", Text),
     column("accepted_at", UTCDateTime), column("attempts", Integer),
     column("lease_token", BigInteger), column("payload", Text), column("number", Integer),
-    column("receipt_accepted_at", UTCDateTime), column("lost", Integer))
+    column("receipt_accepted_at", UTCDateTime))
 
 CLAIM_SQL = text(
     "WITH" + _CLAIM_CTES.format(due="") + "\nSELECT" + _CLAIM_COLUMNS
@@ -308,8 +304,9 @@ _LEASE = update(jobs).where(*_job_key()).values(
     attempts=jobs.c.attempts + 1, lease_token=bindparam("token"),
     leased_by=bindparam("worker_id"), leased_until=bindparam("lease_end", type_=UTCDateTime),
     run_at=bindparam("lease_end", type_=UTCDateTime))
-_MARK_LOST = update(attempts).where(*_attempt_key(), attempts.c.finished_at.is_(None)).values(
-    finished_at=bindparam("now", type_=UTCDateTime), outcome="lost", error=LOST_ERROR)
+_MARK_LOST = update(attempts).where(
+    *_attempt_key(), attempts.c.finished_at.is_(None), attempts.c.number < bindparam("below"),
+).values(finished_at=bindparam("now", type_=UTCDateTime), outcome="lost", error=LOST_ERROR)
 _OPEN = insert(attempts)
 _HOLD = (select(jobs.c.lease_token)
          .where(*_job_key(), jobs.c.lease_token == bindparam("token"),
@@ -368,8 +365,7 @@ class ClaimRequest:
         """Return the claim statement's parameters."""
         return {"now": self.now, "leased_until": self.leased_until,
                 "oldest_window": self.limits.oldest_window,
-                "max_attempts": self.limits.max_attempts, "worker_id": self.worker_id,
-                "lost_error": LOST_ERROR}
+                "max_attempts": self.limits.max_attempts, "worker_id": self.worker_id}
 
 
 def claim_next(conn: Connection, request: ClaimRequest) -> Claim | None:
@@ -379,7 +375,7 @@ def claim_next(conn: Connection, request: ClaimRequest) -> Claim | None:
     receipt; nothing was counted or leased then, and the caller ends it.
     """
     if conn.dialect.name == "postgresql":
-        return _claim_of(conn.execute(CLAIM_SQL, request.params()).first(), request)
+        return _claim_of(conn, conn.execute(CLAIM_SQL, request.params()).first(), request)
     due = select_due_job(conn, request.now)
     if due is None:
         return None
@@ -390,15 +386,25 @@ def claim_next(conn: Connection, request: ClaimRequest) -> Claim | None:
                           lease_seconds=request.lease_seconds)
 
 
-def _claim_of(row: Any, request: ClaimRequest) -> Claim | None:
-    """Return the claim a CLAIM_SQL or COMPLETE_AND_CLAIM_SQL row describes (None: none due)."""
+def _claim_of(conn: Connection, row: Any, request: ClaimRequest) -> Claim | None:
+    """Return the claim a CLAIM_SQL or COMPLETE_AND_CLAIM_SQL row describes (None: none due).
+
+    A job that had attempts in its window may have one whose worker vanished
+    (its lease expired with no outcome): close it now, on the claim's
+    connection (inside the completion's transaction for a chained claim). A
+    worker that dies before this leaves it open; the next claim closes it.
+    """
     if row is None or row.scope_id is None:
         return None
     due = _due(row)
     if row.number is None:
         return due, None
+    lost = 0
+    if due.attempts:
+        lost = mark_lost_attempts(conn, due.scope_id, due.event_id, request.now,
+                                  below=row.number)
     return due, _claimed(due, number=row.number, accepted_at=row.receipt_accepted_at,
-                         leased_until=request.leased_until, lost=row.lost)
+                         leased_until=request.leased_until, lost=lost)
 
 
 def _claimed(due: DueJob, *, number: int, accepted_at: datetime, leased_until: datetime,
@@ -422,7 +428,9 @@ def lease_job(conn: Connection, due: DueJob, *, worker_id: str, now: datetime,
     counted = conn.execute(_COUNT, key).first()
     if counted is None:
         return None
-    lost = mark_lost_attempts(conn, due.scope_id, due.event_id, now) if due.attempts else 0
+    lost = 0
+    if due.attempts:
+        lost = mark_lost_attempts(conn, due.scope_id, due.event_id, now, below=counted.attempts)
     job = _claimed(due, number=counted.attempts, accepted_at=counted.accepted_at,
                    leased_until=now + timedelta(seconds=lease_seconds), lost=lost)
     conn.execute(_LEASE, {**key, "token": job.lease_token, "worker_id": worker_id,
@@ -433,9 +441,12 @@ def lease_job(conn: Connection, due: DueJob, *, worker_id: str, now: datetime,
     return job
 
 
-def mark_lost_attempts(conn: Connection, scope_id: int, event_id: str, now: datetime) -> int:
-    """Close attempts whose worker vanished (lease expired, no outcome); return how many."""
-    return conn.execute(_MARK_LOST, {"sid": scope_id, "eid": event_id, "now": now}).rowcount
+def mark_lost_attempts(conn: Connection, scope_id: int, event_id: str, now: datetime, *,
+                       below: int) -> int:
+    """Close attempts numbered below `below` whose worker vanished (lease expired, no
+    outcome); return how many."""
+    return conn.execute(_MARK_LOST, {"sid": scope_id, "eid": event_id, "now": now,
+                                     "below": below}).rowcount
 
 
 def set_job_failed(conn: Connection, scope_id: int, event_id: str) -> None:
@@ -446,8 +457,6 @@ def set_job_failed(conn: Connection, scope_id: int, event_id: str) -> None:
 def fail_unstarted(conn: Connection, due: DueJob, *, worker_id: str, reason: str,
                    now: datetime) -> int | None:
     """Make the receipt failed without running the attempt; return the receipt's attempts."""
-    if due.attempts > 0:
-        mark_lost_attempts(conn, due.scope_id, due.event_id, now)
     started = conn.execute(
         update(receipts).where(receipts.c.scope_id == due.scope_id,
                                receipts.c.event_id == due.event_id)
@@ -457,6 +466,8 @@ def fail_unstarted(conn: Connection, due: DueJob, *, worker_id: str, reason: str
     set_job_failed(conn, due.scope_id, due.event_id)
     if started is None:
         return None
+    if due.attempts > 0:
+        mark_lost_attempts(conn, due.scope_id, due.event_id, now, below=int(started) + 1)
     # A "not-run" row carries the reason, so `receipt show` explains the failure.
     conn.execute(insert(attempts).values(
         scope_id=due.scope_id, event_id=due.event_id, number=int(started) + 1,
@@ -516,7 +527,7 @@ def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: dat
             return Completion(held=bool(DRIVER_COMPLETE.row(conn, params).held))
         row = DRIVER_COMPLETE_AND_CLAIM.row(conn, {**then_claim.params(), **params})
         return Completion(held=bool(row.held),
-                          next=_claim_of(row, then_claim) if row.held else None)
+                          next=_claim_of(conn, row, then_claim) if row.held else None)
     if conn.execute(_FENCED_DELETE, key).rowcount != 1:
         return Completion(held=False)
     conn.execute(_RECEIPT_DONE, {"sid": job.scope_id, "eid": job.event_id, "now": now,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,7 +22,7 @@ from ledger.demo_handlers import credit
 from ledger.handlers import HandlerSpec, Registry
 from ledger.receipts import get_receipt
 from ledger.schema import attempts, jobs
-from ledger.worker import Worker, run_worker
+from ledger.worker import Worker, WorkerHooks, run_worker
 from tests.helpers import deliver, make_sender
 
 WAIT = 20  # seconds: the bound of every wait in this module
@@ -266,6 +268,47 @@ def test_the_loop_claims_the_next_job_with_a_completion_and_counts_it_first(fixe
     assert (receipt.state.value, receipt.attempts, job is not None) == ("pending", 1, True)
     assert history == [(1, "w-chain", None)]  # open: the next claim marks it lost
     assert _state(app, sender, "evt_first")[0].state.value == "complete" and credited == 1
+
+
+def test_a_chained_claim_closes_the_attempt_a_vanished_worker_left_open(fixed_app, caplog):
+    """A loop's completion claims a job whose last worker died: that attempt becomes lost
+    (in the completion's transaction), is logged once, and the job then completes."""
+    app = fixed_app
+    svc, sender = _two_queued(app, ("evt_first", "demo.credit", 1),
+                              ("evt_killer", "t.kill", 1))
+    kills: list[str] = []
+
+    def kill_once(conn, event) -> str:
+        if not kills:
+            kills.append(event.event_id)
+            raise SimulatedCrash()
+        return credit(conn, event)
+
+    registry = Registry({"demo.credit": HandlerSpec(event_type="demo.credit", apply=credit),
+                         "t.kill": HandlerSpec(event_type="t.kill", apply=kill_once)})
+    with pytest.raises(SimulatedCrash):
+        Worker(svc, worker_id="w-dead", handlers=registry).run(stop=threading.Event())
+    _send(app, sender, "evt_third", "demo.credit", {"amount": 2})  # due before the lease ends
+    svc.clock.advance(61)
+    stop = threading.Event()
+    done: list[str] = []
+
+    def stop_when_both_ran(event) -> None:
+        done.append(event.event_id)
+        if len(done) == 2:
+            stop.set()
+
+    worker = Worker(svc, worker_id="w-next", handlers=registry,
+                    hooks=WorkerHooks(after_commit=stop_when_both_ran))
+    with caplog.at_level(logging.INFO, logger="ledger"):
+        assert worker.run(stop=stop) == 2
+    assert done == ["evt_third", "evt_killer"]  # the killer rode on evt_third's commit
+    receipt, history, job, _ = _state(app, sender, "evt_killer")
+    assert history == [(1, "w-dead", "lost"), (2, "w-next", "complete")]
+    assert (receipt.state.value, receipt.attempts, job) == ("complete", 2, None)
+    lost = [line for line in map(json.loads, (r.getMessage() for r in caplog.records))
+            if line.get("to_state") == "lost"]
+    assert [(line["attempt"], line["lost_attempts"]) for line in lost] == [(1, 1)]
 
 
 def test_a_loop_told_to_stop_claims_nothing_more(fixed_app):
