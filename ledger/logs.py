@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import os
@@ -29,11 +28,15 @@ def configure_logging(level: str | None = None) -> None:
     if _configured:
         return
     _configured = True
-    # The documented logging optimisation ("Logging HOWTO", Optimization): no
-    # caller lookup (a stack walk) per record. Our lines carry their context as
-    # fields, the formatter prints only the JSON message, and the lookup cost
-    # the worker and the intake a few percent of their CPU.
+    # The documented logging optimisations ("Logging HOWTO", Optimization): no
+    # caller lookup (a stack walk), thread, process or multiprocessing lookups
+    # per record. Our lines carry their context as fields, the formatter prints
+    # only the JSON message, and these lookups cost the worker and the intake a
+    # few percent of their CPU (bench/README.md, "Workers").
     logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     level_name = (level or os.environ.get("LEDGER_LOG_LEVEL", "INFO")).upper()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -43,6 +46,9 @@ def configure_logging(level: str | None = None) -> None:
     root.propagate = True
     structlog.configure(
         processors=[
+            # First: a line below the level is dropped before it is rendered
+            # (without it, every DEBUG line was built into JSON, then discarded).
+            structlog.stdlib.filter_by_level,
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -65,5 +71,4 @@ def get_logger(name: str) -> Any:
 def event_ref(scope: str, event_id: str, key: str | None = None) -> str:
     """Return a keyed hash that correlates log lines without exposing the event id."""
     secret = (key or os.environ.get("LEDGER_LOG_HASH_KEY") or "replay-ledger").encode()
-    digest = hmac.new(secret, f"{scope}\x00{event_id}".encode(), hashlib.sha256)
-    return "ev_" + digest.hexdigest()[:16]
+    return "ev_" + hmac.digest(secret, f"{scope}\x00{event_id}".encode(), "sha256").hex()[:16]
