@@ -2,8 +2,10 @@
 
 One backlog (pending receipts with queued demo.credit jobs over 100 scopes) is
 loaded once; every run gets its own copy of it (CREATE DATABASE ... TEMPLATE)
-and four processes. The sides run in ABBA order (raw, ours, ours, raw), each
-run over half of `seconds`, so a slow patch of a shared machine lands on both.
+and four processes. The sides run in ABBA order twice (raw, ours, ours, raw,
+raw, ours, ours, raw), each run over a quarter of `seconds`, so a slow patch of
+a shared machine lands on both (this machine's speed drifts by up to a third
+within minutes: bench/README.md, "Workers").
 Completions are counted from the jobs table once every process is working
 (the jobs left dropped by 100 per process: start-up imports stay out of the
 window and out of the CPU per job), over a fixed window.
@@ -29,7 +31,7 @@ from ledger.secrets_box import load_box
 
 PROCESSES = 4
 SCOPES = 100
-ORDER = ("raw", "ours", "ours", "raw")  # ABBA
+ORDER = ("raw", "ours", "ours", "raw") * 2  # ABBA, twice
 
 
 def backlog(e: benv.BenchEnv, url: str, jobs_count: int) -> None:
@@ -77,20 +79,47 @@ def jobs_left(url: str) -> int:
 
 def completions(url: str, commands: list[list[str]], env: dict[str, str],
                 log: Any, seconds: float) -> dict[str, float]:
-    """Start the processes, wait until all work, count completions and CPU over `seconds`."""
+    """Start the processes, wait until all work, count completions and CPU over `seconds`.
+
+    CPU: the processes' own, their PostgreSQL backends' (the database's other
+    sessions once all work), and the machine's idle share over the window.
+    """
     procs = [subprocess.Popen(cmd, cwd=str(benv.ROOT), env=env, stdout=subprocess.DEVNULL,
                               stderr=log, start_new_session=True) for cmd in commands]
     try:
         _wait_until_working(url, procs, started=jobs_left(url))
+        backends = _backend_pids(url)
         before, t0, cpu0 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
+        db0, machine0 = _pid_cpu_seconds(backends), _machine_ticks()
         time.sleep(seconds)
         after, t1, cpu1 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
+        db1, machine1 = _pid_cpu_seconds(backends), _machine_ticks()
         if after == 0:
             raise RuntimeError("the backlog ran out during the window: raise jobs_count")
-        return {"done": max(before - after, 1), "seconds": t1 - t0, "cpu": cpu1 - cpu0}
+        total, idle = (b - a for a, b in zip(machine0, machine1, strict=True))
+        return {"done": max(before - after, 1), "seconds": t1 - t0, "cpu": cpu1 - cpu0,
+                "db_cpu": db1 - db0, "idle": idle / max(total, 1)}
     finally:
         for proc in procs:
             benv.stop(proc)
+
+
+def _backend_pids(url: str) -> list[int]:
+    """Return the pids of the other sessions on the database of `url`."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [int(pid) for pid in conn.execute(text(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()")).scalars()]
+    finally:
+        engine.dispose()
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """Return (all, idle + iowait) CPU ticks of the machine so far (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(fields), fields[3] + fields[4]
 
 
 def _wait_until_working(url: str, procs: list[subprocess.Popen], started: int,
@@ -112,17 +141,19 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000) -> dict[
     backlog(e, source, jobs_count)
     template = make_url(source).database
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    totals = {side: {"done": 0.0, "seconds": 0.0, "cpu": 0.0} for side in ("raw", "ours")}
+    totals = {side: {"done": 0.0, "seconds": 0.0, "cpu": 0.0, "db_cpu": 0.0, "idle": 0.0}
+              for side in ("raw", "ours")}
+    window = seconds / ORDER.count("raw")  # each side runs `seconds` in all
     with open(e.tmp / "workers.log", "ab") as log:
         for run, side in enumerate(ORDER):
             url = e.pg_url(f"work_{run}_{side}", template=template)
             if side == "raw":
                 figures = completions(url, [[sys.executable, "-m", "bench.raw_claim",
                                              url.replace("+psycopg", "")]] * PROCESSES,
-                                      base_env, log, seconds / 2)
+                                      base_env, log, window)
             else:
                 figures = completions(url, [[str(benv.BIN / "ledger"), "worker"]] * PROCESSES,
-                                      {**base_env, **e.app_env(url)}, log, seconds / 2)
+                                      {**base_env, **e.app_env(url)}, log, window)
             for key, value in figures.items():
                 totals[side][key] += value
     raw, ours = totals["raw"], totals["ours"]
@@ -130,15 +161,25 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000) -> dict[
             "ours_per_s": ours["done"] / ours["seconds"], "processes": PROCESSES,
             "order": "".join("A" if side == "raw" else "B" for side in ORDER),
             "raw_cpu_ms_per_job": 1000 * raw["cpu"] / raw["done"],
-            "ours_cpu_ms_per_job": 1000 * ours["cpu"] / ours["done"]}
+            "ours_cpu_ms_per_job": 1000 * ours["cpu"] / ours["done"],
+            "raw_db_cpu_ms_per_job": 1000 * raw["db_cpu"] / raw["done"],
+            "ours_db_cpu_ms_per_job": 1000 * ours["db_cpu"] / ours["done"],
+            # idle shares summed over the runs of a side: divide for the mean
+            "raw_idle_share": raw["idle"] / ORDER.count("raw"),
+            "ours_idle_share": ours["idle"] / ORDER.count("ours")}
 
 
 def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
     """Return the user + system CPU seconds the processes used so far."""
+    return _pid_cpu_seconds([proc.pid for proc in procs])
+
+
+def _pid_cpu_seconds(pids: list[int]) -> float:
+    """Return the user + system CPU seconds the processes `pids` used so far."""
     total = 0.0
-    for proc in procs:
+    for pid in pids:
         try:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
