@@ -36,7 +36,7 @@ EXPLANATIONS = (
      " the ratio and above all the p99 of single runs (bench/README.md, \"Intake CPU\")"),
     ("duplicate", "duplicates and new events share one CPU-bound path (\"Intake CPU\")"),
     ("worker", "the ledger does about twice the raw loop's database work per job by design"
-     " (attempt rows, fencing); 0.57-0.62x measured, less when other processes share the"
+     " (attempt rows, fencing); 0.53-0.58x measured, less when other processes share the"
      " 2 cores (bench/README.md, \"Workers\")"),
     ("bytes", "not reachable while the unique key on (scope, event id) is exact: 204.6 B with"
      " every heap lever, `python -m bench.layouts` (bench/README.md, \"Bytes per receipt\")"),
