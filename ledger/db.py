@@ -107,7 +107,7 @@ def driver_error(dialect: Any, error: Exception, *, what: str,
     """Return the SQLAlchemy error for a driver error raised outside SQLAlchemy.
 
     For statements run on the driver connection directly (the hot paths: see
-    store.DriverClaim and worker_store.DriverStatement): the rest of the ledger
+    store.DriverClaim and worker_sql.DriverStatement): the rest of the ledger
     handles SQLAlchemy's errors, and parameters never appear in the message.
     """
     return sa_exc.DBAPIError.instance(what, None, error, dialect.loaded_dbapi.Error,

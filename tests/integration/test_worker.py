@@ -391,7 +391,7 @@ def test_transition_logs_are_privacy_safe(make_app, caplog):
 
 
 def test_claim_query_can_use_the_due_index(pg_url, tmp_path):
-    from ledger.worker_store import CLAIM_SQL
+    from ledger.worker_sql import CLAIM_SQL
     from tests.conftest import TEST_MASTER_KEY
 
     app = create_app({"DATABASE_URL": pg_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
