@@ -116,7 +116,6 @@ def due_job_query() -> Select[Any]:
     )
 
 
-
 _DUE = due_job_query()
 _COUNT = (update(receipts).where(*_receipt_key()).values(attempts=receipts.c.attempts + 1)
           .returning(receipts.c.attempts, receipts.c.accepted_at))
