@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -102,14 +102,21 @@ def migration_status(engine: Engine) -> tuple[str | None, str | None]:
     return current, head
 
 
-def driver_error(dialect: Any, error: Exception, *, what: str,
-                 invalidated: bool) -> sa_exc.DBAPIError:
+def driver_error(dialect: Any, error: Exception, *, what: str, dbapi_connection: Any = None,
+                 invalidate: Callable[[BaseException], None] | None = None,
+                 ) -> sa_exc.DBAPIError:
     """Return the SQLAlchemy error for a driver error raised outside SQLAlchemy.
 
     For statements run on the driver connection directly (the hot paths: see
     store.DriverClaim and worker_sql.DriverStatement): the rest of the ledger
     handles SQLAlchemy's errors, and parameters never appear in the message.
+    When the error means the connection is gone, `invalidate` is called (so it
+    never goes back to the pool) and the error says so, as SQLAlchemy's would.
     """
+    invalidated = (invalidate is not None
+                   and dialect.is_disconnect(error, dbapi_connection, None))
+    if invalidated:
+        invalidate(error)  # type: ignore[misc]
     return sa_exc.DBAPIError.instance(what, None, error, dialect.loaded_dbapi.Error,
                                       hide_parameters=True, connection_invalidated=invalidated,
                                       dialect=dialect)

@@ -13,7 +13,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, LargeBinary, bindparam, select, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError
 
 from ledger.db import driver_error
 from ledger.domain import ConflictKind, JobStatus, ReceiptState
@@ -172,18 +171,16 @@ class DriverClaim:
         try:
             fairy = self._engine.raw_connection()  # a failed connect raises the driver's error
         except self._dbapi_error as error:
-            raise self._wrapped(error, invalidated=False) from error
+            raise driver_error(self._engine.dialect, error, what="intake claim") from error
         try:
             if self._postgresql:
                 row = self._claim_postgresql(fairy, event, when)
             else:
                 row = self._claim_sqlite(fairy, event, when)
         except self._dbapi_error as error:
-            invalidated = self._engine.dialect.is_disconnect(error, fairy.dbapi_connection,
-                                                             None)
-            if invalidated:
-                fairy.invalidate(error)
-            raise self._wrapped(error, invalidated=invalidated) from error
+            raise driver_error(self._engine.dialect, error, what="intake claim",
+                               dbapi_connection=fairy.dbapi_connection,
+                               invalidate=fairy.invalidate) from error
         finally:
             fairy.close()  # back to the pool, which rolls back anything left open
         if row is True:
@@ -192,11 +189,6 @@ class DriverClaim:
             return False, None
         return False, RecordedOutcome(state=ReceiptState.from_code(row[0]),
                                       body_sha256=bytes(row[1]), result_ref=row[2])
-
-    def _wrapped(self, error: Exception, *, invalidated: bool) -> DBAPIError:
-        """Return the SQLAlchemy error for a driver error, without its parameters."""
-        return driver_error(self._engine.dialect, error, what="intake claim",
-                            invalidated=invalidated)
 
     def _claim_postgresql(self, fairy: Any, event: NewEvent, when: Any) -> Any:
         conn = fairy.driver_connection

@@ -133,7 +133,7 @@ class DriverStatement:
     The completion runs once per job, and SQLAlchemy's execution machinery
     (execution context, cursor result, row objects) cost about as much Python
     as the driver call itself; on the driver the worker's client CPU per job
-    fell by about a tenth (bench/README.md, "Workers"), as the intake's did
+    fell by about a sixth (bench/README.md, "Workers"), as the intake's did
     with store.DriverClaim. The statement still runs inside the transaction
     the handler's writes are in (the same pooled connection). Parameters and
     rows get the same conversions as through SQLAlchemy (timestamps in UTC);
@@ -187,11 +187,9 @@ class DriverStatement:
             cursor.execute(sql, convert_params(params))
             values = cursor.fetchone()
         except conn.dialect.loaded_dbapi.Error as error:
-            invalidated = conn.dialect.is_disconnect(error, fairy.dbapi_connection, cursor)
-            if invalidated:
-                conn.invalidate(error)
             raise driver_error(conn.dialect, error, what="worker completion",
-                               invalidated=invalidated) from error
+                               dbapi_connection=fairy.dbapi_connection,
+                               invalidate=conn.invalidate) from error
         finally:
             cursor.close()
         if values is None:
