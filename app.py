@@ -33,7 +33,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     """Create the web app. `test_config` overrides environment variables by name."""
     from ledger.cli import ledger_cli
     from ledger.services import build_services
-    from ledger.web import ingest, observability, ops
+    from ledger.web import ingest, ops, request_log
     from ledger.web.dashboard import register_dashboard
     from ledger.web.errors import register_error_handlers
 
@@ -48,7 +48,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     app.extensions["ledger"] = build_services(settings, clock=clock)
     # A process that serves requests registers itself in `instances` (revocation propagation).
     app.before_request(app.extensions["ledger"].heartbeat.ensure_started)
-    observability.init_app(app)
+    request_log.init_app(app)
     register_error_handlers(app)
     ingest.init_app(app)  # the intake's WSGI fast path goes in front of Flask
     app.register_blueprint(ops.bp)

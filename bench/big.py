@@ -31,11 +31,11 @@ from bench.datagen import DataSpec, generate
 from bench.intake import CONNECTIONS, THREADS, ours_app, signed_files
 from bench.loadgen import LUA, wrk_binary
 from jobs.retention import Pacer, purge
-from ledger import audit
+from ledger.access import audit
+from ledger.access.operators import create_operator
+from ledger.access.secrets_box import load_box
 from ledger.clock import SystemClock
-from ledger.db import make_engine
-from ledger.operators import create_operator
-from ledger.secrets_box import load_box
+from ledger.db.engine import make_engine
 
 PASSWORD = "bench admin password"
 

@@ -25,11 +25,11 @@ from sqlalchemy import text
 
 from bench.datagen import DataSpec, generate
 from bench.env import BenchEnv
-from ledger import audit
+from ledger.access import audit
+from ledger.access.operators import create_operator
+from ledger.access.secrets_box import load_box
 from ledger.clock import SystemClock
-from ledger.db import make_engine
-from ledger.operators import create_operator
-from ledger.secrets_box import load_box
+from ledger.db.engine import make_engine
 
 RESULTS = Path(__file__).parent / "results" / "dashboard.jsonl"
 PASSWORD = "bench admin password"

@@ -22,12 +22,12 @@ from typing import Any
 
 from sqlalchemy import Engine, Table
 
-from ledger import audit
+from ledger.access import audit
+from ledger.access.integrations import create_integration
+from ledger.access.secrets_box import SecretBox
+from ledger.db.schema import attempts, conflicts, jobs, receipts
 from ledger.domain import ConflictKind, Integration, JobStatus, ReceiptState
 from ledger.ids import BASE62
-from ledger.integrations import create_integration
-from ledger.schema import attempts, conflicts, jobs, receipts
-from ledger.secrets_box import SecretBox
 
 # (event type, weight): what a Stripe-like sender plus the demo handler emits.
 EVENT_TYPES = (

@@ -23,11 +23,11 @@ from cryptography.fernet import Fernet
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from ledger import audit
+from ledger.access import audit
+from ledger.access.integrations import create_integration
+from ledger.access.secrets_box import SecretBox
 from ledger.config import Settings
-from ledger.db import make_engine, upgrade
-from ledger.integrations import create_integration
-from ledger.secrets_box import SecretBox
+from ledger.db.engine import make_engine, upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -18,8 +18,8 @@ from sqlalchemy import create_engine, text
 from bench import env as benv
 from bench.loadgen import WrkResult, presign, run_wrk
 from bench.schemas import create_thin_pg, create_thin_sqlite
-from ledger.db import make_engine
-from ledger.secrets_box import load_box
+from ledger.access.secrets_box import load_box
+from ledger.db.engine import make_engine
 
 THREADS = 2
 CONNECTIONS = 16

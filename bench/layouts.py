@@ -20,8 +20,8 @@ from sqlalchemy import text
 from bench.datagen import NO_HANDLER, DataSpec, generate
 from bench.env import BenchEnv
 from bench.storage import sizes, vacuum
-from ledger.db import make_engine
-from ledger.secrets_box import SecretBox
+from ledger.access.secrets_box import SecretBox
+from ledger.db.engine import make_engine
 
 HEAD = ("accepted_at timestamptz NOT NULL, completed_at timestamptz, scope_id int NOT NULL,"
         " state smallint NOT NULL, attempts smallint NOT NULL")

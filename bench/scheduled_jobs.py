@@ -28,8 +28,8 @@ from jobs import rollups
 from jobs.retention import purge
 from ledger.clock import SystemClock
 from ledger.config import Settings
-from ledger.db import make_engine, upgrade
-from ledger.store import NewEvent, claim_receipt, enqueue_job
+from ledger.db.engine import make_engine, upgrade
+from ledger.intake.store import NewEvent, claim_receipt, enqueue_job
 
 PG_ADMIN_URL = os.environ.get("LEDGER_BENCH_PG_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

@@ -39,11 +39,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, func, select
 
 from bench.env import BIN, ROOT, SECRET, BenchEnv, ServerShape, bench_integration, gunicorn, stop
+from ledger.access.secrets_box import load_box
 from ledger.config import Settings
-from ledger.db import make_engine
-from ledger.schema import demo_balances, jobs, receipts
-from ledger.secrets_box import load_box
-from ledger.signatures import get_profile
+from ledger.db.engine import make_engine
+from ledger.db.schema import demo_balances, jobs, receipts
+from ledger.intake.signatures import get_profile
 
 MIX = (("new", 70), ("duplicate", 15), ("conflict", 5), ("bad_signature", 10))
 EXPECTED = {"new": {202}, "duplicate": {200, 202}, "conflict": {409}, "bad_signature": {401}}
@@ -239,7 +239,7 @@ def soak(minutes: float, clients: int, web_workers: int, worker_threads: int) ->
 
 def _scope_ids(engine: Engine, public_ids: list[str]) -> dict[str, int]:
     """Return {public id: scope id}."""
-    from ledger.integrations import get_integration
+    from ledger.access.integrations import get_integration
 
     with engine.connect() as conn:
         return {p: get_integration(conn, p).id for p in public_ids}

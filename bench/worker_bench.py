@@ -26,8 +26,8 @@ from sqlalchemy import create_engine, make_url, text
 
 from bench import env as benv
 from bench.datagen import copy_rows, create_scopes, event_id
-from ledger.db import make_engine
-from ledger.secrets_box import load_box
+from ledger.access.secrets_box import load_box
+from ledger.db.engine import make_engine
 
 PROCESSES = 4
 SCOPES = 100

@@ -13,14 +13,15 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ledger import audit, metrics
+from ledger import metrics
+from ledger.access import audit
+from ledger.access.credentials import SCHEDULER, expire_due_credentials
 from ledger.clock import Clock
 from ledger.config import Settings
-from ledger.credentials import SCHEDULER, expire_due_credentials
+from ledger.db.schema import credentials, findings
 from ledger.domain import CredentialState
-from ledger.instances import Instance, live_instances, prune_instances
 from ledger.logs import get_logger
-from ledger.schema import credentials, findings
+from ledger.scheduling.instances import Instance, live_instances, prune_instances
 
 log = get_logger("ledger.jobs.credentials")
 REVOCATION_LAG = "revocation_lag"

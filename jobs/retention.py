@@ -28,13 +28,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, delete, func, select, text, tuple_, update
 from sqlalchemy import exc as sa_exc
 
-from ledger import audit
+from ledger.access import audit
 from ledger.clock import Clock
 from ledger.config import DEFAULT_DUTY_CYCLE, Settings, check_duty_cycle
-from ledger.domain import JobStatus, ReceiptState
-from ledger.logs import get_logger
-from ledger.metrics import PURGED_ROWS
-from ledger.schema import (
+from ledger.db.schema import (
     UTCDateTime,
     attempts,
     conflicts,
@@ -44,6 +41,9 @@ from ledger.schema import (
     scheduler_runs,
     unsigned_bodies,
 )
+from ledger.domain import JobStatus, ReceiptState
+from ledger.logs import get_logger
+from ledger.metrics import PURGED_ROWS
 
 log = get_logger("ledger.jobs.retention")
 DEFAULT_BATCH_SIZE = 25_000

@@ -23,9 +23,9 @@ from sqlalchemy import Connection, Engine, Integer, cast, delete, func, insert, 
 
 from ledger.clock import Clock
 from ledger.config import Settings
+from ledger.db.schema import hourly_series, receipts, scope_counts
 from ledger.domain import ReceiptState
 from ledger.metrics import OLDEST_PENDING, RECEIPTS_BY_STATE
-from ledger.schema import hourly_series, receipts, scope_counts
 
 SERIES_HOURS = 48
 RECENT_HOURS = 2

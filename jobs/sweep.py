@@ -23,10 +23,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.clock import Clock
 from ledger.config import Settings
+from ledger.db.schema import findings, integrations, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
 from ledger.metrics import OPEN_FINDINGS
-from ledger.runs import mark_abandoned_runs
-from ledger.schema import findings, integrations, jobs, receipts
+from ledger.scheduling.runs import mark_abandoned_runs
 
 KINDS = ("lease_expired", "overdue", "pending_without_job", "job_without_receipt",
          "job_of_complete_receipt")

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from ledger.access.secrets_box import SecretBox, load_box
 from ledger.clock import Clock, SystemClock
 from ledger.config import Settings
-from ledger.credential_view import CredentialView, ttl_for_bound
-from ledger.db import make_engine
-from ledger.instances import InstanceHeartbeat, beat_interval
-from ledger.intake import Intake
-from ledger.secrets_box import SecretBox, load_box
+from ledger.db.engine import make_engine
+from ledger.intake.credential_view import CredentialView, ttl_for_bound
+from ledger.intake.pipeline import Intake
+from ledger.scheduling.instances import InstanceHeartbeat, beat_interval
 
 
 @dataclass(slots=True, kw_only=True)

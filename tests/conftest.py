@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from ledger.config import Settings
-from ledger.db import make_engine, upgrade
+from ledger.db.engine import make_engine, upgrade
 
 PG_ADMIN_URL = os.environ.get(
     "LEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

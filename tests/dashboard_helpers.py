@@ -11,9 +11,9 @@ from argon2 import PasswordHasher
 from flask import Flask
 from sqlalchemy import insert
 
-from ledger import audit
-from ledger.operators import Operator, create_operator, issue_token
-from ledger.schema import attempts, conflicts, jobs, receipts
+from ledger.access import audit
+from ledger.access.operators import Operator, create_operator, issue_token
+from ledger.db.schema import attempts, conflicts, jobs, receipts
 
 PASSWORD = "correct horse battery staple"
 
@@ -21,9 +21,9 @@ PASSWORD = "correct horse battery staple"
 @pytest.fixture(autouse=True)
 def fast_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Use cheap argon2 parameters in tests (production keeps the library defaults)."""
-    import ledger.operators
+    import ledger.access.operators
 
-    monkeypatch.setattr(ledger.operators, "_hasher",
+    monkeypatch.setattr(ledger.access.operators, "_hasher",
                         PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1))
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 

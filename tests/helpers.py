@@ -10,10 +10,10 @@ from typing import Any
 from flask import Flask
 from sqlalchemy import func, select
 
-from ledger import audit
-from ledger.integrations import create_integration
-from ledger.schema import conflicts, jobs, receipts
-from ledger.signatures import get_profile
+from ledger.access import audit
+from ledger.access.integrations import create_integration
+from ledger.db.schema import conflicts, jobs, receipts
+from ledger.intake.signatures import get_profile
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ledger.audit import verify_chain
+from ledger.access.audit import verify_chain
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, json_option, services
 

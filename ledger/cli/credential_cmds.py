@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from ledger import audit
+from ledger.access import audit
+from ledger.access.credentials import (
+    DEFAULT_OVERLAP_SECONDS,
+    MAX_OVERLAP_SECONDS,
+    revoke_credential,
+    rotate_credential,
+)
+from ledger.access.integrations import add_credential, get_integration, list_credentials
 from ledger.cli import ledger_cli
 from ledger.cli.common import (
     emit,
@@ -13,13 +20,6 @@ from ledger.cli.common import (
     read_stdin_secret,
     services,
 )
-from ledger.credentials import (
-    DEFAULT_OVERLAP_SECONDS,
-    MAX_OVERLAP_SECONDS,
-    revoke_credential,
-    rotate_credential,
-)
-from ledger.integrations import add_credential, get_integration, list_credentials
 
 
 def _iso(moment):  # type: ignore[no-untyped-def]

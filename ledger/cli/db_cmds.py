@@ -6,7 +6,7 @@ import click
 
 from ledger.cli import ledger_cli
 from ledger.cli.common import services
-from ledger.db import upgrade
+from ledger.db.engine import upgrade
 
 
 @ledger_cli.group("db")

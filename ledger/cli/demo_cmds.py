@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 from flask import current_app
 
+from ledger.access.integrations import get_integration_by_scope
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, handles_ledger_errors, json_option, services
-from ledger.demo import balance, seed
-from ledger.demo_history import seed_admin
-from ledger.integrations import get_integration_by_scope
+from ledger.demo.history import seed_admin
+from ledger.demo.seed import balance, seed
 
 
 @ledger_cli.group("demo")

@@ -15,7 +15,7 @@ from ledger.services import Services
 
 def _start_worker(svc: Services, stop: threading.Event) -> threading.Thread:
     """Run a worker in a daemon thread until `stop` is set."""
-    from ledger.worker import run_worker
+    from ledger.worker.loop import run_worker
 
     thread = threading.Thread(target=run_worker, args=(svc,),
                               kwargs={"stop": stop, "worker_id": "dev-worker"},
@@ -26,7 +26,7 @@ def _start_worker(svc: Services, stop: threading.Event) -> threading.Thread:
 
 def _start_scheduler(svc: Services, stop: threading.Event) -> threading.Thread:
     """Run the scheduled jobs in a daemon thread until `stop` is set."""
-    from ledger.scheduler import run_scheduler
+    from ledger.scheduling.runner import run_scheduler
 
     thread = threading.Thread(target=run_scheduler, args=(svc,), kwargs={"stop": stop},
                               name="ledger-scheduler", daemon=True)

@@ -11,10 +11,10 @@ import click
 from flask import Flask, current_app
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from ledger import audit
+from ledger.access import audit
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, json_option, services
-from ledger.drill import run_drill
+from ledger.drill.run import run_drill
 
 
 class _QuietHandler(WSGIRequestHandler):

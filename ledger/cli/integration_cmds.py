@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ledger import audit
+from ledger.access import audit
+from ledger.access.integrations import create_integration
 from ledger.cli import ledger_cli
 from ledger.cli.common import (
     emit,
@@ -13,8 +14,7 @@ from ledger.cli.common import (
     read_stdin_secret,
     services,
 )
-from ledger.integrations import create_integration
-from ledger.signatures import PROFILES
+from ledger.intake.signatures import PROFILES
 
 
 @ledger_cli.group("integration")

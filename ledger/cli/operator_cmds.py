@@ -6,7 +6,8 @@ import secrets
 
 import click
 
-from ledger import audit
+from ledger.access import audit
+from ledger.access.operators import ROLES, create_operator, issue_token, list_operators
 from ledger.cli import ledger_cli
 from ledger.cli.common import (
     emit,
@@ -15,7 +16,6 @@ from ledger.cli.common import (
     read_stdin_secret,
     services,
 )
-from ledger.operators import ROLES, create_operator, issue_token, list_operators
 
 
 @ledger_cli.group("operator")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ledger import audit
+from ledger.access import audit
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, handles_ledger_errors, json_option, services
-from ledger.receipts import get_receipt, requeue_receipt
+from ledger.worker.requeue import get_receipt, requeue_receipt
 
 
 @ledger_cli.group("receipt")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ledger import audit
+from ledger.access import audit
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, handles_ledger_errors, json_option, services
-from ledger.db import storage_guard
+from ledger.db.engine import storage_guard
 
 
 @ledger_cli.command("scheduler")
@@ -15,7 +15,7 @@ from ledger.db import storage_guard
 def scheduler_command(instance_id: str | None) -> None:
     """Run the scheduled jobs until stopped (any number of instances; each job runs once
     per period across all of them)."""
-    from ledger.scheduler import period_scale_from_env, periods_from_env, run_scheduler
+    from ledger.scheduling.runner import period_scale_from_env, periods_from_env, run_scheduler
 
     try:
         overrides, scale = periods_from_env(), period_scale_from_env()
@@ -53,7 +53,7 @@ def purge_command(dry_run: bool, batch_size: int, as_json: bool) -> None:
 @handles_ledger_errors
 def capacity_command(replicas: int | None, as_json: bool) -> None:
     """Measure bytes per receipt and project events/day x retention days x bytes."""
-    from ledger.capacity import describe, measure
+    from ledger.reads.capacity import describe, measure
 
     svc = services()
     with storage_guard():

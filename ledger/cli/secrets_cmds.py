@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ledger import audit
+from ledger.access import audit
+from ledger.access.credentials import rekey_secrets
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, handles_ledger_errors, json_option, services
-from ledger.credentials import rekey_secrets
 
 
 @ledger_cli.group("secrets")

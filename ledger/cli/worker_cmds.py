@@ -12,7 +12,7 @@ import click
 from ledger.cli import ledger_cli
 from ledger.cli.common import services
 from ledger.logs import get_logger
-from ledger.worker import run_worker
+from ledger.worker.loop import run_worker
 
 log = get_logger("ledger.worker")
 

@@ -8,14 +8,14 @@ from typing import Any
 
 from flask import Blueprint, g, jsonify, request
 
-from ledger import audit
+from ledger.access import audit
+from ledger.access.integrations import get_integration
 from ledger.errors import NotFound
-from ledger.integrations import get_integration
-from ledger.queries import BadCursor, Page
-from ledger.queries.admin import credential_rows, list_audit, list_conflicts, list_integrations
-from ledger.queries.overview import headline, instance_rows, last_runs, scope_rows
-from ledger.queries.receipts import list_receipts, receipt_detail
-from ledger.queries.work import (
+from ledger.reads import BadCursor, Page
+from ledger.reads.admin import credential_rows, list_audit, list_conflicts, list_integrations
+from ledger.reads.overview import headline, instance_rows, last_runs, scope_rows
+from ledger.reads.receipts import list_receipts, receipt_detail
+from ledger.reads.work import (
     count_failures,
     list_failures,
     open_findings,

@@ -24,8 +24,9 @@ from flask import (
 )
 from flask_wtf.csrf import CSRFProtect
 
-from ledger import audit
-from ledger.operator_sessions import (
+from ledger.access import audit
+from ledger.access.operators import Operator, operator_for_token, password_hash_of, verify_password
+from ledger.access.sessions import (
     SessionPolicy,
     clear_failures,
     end_session,
@@ -35,7 +36,6 @@ from ledger.operator_sessions import (
     retry_after,
     start_session,
 )
-from ledger.operators import Operator, operator_for_token, password_hash_of, verify_password
 from ledger.services import Services
 from ledger.web.errors import wants_json
 

@@ -6,7 +6,7 @@ from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from ledger import metrics
-from ledger.db import is_unavailable
+from ledger.db.engine import is_unavailable
 from ledger.errors import StorageUnavailable
 from ledger.logs import get_logger
 

@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Connection
 
+from ledger.access.integrations import get_integration, get_integration_by_scope
 from ledger.domain import ReceiptState
 from ledger.errors import NotFound
 from ledger.ids import INTEGRATION_ID
-from ledger.integrations import get_integration, get_integration_by_scope
-from ledger.queries.admin import AuditFilter
-from ledger.queries.receipts import ReceiptFilter
+from ledger.reads.admin import AuditFilter
+from ledger.reads.receipts import ReceiptFilter
 
 EVENT_ID_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}$")
 EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")

@@ -26,7 +26,7 @@ from flask import Blueprint, Flask, current_app, request
 from werkzeug.wsgi import get_content_length, get_input_stream
 
 from ledger import metrics
-from ledger.db import is_unavailable
+from ledger.db.engine import is_unavailable
 from ledger.errors import (
     AuthenticationFailed,
     BodyTooLarge,
@@ -36,7 +36,7 @@ from ledger.errors import (
 )
 from ledger.logs import event_ref, get_logger
 from ledger.services import Services
-from ledger.web.observability import INTAKE_LOGGED_STATUSES, REQUEST_ID_HEADER, request_id_from
+from ledger.web.request_log import INTAKE_LOGGED_STATUSES, REQUEST_ID_HEADER, request_id_from
 
 bp = Blueprint("ingest", __name__)
 log = get_logger("ledger.intake")

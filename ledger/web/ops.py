@@ -5,8 +5,8 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, jsonify
 from sqlalchemy import text
 
-from ledger.db import migration_status
-from ledger.metrics_export import render_metrics
+from ledger.db.engine import migration_status
+from ledger.metrics.export import render_metrics
 
 bp = Blueprint("ops", __name__)
 

@@ -53,7 +53,7 @@ def _seed(app: Any) -> tuple[Sender, Sender]:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """Serve the real app on a free loopback port over a seeded SQLite ledger."""
     from app import create_app
-    from ledger.db import upgrade
+    from ledger.db.engine import upgrade
     from tests.conftest import TEST_MASTER_KEY
 
     tmp = tmp_path_factory.mktemp("e2e")

@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from ledger.db.schema import attempts, conflicts, jobs, receipts, unsigned_bodies
 from ledger.domain import JobStatus, ReceiptState
-from ledger.schema import attempts, conflicts, jobs, receipts, unsigned_bodies
 
 
 def add_receipt(conn: Connection, scope_id: int, event_id: str, *, state: ReceiptState,

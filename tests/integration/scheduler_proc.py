@@ -13,7 +13,7 @@ import sys
 import time
 
 from ledger.config import Settings
-from ledger.scheduler import ScheduledJob, run_scheduler
+from ledger.scheduling.runner import ScheduledJob, run_scheduler
 from ledger.services import build_services
 
 

@@ -6,7 +6,7 @@ import json
 
 from sqlalchemy import select
 
-from ledger.schema import api_tokens, audit_log, operators
+from ledger.db.schema import api_tokens, audit_log, operators
 from tests.dashboard_helpers import (
     add_conflict,
     add_receipt,

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import select, text
 
-from ledger import audit
-from ledger.schema import audit_log
+from ledger.access import audit
+from ledger.db.schema import audit_log
 
 ACTOR = audit.Actor(name="alice", role="security", request_id="req-1")
 AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

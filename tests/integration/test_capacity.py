@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from ledger.capacity import measure
-from ledger.schema import receipts
+from ledger.db.schema import receipts
+from ledger.reads.capacity import measure
 from tests.helpers import make_sender
 
 ROWS = 5000

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from ledger.schema import audit_log, credentials
+from ledger.db.schema import audit_log, credentials
 from tests.helpers import deliver, make_sender
 
 LEDGER = str(Path(sys.executable).parent / "ledger")

@@ -10,14 +10,14 @@ from cryptography.fernet import Fernet
 from sqlalchemy import select
 
 from jobs.credential_jobs import expire_credentials
-from ledger import audit
+from ledger.access import audit
+from ledger.access.credentials import rekey_secrets, revoke_credential, rotate_credential
+from ledger.access.integrations import get_integration, list_credentials
+from ledger.access.secrets_box import SecretBox
 from ledger.clock import FixedClock, unix
-from ledger.credentials import rekey_secrets, revoke_credential, rotate_credential
+from ledger.db.schema import audit_log, credentials
 from ledger.domain import CredentialState
 from ledger.errors import NotFound, Refused
-from ledger.integrations import get_integration, list_credentials
-from ledger.schema import audit_log, credentials
-from ledger.secrets_box import SecretBox
 from tests.helpers import deliver, ledger_counts, make_sender
 
 START = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)

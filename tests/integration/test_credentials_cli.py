@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from cryptography.fernet import Fernet
 from sqlalchemy import select
 
-from ledger.schema import audit_log, credentials
-from ledger.secrets_box import SecretBox
+from ledger.access.secrets_box import SecretBox
+from ledger.db.schema import audit_log, credentials
 from tests.helpers import deliver, make_sender
 
 

@@ -11,10 +11,10 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from ledger import audit
-from ledger.credentials import revoke_credential
-from ledger.instances import live_instances
-from ledger.schema import integrations, receipts
+from ledger.access import audit
+from ledger.access.credentials import revoke_credential
+from ledger.db.schema import integrations, receipts
+from ledger.scheduling.instances import live_instances
 from tests.helpers import event_body, make_sender, signed_headers
 from tests.servers import BIN, gunicorn_server
 

@@ -13,11 +13,12 @@ from prometheus_client import REGISTRY
 from sqlalchemy import insert, select
 
 from jobs.credential_jobs import check_revocation_propagation
-from ledger import audit, metrics
+from ledger import metrics
+from ledger.access import audit
+from ledger.access.credentials import revoke_credential, rotate_credential
+from ledger.access.integrations import get_integration
 from ledger.clock import FixedClock, unix
-from ledger.credentials import revoke_credential, rotate_credential
-from ledger.integrations import get_integration
-from ledger.schema import audit_log, findings, instances
+from ledger.db.schema import audit_log, findings, instances
 from tests.helpers import deliver, ledger_counts, make_sender
 
 START = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -157,12 +158,12 @@ def test_serving_process_registers_and_beats_and_leaves_on_close(test_env, clock
 
 
 def test_a_failing_heartbeat_never_fails_a_delivery(clocked_app, clock, monkeypatch):
-    import ledger.instances
+    import ledger.scheduling.instances
 
     def broken(*_args, **_kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("database away")
 
-    monkeypatch.setattr(ledger.instances, "beat", broken)
+    monkeypatch.setattr(ledger.scheduling.instances, "beat", broken)
     client = clocked_app.test_client()
     sender = make_sender(clocked_app)
     assert deliver(client, sender, "evt_1", timestamp=unix(clock.now())).status_code == 202

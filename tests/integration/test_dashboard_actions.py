@@ -6,7 +6,7 @@ import re
 
 from sqlalchemy import func, select
 
-from ledger.schema import audit_log, conflicts, credentials, receipts
+from ledger.db.schema import audit_log, conflicts, credentials, receipts
 from tests.dashboard_helpers import (
     add_conflict,
     add_receipt,

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import func, select
 
-from ledger import audit
+from ledger.access import audit
+from ledger.access.operators import set_role
 from ledger.clock import FixedClock
-from ledger.operators import set_role
-from ledger.schema import operator_sessions
+from ledger.db.schema import operator_sessions
 from tests.dashboard_helpers import (
     PASSWORD,
     csrf_token,

@@ -11,16 +11,16 @@ import pytest
 from sqlalchemy import Engine, text
 
 from ledger.config import Settings
-from ledger.db import make_engine
+from ledger.db.engine import make_engine
 from ledger.domain import ReceiptState
-from ledger.queries.admin import AuditFilter, list_audit, list_conflicts
-from ledger.queries.receipts import (
+from ledger.reads.admin import AuditFilter, list_audit, list_conflicts
+from ledger.reads.receipts import (
     ReceiptFilter,
     open_receipts_stmt,
     prefix_stmt,
     window_stmt,
 )
-from ledger.queries.work import failures_chunk, stuck_pending
+from ledger.reads.work import failures_chunk, stuck_pending
 
 pytestmark = pytest.mark.postgres_only
 
@@ -116,7 +116,7 @@ def test_event_id_prefix_uses_the_primary_key(big_ledger: Engine) -> None:
 
 
 def test_stuck_failures_conflicts_and_audit_lists_use_indexes(big_ledger: Engine) -> None:
-    from ledger.schema import conflicts, receipts
+    from ledger.db.schema import conflicts, receipts
 
     statements: list[Any] = []
 

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from sqlalchemy import insert
 
-from ledger.schema import findings, hourly_series, instances, scheduler_runs, scope_counts
+from ledger.db.schema import findings, hourly_series, instances, scheduler_runs, scope_counts
 from tests.dashboard_helpers import (
     add_conflict,
     add_receipt,

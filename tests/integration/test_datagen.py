@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 
 from bench.datagen import DataSpec, create_scopes, generate, load
-from ledger import audit
+from ledger.access import audit
+from ledger.db.schema import attempts, conflicts, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
-from ledger.receipts import get_receipt
-from ledger.schema import attempts, conflicts, jobs, receipts
+from ledger.worker.requeue import get_receipt
 
 END = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SPEC = DataSpec(receipts=400, scopes=4, end=END, span=timedelta(hours=4),

@@ -10,10 +10,10 @@ import subprocess
 import pytest
 from sqlalchemy import func, select
 
-from ledger import audit
+from ledger.access import audit
 from ledger.cli.drill_cmds import local_server
-from ledger.drill import delete_sandbox_integrations, run_drill
-from ledger.schema import audit_log, credentials, integrations, jobs, receipts
+from ledger.db.schema import audit_log, credentials, integrations, jobs, receipts
+from ledger.drill.run import delete_sandbox_integrations, run_drill
 from tests.helpers import deliver, make_sender
 from tests.servers import BIN
 

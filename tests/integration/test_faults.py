@@ -26,10 +26,10 @@ from sqlalchemy import create_engine, func, select, text
 
 from app import create_app
 from ledger.clock import FixedClock, unix
-from ledger.demo import balance
-from ledger.receipts import get_receipt
-from ledger.schema import jobs, receipts
-from ledger.worker import WorkerHooks, process_one
+from ledger.db.schema import jobs, receipts
+from ledger.demo.seed import balance
+from ledger.worker.loop import WorkerHooks, process_one
+from ledger.worker.requeue import get_receipt
 from tests.conftest import TEST_MASTER_KEY
 from tests.helpers import deliver, make_sender
 from tests.integration.load import (
@@ -327,8 +327,8 @@ def test_connection_lost_before_the_completion_statement(pg_env, admin):
     """The handler wrote, then the backend died: the completion (run on the driver
     connection) fails as a storage error without parameters, nothing commits, the broken
     connection is not reused, and the retry credits once."""
-    from ledger.demo_handlers import credit
-    from ledger.handlers import Registry
+    from ledger.demo.handlers import credit
+    from ledger.worker.handlers import Registry
 
     app = create_app(pg_env, clock=FixedClock(datetime.now(UTC)))
     svc = app.extensions["ledger"]
@@ -398,7 +398,7 @@ def test_killing_a_gunicorn_worker_under_load_loses_no_acknowledged_event(pg_env
 def test_pgbouncer_mode_relies_on_no_session_state(pg_url, tmp_path):
     """LEDGER_DB_PGBOUNCER=1: no startup options, no server-side prepared statements."""
     from ledger.config import Settings
-    from ledger.db import make_engine
+    from ledger.db.engine import make_engine
 
     plain = make_engine(Settings.from_env({"DATABASE_URL": pg_url}))
     pooled = make_engine(Settings.from_env({"DATABASE_URL": pg_url, "LEDGER_DB_PGBOUNCER": "1"}))

@@ -6,9 +6,9 @@ import hashlib
 
 from sqlalchemy import select, update
 
-from ledger import audit
+from ledger.access import audit
+from ledger.db.schema import conflicts, jobs, receipts
 from ledger.domain import ReceiptState
-from ledger.schema import conflicts, jobs, receipts
 from tests.helpers import deliver, event_body, ledger_counts, make_sender
 
 
@@ -140,7 +140,7 @@ def test_unauthenticated_request_cannot_reserve_an_event_id(app, client):
 
 def test_a_key_added_by_another_process_verifies_before_the_cache_ages_out(app, client, test_env):
     from app import create_app
-    from ledger.integrations import add_credential, get_integration
+    from ledger.access.integrations import add_credential, get_integration
 
     sender = make_sender(app)
     assert deliver(client, sender, "evt_1").status_code == 202  # the view now caches the keys

@@ -9,7 +9,7 @@ import pytest
 import requests
 from sqlalchemy import create_engine, func, select
 
-from ledger.schema import jobs, receipts
+from ledger.db.schema import jobs, receipts
 from tests.helpers import event_body, make_sender, signed_headers
 from tests.servers import gunicorn_server
 

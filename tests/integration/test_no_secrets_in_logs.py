@@ -14,14 +14,14 @@ import subprocess
 
 import pytest
 
-import ledger.drill_sandbox
-from ledger import audit
+import ledger.drill.sandbox
+from ledger.access import audit
+from ledger.access.credentials import revoke_credential, rotate_credential
+from ledger.access.integrations import get_integration
 from ledger.cli.drill_cmds import local_server
-from ledger.credentials import revoke_credential, rotate_credential
-from ledger.drill import run_drill
-from ledger.integrations import get_integration
-from ledger.signatures import get_profile
-from ledger.worker import run_worker
+from ledger.drill.run import run_drill
+from ledger.intake.signatures import get_profile
+from ledger.worker.loop import run_worker
 from tests.helpers import event_body, make_sender, signed_headers
 from tests.servers import BIN
 
@@ -56,15 +56,15 @@ class Sensitive:
 def sensitive(monkeypatch) -> Sensitive:  # type: ignore[no-untyped-def]
     """Record every secret, body and signature the drill signs with."""
     seen = Sensitive()
-    original = ledger.drill_sandbox.sign
+    original = ledger.drill.sandbox.sign
 
     def spy(secret, body, event_id, now):  # type: ignore[no-untyped-def]
         headers = original(secret, body, event_id, now)
         seen.add_delivery(secret, body, headers)
         return headers
 
-    monkeypatch.setattr(ledger.drill_sandbox, "sign", spy)
-    monkeypatch.setattr(ledger.drill, "sign", spy)
+    monkeypatch.setattr(ledger.drill.sandbox, "sign", spy)
+    monkeypatch.setattr(ledger.drill.run, "sign", spy)
     return seen
 
 

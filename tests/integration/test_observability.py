@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from ledger import audit
+from ledger.access import audit
+from ledger.access.credentials import revoke_credential, rotate_credential
+from ledger.access.integrations import get_integration
 from ledger.clock import unix
-from ledger.credentials import revoke_credential, rotate_credential
-from ledger.integrations import get_integration
-from ledger.scheduler import default_jobs, run_once
-from ledger.worker import process_one
+from ledger.scheduling.runner import default_jobs, run_once
+from ledger.worker.loop import process_one
 from tests.helpers import deliver, event_body, make_sender, signed_headers
 
 MARKER = "payload-marker-7f3a"  # a value only the bodies carry

@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
-from ledger import audit
+from ledger.access import audit
+from ledger.access.credentials import revoke_credential
 from ledger.clock import unix
-from ledger.credentials import revoke_credential
-from ledger.scheduler import default_jobs, run_once
-from ledger.worker import process_one
+from ledger.scheduling.runner import default_jobs, run_once
+from ledger.worker.loop import process_one
 from tests.conftest import TEST_MASTER_KEY as KEY
 from tests.helpers import deliver, event_body, make_sender, signed_headers
 from tests.servers import gunicorn_server
@@ -155,7 +155,7 @@ def _run(env: dict[str, str], *args: str) -> None:
 
 SCHEDULED_ROLLUP = (
     "from app import create_app\n"
-    "from ledger.scheduler import default_jobs, run_once\n"
+    "from ledger.scheduling.runner import default_jobs, run_once\n"
     "svc = create_app().extensions['ledger']\n"
     "job = next(j for j in default_jobs(svc.settings) if j.name == 'rollups')\n"
     "assert run_once(svc.engine, svc.settings, svc.clock, job, instance='metrics-proc')\n"

@@ -14,8 +14,8 @@ from app import create_app
 from jobs.retention import Pacer, purge
 from ledger.clock import FixedClock
 from ledger.config import DEFAULT_RETENTION_SECONDS
+from ledger.db.schema import attempts, audit_log, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
-from ledger.schema import attempts, audit_log, jobs, receipts
 from tests.conftest import TEST_MASTER_KEY
 from tests.helpers import deliver, make_sender
 from tests.integration.ledger_rows import add_receipt, count

@@ -8,9 +8,9 @@ from sqlalchemy import select, update
 
 from jobs.rollups import refresh
 from ledger.clock import FixedClock
+from ledger.db.schema import hourly_series, receipts, scope_counts
 from ledger.domain import JobStatus, ReceiptState
 from ledger.metrics import OLDEST_PENDING, RECEIPTS_BY_STATE
-from ledger.schema import hourly_series, receipts, scope_counts
 from tests.helpers import make_sender
 from tests.integration.ledger_rows import add_receipt
 

@@ -11,15 +11,15 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 
-from ledger import runs
 from ledger.clock import FixedClock
-from ledger.scheduler import (
+from ledger.db.schema import scheduler_runs
+from ledger.scheduling import runs
+from ledger.scheduling.runner import (
     ScheduledJob,
     build_scheduler,
     run_once,
     run_scheduler,
 )
-from ledger.schema import scheduler_runs
 
 NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
 

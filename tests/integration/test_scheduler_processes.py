@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, select
 
-from ledger import runs
-from ledger.schema import scheduler_runs
+from ledger.db.schema import scheduler_runs
+from ledger.scheduling import runs
 
 ROOT = Path(__file__).resolve().parents[2]
 LEDGER = str(Path(sys.executable).parent / "ledger")

@@ -26,9 +26,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from app import create_app
-from ledger import audit
-from ledger.operators import create_operator, issue_token
-from ledger.signatures import get_profile
+from ledger.access import audit
+from ledger.access.operators import create_operator, issue_token
+from ledger.intake.signatures import get_profile
 from ledger.web.openapi import document
 from tests.conftest import TEST_MASTER_KEY, _pg_or_skip
 from tests.helpers import Sender, deliver, make_sender

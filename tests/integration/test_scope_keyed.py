@@ -11,9 +11,9 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import event
 
-from ledger.store import DriverClaim
-from ledger.worker import process_one
-from ledger.worker_sql import DRIVER_COMPLETE
+from ledger.intake.store import DriverClaim
+from ledger.worker.loop import process_one
+from ledger.worker.sql import DRIVER_COMPLETE
 from tests.helpers import deliver, event_body, make_sender, signed_headers
 
 LEDGER_TABLES = ("receipts", "jobs", "conflicts", "unsigned_bodies", "attempts",

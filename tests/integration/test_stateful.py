@@ -30,15 +30,15 @@ from sqlalchemy import func, select
 
 from app import create_app
 from jobs.retention import purge
-from ledger import audit
+from ledger.access import audit
+from ledger.access.credentials import revoke_credential, rotate_credential
+from ledger.access.integrations import get_integration
 from ledger.clock import FixedClock, unix
-from ledger.credentials import revoke_credential, rotate_credential
-from ledger.demo import balance
+from ledger.db.schema import conflicts, receipts
+from ledger.demo.seed import balance
 from ledger.domain import ReceiptState
-from ledger.integrations import get_integration
-from ledger.schema import conflicts, receipts
-from ledger.worker import Worker
-from ledger.worker_store import lease_job, select_due_job
+from ledger.worker.loop import Worker
+from ledger.worker.store import lease_job, select_due_job
 from tests.helpers import Sender, deliver, make_sender
 
 BOUND = 30

@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select, update
 
 from jobs.sweep import sweep
-from ledger import runs
 from ledger.clock import FixedClock
+from ledger.db.schema import findings, jobs, receipts, scheduler_runs
 from ledger.domain import JobStatus, ReceiptState
 from ledger.metrics import OPEN_FINDINGS
-from ledger.schema import findings, jobs, receipts, scheduler_runs
+from ledger.scheduling import runs
 from tests.helpers import make_sender
 from tests.integration.ledger_rows import add_receipt
 

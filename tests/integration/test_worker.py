@@ -11,12 +11,12 @@ from prometheus_client import REGISTRY
 from sqlalchemy import select
 
 from app import create_app
-from ledger.audit import verify_chain
+from ledger.access.audit import verify_chain
 from ledger.clock import FixedClock, unix
-from ledger.demo import balance
-from ledger.receipts import get_receipt
-from ledger.schema import attempts, audit_log, jobs
-from ledger.worker import WorkerHooks, process_one
+from ledger.db.schema import attempts, audit_log, jobs
+from ledger.demo.seed import balance
+from ledger.worker.loop import WorkerHooks, process_one
+from ledger.worker.requeue import get_receipt
 from tests.helpers import deliver, make_sender
 
 
@@ -391,7 +391,7 @@ def test_transition_logs_are_privacy_safe(make_app, caplog):
 
 
 def test_claim_query_can_use_the_due_index(pg_url, tmp_path):
-    from ledger.worker_sql import CLAIM_SQL
+    from ledger.worker.sql import CLAIM_SQL
     from tests.conftest import TEST_MASTER_KEY
 
     app = create_app({"DATABASE_URL": pg_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
@@ -411,8 +411,8 @@ def test_claim_query_can_use_the_due_index(pg_url, tmp_path):
 
 
 def test_handler_that_writes_then_raises_leaves_no_effect(make_app):
-    from ledger.demo_handlers import credit
-    from ledger.handlers import Registry
+    from ledger.demo.handlers import credit
+    from ledger.worker.handlers import Registry
 
     def credit_then_fail(conn, event):
         credit(conn, event)
@@ -438,7 +438,7 @@ def test_handler_that_writes_then_raises_leaves_no_effect(make_app):
 
 
 USER_HANDLERS = '''
-from ledger.handlers import handler
+from ledger.worker.handlers import handler
 
 SEEN = []
 

@@ -17,12 +17,12 @@ from sqlalchemy import select
 
 from app import create_app
 from ledger.clock import FixedClock, unix
-from ledger.demo import balance
-from ledger.demo_handlers import credit
-from ledger.handlers import HandlerSpec, Registry
-from ledger.receipts import get_receipt
-from ledger.schema import attempts, jobs
-from ledger.worker import Worker, WorkerHooks, run_worker
+from ledger.db.schema import attempts, jobs
+from ledger.demo.handlers import credit
+from ledger.demo.seed import balance
+from ledger.worker.handlers import HandlerSpec, Registry
+from ledger.worker.loop import Worker, WorkerHooks, run_worker
+from ledger.worker.requeue import get_receipt
 from tests.helpers import deliver, make_sender
 
 WAIT = 20  # seconds: the bound of every wait in this module
@@ -218,7 +218,7 @@ def test_no_lock_is_held_while_a_handler_prepares(fixed_app):
 
 
 def test_demo_slow_sleeps_in_its_prepare_step(fixed_app):
-    from ledger.handlers import load_registry
+    from ledger.worker.handlers import load_registry
 
     registry = load_registry(fixed_app.extensions["ledger"].settings)
     assert registry.get("demo.slow").prepare is not None

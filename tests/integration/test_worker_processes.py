@@ -16,10 +16,10 @@ import pytest
 import requests
 from sqlalchemy import func, select, text
 
-from ledger.demo import balance
-from ledger.receipts import get_receipt
-from ledger.schema import attempts, jobs, receipts
-from ledger.worker import process_one
+from ledger.db.schema import attempts, jobs, receipts
+from ledger.demo.seed import balance
+from ledger.worker.loop import process_one
+from ledger.worker.requeue import get_receipt
 from tests.helpers import deliver, event_body, make_sender, signed_headers
 from tests.servers import gunicorn_server
 
@@ -37,7 +37,7 @@ CHILD = r"""
 import pathlib, signal, sys, threading, time
 from sqlalchemy import text
 from app import create_app
-from ledger.worker import WorkerHooks, process_one, run_worker
+from ledger.worker.loop import WorkerHooks, process_one, run_worker
 
 mode, marker = sys.argv[1], pathlib.Path(sys.argv[2])
 svc = create_app().extensions["ledger"]

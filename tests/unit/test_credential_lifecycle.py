@@ -10,12 +10,12 @@ import pytest
 from cryptography.fernet import Fernet
 
 from jobs.credential_jobs import lagging
-from ledger.credential_view import KeyMaterial, ttl_for_bound
-from ledger.credentials import Rotation
+from ledger.access.credentials import Rotation
+from ledger.access.secrets_box import MasterKeyError, SecretBox
 from ledger.domain import CredentialState
-from ledger.drill import DrillReport, DrillStep
-from ledger.instances import Instance, beat_interval, new_instance_id
-from ledger.secrets_box import MasterKeyError, SecretBox
+from ledger.drill.run import DrillReport, DrillStep
+from ledger.intake.credential_view import KeyMaterial, ttl_for_bound
+from ledger.scheduling.instances import Instance, beat_interval, new_instance_id
 
 AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 TICK = timedelta(microseconds=1)

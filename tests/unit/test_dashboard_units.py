@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ledger.queries.cursor import BadCursor, decode_cursor, encode_cursor
-from ledger.queries.receipts import prefix_bounds
-from ledger.svg import projection_chart, series_chart
+from ledger.reads.cursor import BadCursor, decode_cursor, encode_cursor
+from ledger.reads.receipts import prefix_bounds
 from ledger.web.dashboard import ago
+from ledger.web.dashboard.svg import projection_chart, series_chart
 
 AT = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 

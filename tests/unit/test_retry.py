@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ledger.clock import FixedClock
 from ledger.config import Settings
-from ledger.retry import RetryPolicy
+from ledger.worker.retry import RetryPolicy
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 POLICY = RetryPolicy(base_seconds=10, cap_seconds=3600, max_attempts=8,

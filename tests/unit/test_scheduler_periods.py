@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from ledger.scheduler import (
+from ledger.scheduling.runner import (
     advisory_key,
     describe_error,
     period_scale_from_env,

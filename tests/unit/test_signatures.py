@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ledger.errors import AuthenticationFailed
-from ledger.signatures import PROFILES, EventIdentity, HeaderMap, Verified, get_profile
+from ledger.intake.signatures import PROFILES, EventIdentity, HeaderMap, Verified, get_profile
 
 NOW = 1_700_000_000
 TOL = 300

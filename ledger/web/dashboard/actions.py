@@ -7,17 +7,17 @@ from typing import Any
 
 from flask import abort, request
 
-from ledger.conflict_review import acknowledge_conflict
-from ledger.credentials import get_credential, revoke_credential, rotate_credential
+from ledger.access.credentials import get_credential, revoke_credential, rotate_credential
+from ledger.access.integrations import add_credential, get_integration
 from ledger.errors import LedgerError, NotFound
-from ledger.integrations import add_credential, get_integration
-from ledger.queries.admin import credential_rows, list_conflicts
-from ledger.queries.receipts import scope_names
-from ledger.queries.work import count_failures, failures_chunk
-from ledger.receipts import requeue_receipt
+from ledger.intake.conflict_review import acknowledge_conflict
+from ledger.reads.admin import credential_rows, list_conflicts
+from ledger.reads.receipts import scope_names
+from ledger.reads.work import count_failures, failures_chunk
 from ledger.web.auth import actor, password_matches, requires, services
 from ledger.web.dashboard import bp, render
 from ledger.web.filters import BadFilter, receipt_filter
+from ledger.worker.requeue import requeue_receipt
 
 BATCH_SIZE = 100
 OVERLAP_CHOICES = (0, 3600, 86400, 7 * 86400)
@@ -121,7 +121,7 @@ def _int_field(name: str) -> int:
 
 def _encode_key(key: tuple[Any, int, str]) -> str:
     """Encode a batch position."""
-    from ledger.queries import encode_cursor
+    from ledger.reads import encode_cursor
 
     return encode_cursor(*key)
 
@@ -130,7 +130,7 @@ def _after_key(raw: str) -> tuple[Any, int, str] | None:
     """Decode a batch position, or None at the start."""
     from datetime import datetime
 
-    from ledger.queries import BadCursor, decode_cursor
+    from ledger.reads import BadCursor, decode_cursor
 
     if not raw:
         return None

@@ -7,8 +7,7 @@ from typing import Any
 
 from flask import request
 
-from ledger.errors import LedgerError, NotFound
-from ledger.operators import (
+from ledger.access.operators import (
     ROLES,
     create_operator,
     disable_operator,
@@ -16,6 +15,7 @@ from ledger.operators import (
     list_operators,
     set_role,
 )
+from ledger.errors import LedgerError, NotFound
 from ledger.web.auth import actor, requires, services
 from ledger.web.dashboard import bp, render
 

@@ -6,23 +6,23 @@ from typing import Any
 
 from flask import abort, request
 
-from ledger import audit
+from ledger.access import audit
+from ledger.access.integrations import get_integration
 from ledger.errors import NotFound
-from ledger.integrations import get_integration
-from ledger.queries import BadCursor
-from ledger.queries.admin import credential_rows, list_audit, list_conflicts, list_integrations
-from ledger.queries.overview import headline, instance_rows, last_runs, scope_rows
-from ledger.queries.receipts import list_receipts, receipt_detail
-from ledger.queries.work import (
+from ledger.reads import BadCursor
+from ledger.reads.admin import credential_rows, list_audit, list_conflicts, list_integrations
+from ledger.reads.overview import headline, instance_rows, last_runs, scope_rows
+from ledger.reads.receipts import list_receipts, receipt_detail
+from ledger.reads.work import (
     count_failures,
     list_failures,
     open_findings,
     overdue_jobs,
     stuck_pending,
 )
-from ledger.svg import human_bytes, projection_chart, series_chart
 from ledger.web.auth import requires, services
 from ledger.web.dashboard import bp, render
+from ledger.web.dashboard.svg import human_bytes, projection_chart, series_chart
 from ledger.web.filters import BadFilter, audit_filter, page_size, receipt_filter, scope_id_of
 
 OVERVIEW_REFRESH_SECONDS = 10
@@ -221,9 +221,9 @@ def capacity_page():  # type: ignore[no-untyped-def]
 
 
 def measure_capacity() -> dict[str, Any] | None:
-    """Return ledger.capacity.measure(...) or None while that module is not installed."""
+    """Return ledger.reads.capacity.measure(...) or None while that module is not installed."""
     try:
-        from ledger.capacity import measure
+        from ledger.reads.capacity import measure
     except ImportError:
         return None
     svc = services()

@@ -1,0 +1,165 @@
+"""The credential lifecycle: rotation, revocation, expiry, and re-encryption of secrets.
+
+Every function takes the caller's connection and never commits; each action
+appends its audit row in that same transaction.
+
+Overlap policy: `rotate_credential` keeps the old live keys verifying until
+`now + overlap_seconds` (default one day) so that the sender can switch over.
+An overlap of 0 is allowed and means "stop now": the old keys become `expired`
+at `now` and never verify again. Overlaps above MAX_OVERLAP_SECONDS are refused:
+a rotation that leaves the old key alive for months is not a rotation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, select, update
+
+from ledger.access import audit
+from ledger.access.integrations import add_credential, get_integration_by_id
+from ledger.access.secrets_box import SecretBox
+from ledger.db.schema import credentials
+from ledger.domain import Credential, CredentialState, Integration
+from ledger.errors import NotFound, Refused
+from ledger.ids import KEY_ID
+
+DEFAULT_OVERLAP_SECONDS = 86400
+MAX_OVERLAP_SECONDS = 30 * 86400
+MAX_REASON_LENGTH = 500
+LIVE_STATES = (CredentialState.ACTIVE.value, CredentialState.RETIRING.value)
+SCHEDULER = audit.Actor(name="scheduler", role="system")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rotation:
+    """The replacement credential (secret shown once) and the keys now retiring."""
+
+    key_id: str
+    secret: str
+    retiring: list[tuple[str, datetime]]
+
+    def to_json(self) -> dict[str, object]:
+        """Return the CONTRACT's `credential rotate` object."""
+        return {"key_id": self.key_id, "secret": self.secret,
+                "retiring": [{"key_id": k, "expires_at": at.isoformat()}
+                             for k, at in self.retiring]}
+
+
+def _live_rows(conn: Connection, integration_id: int, now: datetime) -> list[object]:
+    """Lock and return the integration's credentials that still verify at `now`."""
+    query = (
+        select(credentials.c.id, credentials.c.key_id, credentials.c.state,
+               credentials.c.expires_at)
+        .where(credentials.c.integration_id == integration_id,
+               credentials.c.state.in_(LIVE_STATES))
+        .order_by(credentials.c.id)
+    )
+    if conn.dialect.name == "postgresql":
+        # Two concurrent rotations of one integration serialise here.
+        query = query.with_for_update()
+    rows = conn.execute(query).all()
+    return [r for r in rows if r.expires_at is None or now < r.expires_at]
+
+
+def rotate_credential(
+    conn: Connection, box: SecretBox, actor: audit.Actor, integration: Integration, *,
+    now: datetime, overlap_seconds: int = DEFAULT_OVERLAP_SECONDS, secret: str | None = None,
+    reason: str | None = None,
+) -> Rotation:
+    """Add a replacement to the same integration and retire its live keys; one audit row."""
+    if not 0 <= overlap_seconds <= MAX_OVERLAP_SECONDS:
+        raise Refused(f"overlap must be between 0 and {MAX_OVERLAP_SECONDS} seconds")
+    until = now + timedelta(seconds=overlap_seconds)
+    retiring: list[tuple[str, datetime]] = []
+    for row in _live_rows(conn, integration.id, now):
+        # An already retiring key keeps its earlier end: rotating twice never extends it.
+        expires_at = min(row.expires_at, until) if row.expires_at is not None else until
+        state = CredentialState.RETIRING if expires_at > now else CredentialState.EXPIRED
+        conn.execute(update(credentials).where(credentials.c.id == row.id)
+                     .values(state=state.value, expires_at=expires_at))
+        retiring.append((row.key_id, expires_at))
+    created = add_credential(
+        conn, box, actor, integration, now=now, secret=secret, action="credential.rotate",
+        reason=reason,
+        detail={"overlap_seconds": overlap_seconds,
+                "retiring": [{"key_id": k, "expires_at": at.isoformat()} for k, at in retiring]},
+    )
+    return Rotation(key_id=created.key_id, secret=created.secret, retiring=retiring)
+
+
+def get_credential(conn: Connection, key_id: str) -> Credential:
+    """Return the credential with this key id (without its secret), or raise NotFound."""
+    if not KEY_ID.match(key_id):
+        raise NotFound("credential", key_id)
+    row = conn.execute(select(credentials).where(credentials.c.key_id == key_id)).first()
+    if row is None:
+        raise NotFound("credential", key_id)
+    return Credential.from_row(row)
+
+
+def revoke_credential(conn: Connection, actor: audit.Actor, key_id: str, *, reason: str,
+                      now: datetime) -> Credential:
+    """Revoke a credential at once in the database; a reason is required; audited."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise Refused("a reason is required to revoke a credential")
+    if len(reason) > MAX_REASON_LENGTH:
+        raise Refused(f"reason must be at most {MAX_REASON_LENGTH} characters")
+    current = get_credential(conn, key_id)
+    changed = conn.execute(
+        update(credentials)
+        .where(credentials.c.key_id == key_id,
+               credentials.c.state != CredentialState.REVOKED.value)
+        .values(state=CredentialState.REVOKED.value, revoked_at=now, revoked_reason=reason)
+    ).rowcount
+    if changed != 1:
+        raise Refused(f"credential {key_id} is already revoked")
+    integration = get_integration_by_id(conn, current.integration_id)
+    audit.record(conn, actor, "credential.revoke", key_id, at=now, scope=integration.scope,
+                 reason=reason, detail={"integration": integration.public_id,
+                                        "previous_state": current.state.value})
+    return get_credential(conn, key_id)
+
+
+def expire_due_credentials(conn: Connection, *, now: datetime,
+                           actor: audit.Actor = SCHEDULER) -> int:
+    """Mark retiring credentials past their `expires_at` as expired; one audit row each."""
+    due = conn.execute(
+        select(credentials.c.id, credentials.c.key_id, credentials.c.integration_id,
+               credentials.c.expires_at)
+        .where(credentials.c.state == CredentialState.RETIRING.value,
+               credentials.c.expires_at <= now)
+        .order_by(credentials.c.id)
+    ).all()
+    count = 0
+    for row in due:
+        changed = conn.execute(
+            update(credentials)
+            .where(credentials.c.id == row.id,
+                   credentials.c.state == CredentialState.RETIRING.value)
+            .values(state=CredentialState.EXPIRED.value)
+        ).rowcount
+        if changed:
+            count += 1
+            integration = get_integration_by_id(conn, row.integration_id)
+            audit.record(conn, actor, "credential.expire", row.key_id, at=now,
+                         scope=integration.scope,
+                         detail={"expires_at": row.expires_at.isoformat()})
+    return count
+
+
+def rekey_secrets(conn: Connection, box: SecretBox) -> int:
+    """Re-encrypt every stored secret not yet under the newest master key; return how many."""
+    query = select(credentials.c.id, credentials.c.secret_enc).order_by(credentials.c.id)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    count = 0
+    for row in conn.execute(query).all():
+        if box.is_current(row.secret_enc):
+            continue
+        conn.execute(update(credentials).where(credentials.c.id == row.id)
+                     .values(secret_enc=box.rotate(row.secret_enc)))
+        count += 1
+    return count

@@ -1,0 +1,113 @@
+"""Server-side dashboard sessions and the login rate limit, shared by every process."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, delete, func, insert, select, update
+
+from ledger.access.operators import Operator, get_operator_by_id
+from ledger.db.schema import login_failures, operator_sessions
+
+# Writing last_seen_at on every page view would turn reads into writes; a
+# minute of slack on a 30-minute idle timeout is harmless.
+TOUCH_SECONDS = 60
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionPolicy:
+    """How long a session lives without use, and at most."""
+
+    idle_seconds: int
+    absolute_seconds: int
+
+
+def _digest(session_id: str) -> bytes:
+    """Return the stored form of a session id."""
+    return hashlib.sha256(session_id.encode()).digest()
+
+
+def start_session(conn: Connection, operator: Operator, now: datetime) -> str:
+    """Open a new session for the operator and return its random id (the cookie value)."""
+    session_id = secrets.token_urlsafe(32)
+    conn.execute(insert(operator_sessions).values(
+        id_sha256=_digest(session_id), operator_id=operator.id, created_at=now,
+        last_seen_at=now))
+    return session_id
+
+
+def load_session(conn: Connection, session_id: str, now: datetime,
+                 policy: SessionPolicy) -> Operator | None:
+    """Return the session's operator, or None when it ended, idled out or grew too old."""
+    row = conn.execute(
+        select(operator_sessions).where(operator_sessions.c.id_sha256 == _digest(session_id))
+    ).first()
+    if row is None or row.ended_at is not None:
+        return None
+    idle = now - row.last_seen_at > timedelta(seconds=policy.idle_seconds)
+    too_old = now - row.created_at > timedelta(seconds=policy.absolute_seconds)
+    if idle or too_old:
+        end_session(conn, session_id, now)
+        return None
+    operator = get_operator_by_id(conn, row.operator_id)
+    if operator is None:
+        return None
+    if now - row.last_seen_at > timedelta(seconds=TOUCH_SECONDS):
+        conn.execute(update(operator_sessions)
+                     .where(operator_sessions.c.id_sha256 == row.id_sha256)
+                     .values(last_seen_at=now))
+    return operator
+
+
+def end_session(conn: Connection, session_id: str, now: datetime) -> None:
+    """End a session (logout, timeout)."""
+    conn.execute(update(operator_sessions)
+                 .where(operator_sessions.c.id_sha256 == _digest(session_id),
+                        operator_sessions.c.ended_at.is_(None))
+                 .values(ended_at=now))
+
+
+def login_key(username: str, address: str) -> str:
+    """Return the rate-limit key of a login attempt: the username and the client address."""
+    return f"{username.strip().lower()[:64]}|{address}"
+
+
+def recent_failures(conn: Connection, key: str, now: datetime, window_seconds: int) -> int:
+    """Count failed logins for the key within the window."""
+    since = now - timedelta(seconds=window_seconds)
+    return int(conn.execute(
+        select(func.count()).select_from(login_failures)
+        .where(login_failures.c.key == key, login_failures.c.at > since)
+    ).scalar_one())
+
+
+def retry_after(conn: Connection, key: str, now: datetime, window_seconds: int,
+                max_failures: int) -> int:
+    """Return seconds until the key may try again (0 when it may now)."""
+    since = now - timedelta(seconds=window_seconds)
+    times = conn.execute(
+        select(login_failures.c.at).where(login_failures.c.key == key,
+                                          login_failures.c.at > since)
+        .order_by(login_failures.c.at.desc()).limit(max_failures)
+    ).scalars().all()
+    if len(times) < max_failures:
+        return 0
+    # The oldest of the last `max_failures` failures must leave the window.
+    oldest = times[-1]
+    return max(1, int((oldest + timedelta(seconds=window_seconds) - now).total_seconds()) + 1)
+
+
+def record_failure(conn: Connection, key: str, now: datetime, window_seconds: int) -> None:
+    """Remember one failed login and forget this key's failures older than the window."""
+    conn.execute(delete(login_failures).where(
+        login_failures.c.key == key,
+        login_failures.c.at <= now - timedelta(seconds=window_seconds)))
+    conn.execute(insert(login_failures).values(key=key, at=now))
+
+
+def clear_failures(conn: Connection, key: str) -> None:
+    """Forget the key's failures after a successful login."""
+    conn.execute(delete(login_failures).where(login_failures.c.key == key))

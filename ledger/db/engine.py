@@ -1,0 +1,145 @@
+"""Engines, migrations and the translation of driver failures into domain errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
+
+from ledger.config import Settings
+from ledger.errors import StorageUnavailable
+
+
+def make_engine(settings: Settings, **overrides: Any) -> Engine:
+    """Create the engine for DATABASE_URL with timeouts that keep requests bounded."""
+    url = settings.database_url
+    if url.startswith("sqlite"):
+        return _sqlite_engine(url, settings, **overrides)
+    options = (f"-c statement_timeout={settings.statement_timeout_ms} "
+               f"-c lock_timeout={settings.lock_timeout_ms} "
+               "-c idle_in_transaction_session_timeout=60000")
+    connect_args: dict[str, Any] = {"connect_timeout": 3, "options": options}
+    if settings.db_pgbouncer:
+        # Transaction pooling: a server connection changes between transactions, so
+        # session state (startup options, prepared statements) cannot be relied on.
+        # The timeouts move to the role: ALTER ROLE ... SET statement_timeout (README).
+        connect_args = {"connect_timeout": 3, "prepare_threshold": None}
+    kwargs: dict[str, Any] = {
+        "pool_size": settings.pool_size,
+        "max_overflow": 0,
+        # A request that cannot get a connection quickly answers 503 instead of hanging.
+        "pool_timeout": settings.pool_timeout_seconds,
+        "pool_recycle": 1800,
+        "connect_args": connect_args,
+    }
+    kwargs.update(overrides)
+    return create_engine(url, **kwargs)
+
+
+def _sqlite_engine(url: str, settings: Settings, **overrides: Any) -> Engine:
+    """Create a SQLite engine in WAL mode whose transactions take the write lock up front."""
+    path = url.split("///", 1)[-1]
+    if path and path != ":memory:":
+        from pathlib import Path
+
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": 10, "check_same_thread": False}}
+    kwargs.update(overrides)
+    engine = create_engine(url, **kwargs)
+    synchronous = settings.sqlite_synchronous
+    if synchronous not in ("FULL", "NORMAL", "EXTRA"):
+        raise ValueError("LEDGER_SQLITE_SYNCHRONOUS must be FULL, NORMAL or EXTRA")
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control away from the driver so that BEGIN is ours.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute("PRAGMA busy_timeout=10000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        # IMMEDIATE takes the write lock at BEGIN: concurrent claimers queue on
+        # busy_timeout instead of failing when a read lock must be upgraded.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """Return an Alembic config that finds migrations through the installed package."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).resolve().parent / "migrations"))
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(engine: Engine) -> None:
+    """Migrate the database behind `engine` to the newest revision."""
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def migration_status(engine: Engine) -> tuple[str | None, str | None]:
+    """Return (current revision, head revision)."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    return current, head
+
+
+def driver_error(dialect: Any, error: Exception, *, what: str, dbapi_connection: Any = None,
+                 invalidate: Callable[[BaseException], None] | None = None,
+                 ) -> sa_exc.DBAPIError:
+    """Return the SQLAlchemy error for a driver error raised outside SQLAlchemy.
+
+    For statements run on the driver connection directly (the hot paths: see
+    store.DriverClaim and worker_sql.DriverStatement): the rest of the ledger
+    handles SQLAlchemy's errors, and parameters never appear in the message.
+    When the error means the connection is gone, `invalidate` is called (so it
+    never goes back to the pool) and the error says so, as SQLAlchemy's would.
+    """
+    invalidated = (invalidate is not None
+                   and dialect.is_disconnect(error, dbapi_connection, None))
+    if invalidated:
+        invalidate(error)  # type: ignore[misc]
+    return sa_exc.DBAPIError.instance(what, None, error, dialect.loaded_dbapi.Error,
+                                      hide_parameters=True, connection_invalidated=invalidated,
+                                      dialect=dialect)
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Tell whether a driver error means the database is unreachable or overloaded."""
+    if isinstance(error, sa_exc.TimeoutError):  # pool exhausted
+        return True
+    if isinstance(error, sa_exc.DBAPIError):
+        if error.connection_invalidated:
+            return True
+        return isinstance(error, sa_exc.OperationalError)
+    return False
+
+
+@contextmanager
+def storage_guard() -> Iterator[None]:
+    """Translate connection-level failures into StorageUnavailable."""
+    try:
+        yield
+    except (sa_exc.DBAPIError, sa_exc.TimeoutError) as error:
+        if is_unavailable(error):
+            raise StorageUnavailable(type(error).__name__) from error
+        raise

@@ -1,0 +1,279 @@
+"""Every SQL statement of the intake's hot path. Functions take `conn` and never commit;
+DriverClaim, the signed-id claim, runs its own transaction on a pooled driver connection.
+
+Each statement filters on the consumer scope (`scope_id`) first: the ledger can
+then be distributed or split by scope (see README, "Scaling past one database").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, LargeBinary, bindparam, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ledger.db.engine import driver_error
+from ledger.db.schema import UTCDateTime, conflicts, jobs, receipts, unsigned_bodies
+from ledger.domain import ConflictKind, JobStatus, ReceiptState
+
+
+def _insert(conn: Connection, table: Any) -> Any:
+    """Return the dialect's INSERT, which knows ON CONFLICT."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewEvent:
+    """An authenticated, validated delivery ready to be claimed."""
+
+    scope_id: int
+    event_id: str
+    event_type: str
+    body_sha256: bytes
+    payload: str
+    accepted_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedOutcome:
+    """What the ledger already holds for a (scope, event id)."""
+
+    state: ReceiptState
+    body_sha256: bytes
+    result_ref: str | None
+
+
+def _statements(dialect: Any) -> dict[str, Any]:
+    """Build the hot path's INSERTs once per dialect; each call only binds values.
+
+    Building `insert(...).values(**row)` per request constructs a bound parameter
+    per column and a fresh cache key every time: about a third of the intake's
+    CPU on PostgreSQL (bench/README.md, "Intake CPU"). Prebuilt statements run
+    from SQLAlchemy's compiled cache with a plain parameter dict.
+    """
+    return {
+        "receipt": dialect.insert(receipts)
+        .on_conflict_do_nothing(index_elements=["scope_id", "event_id"])
+        .returning(receipts.c.scope_id),
+        "job": dialect.insert(jobs),
+        "unsigned": dialect.insert(unsigned_bodies)
+        .on_conflict_do_nothing(index_elements=["scope_id", "body_sha256"])
+        .returning(unsigned_bodies.c.scope_id),
+    }
+
+
+_STATEMENTS = {"postgresql": _statements(postgresql), "sqlite": _statements(sqlite)}
+
+
+# PENDING = 0 and QUEUED = 0 (ledger.domain). The job insert reads the receipt
+# insert's RETURNING, so a taken id (ON CONFLICT DO NOTHING returns nothing)
+# inserts no job; the last SELECT then answers with the recorded receipt. It runs
+# on the statement's snapshot: a receipt committed by a concurrent delivery after
+# it began is not visible, and the caller claims again (Intake._claim's loop).
+_CLAIM_WITH_JOB = text("""
+WITH claimed AS (
+    INSERT INTO receipts (accepted_at, scope_id, state, attempts, event_id, event_type,
+                          body_sha256)
+    VALUES (:accepted_at, :scope_id, 0, 0, :event_id, :event_type, :body_sha256)
+    ON CONFLICT (scope_id, event_id) DO NOTHING
+    RETURNING scope_id, event_id
+), queued AS (
+    INSERT INTO jobs (scope_id, event_id, event_type, accepted_at, run_at, status, attempts,
+                      lease_token, payload)
+    SELECT scope_id, event_id, :event_type, :accepted_at, :accepted_at, 0, 0, 0, :payload
+    FROM claimed
+    RETURNING 1
+)
+SELECT true AS claimed, NULL::smallint AS state, NULL::bytea AS body_sha256,
+       NULL::text AS result_ref
+FROM queued
+UNION ALL
+SELECT false, r.state, r.body_sha256, r.result_ref
+FROM receipts r
+WHERE r.scope_id = :scope_id AND r.event_id = :event_id
+  AND NOT EXISTS (SELECT 1 FROM claimed)
+""").bindparams(bindparam("accepted_at", type_=UTCDateTime),
+                bindparam("body_sha256", type_=LargeBinary))
+
+
+def _statement(conn: Connection, name: str) -> Any:
+    """Return the prebuilt statement `name` for the connection's dialect."""
+    return _STATEMENTS["postgresql" if conn.dialect.name == "postgresql" else "sqlite"][name]
+
+
+def claim_receipt(conn: Connection, event: NewEvent) -> bool:
+    """Insert the pending receipt; False when (scope, event id) is already claimed.
+
+    ON CONFLICT DO NOTHING makes the database decide between concurrent
+    deliveries: a SELECT-then-INSERT would let both see absence.
+    """
+    row = {"scope_id": event.scope_id, "event_id": event.event_id,
+           "event_type": event.event_type, "state": ReceiptState.PENDING.code, "attempts": 0,
+           "accepted_at": event.accepted_at, "body_sha256": event.body_sha256}
+    return conn.execute(_statement(conn, "receipt"), row).first() is not None
+
+
+# The signed-id claim on SQLite: the same rows as the prebuilt statements above,
+# written for the driver (qmark parameters). Literal codes: PENDING = QUEUED = 0.
+_SQLITE_RECEIPT = ("INSERT INTO receipts (accepted_at, scope_id, state, attempts, event_id,"
+                   " event_type, body_sha256) VALUES (?, ?, 0, 0, ?, ?, ?)"
+                   " ON CONFLICT (scope_id, event_id) DO NOTHING RETURNING scope_id")
+_SQLITE_JOB = ("INSERT INTO jobs (scope_id, event_id, event_type, accepted_at, run_at, status,"
+               " attempts, lease_token, payload) VALUES (?, ?, ?, ?, ?, 0, 0, 0, ?)")
+_SQLITE_OUTCOME = ("SELECT state, body_sha256, result_ref FROM receipts"
+                   " WHERE scope_id = ? AND event_id = ?")
+
+
+class DriverClaim:
+    """Claim a signed event id with its job, on the driver connection: no SQLAlchemy per call.
+
+    The claim is the intake's one hot statement, and SQLAlchemy's execution
+    machinery (connection and result objects, execution options, type
+    processing) cost more Python than the driver call itself (bench/README.md,
+    "Intake CPU"). This takes a pooled connection (same pool, same
+    connect-time settings and timeouts) and runs:
+
+    - PostgreSQL: `_CLAIM_WITH_JOB`, one statement in autocommit (its own
+      transaction): receipt + job, or the recorded receipt for a taken id.
+    - SQLite: BEGIN IMMEDIATE, insert the receipt, then the job, or read the
+      recorded receipt, COMMIT.
+
+    Driver errors are raised as the SQLAlchemy errors the rest of the ledger
+    handles (`storage_guard`), without parameters in the message, and a
+    broken connection is invalidated instead of going back to the pool.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        dialect = engine.dialect
+        self._postgresql = dialect.name == "postgresql"
+        self._when = UTCDateTime().dialect_impl(dialect).bind_processor(dialect)
+        self._sql = _CLAIM_WITH_JOB.compile(dialect=dialect).string if self._postgresql else ""
+        self._dbapi_error = dialect.loaded_dbapi.Error
+
+    @property
+    def statements(self) -> tuple[str, ...]:
+        """Return the SQL this claim runs (it bypasses the engine's statement events)."""
+        if self._postgresql:
+            return (self._sql,)
+        return (_SQLITE_RECEIPT, _SQLITE_JOB, _SQLITE_OUTCOME)
+
+    def claim(self, event: NewEvent) -> tuple[bool, RecordedOutcome | None]:
+        """Return (True, None) when claimed, else (False, the recorded outcome or None).
+
+        The outcome is None when the holder of the id is not visible (yet, or
+        any more): the caller claims again.
+        """
+        when = self._when(event.accepted_at) if self._when else event.accepted_at
+        try:
+            fairy = self._engine.raw_connection()  # a failed connect raises the driver's error
+        except self._dbapi_error as error:
+            raise driver_error(self._engine.dialect, error, what="intake claim") from error
+        try:
+            if self._postgresql:
+                row = self._claim_postgresql(fairy, event, when)
+            else:
+                row = self._claim_sqlite(fairy, event, when)
+        except self._dbapi_error as error:
+            raise driver_error(self._engine.dialect, error, what="intake claim",
+                               dbapi_connection=fairy.dbapi_connection,
+                               invalidate=fairy.invalidate) from error
+        finally:
+            fairy.close()  # back to the pool, which rolls back anything left open
+        if row is True:
+            return True, None
+        if row is None:
+            return False, None
+        return False, RecordedOutcome(state=ReceiptState.from_code(row[0]),
+                                      body_sha256=bytes(row[1]), result_ref=row[2])
+
+    def _claim_postgresql(self, fairy: Any, event: NewEvent, when: Any) -> Any:
+        conn = fairy.driver_connection
+        conn.autocommit = True
+        try:
+            row = conn.execute(self._sql, {
+                "scope_id": event.scope_id, "event_id": event.event_id,
+                "event_type": event.event_type, "accepted_at": when,
+                "body_sha256": event.body_sha256, "payload": event.payload}).fetchone()
+        finally:
+            if not conn.closed:
+                conn.autocommit = False
+        if row is None:
+            return None
+        return True if row[0] else row[1:]
+
+    def _claim_sqlite(self, fairy: Any, event: NewEvent, when: Any) -> Any:
+        cursor = fairy.driver_connection.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+            taken = cursor.execute(_SQLITE_RECEIPT, (
+                when, event.scope_id, event.event_id, event.event_type,
+                event.body_sha256)).fetchone() is None
+            if taken:
+                row = cursor.execute(_SQLITE_OUTCOME,
+                                     (event.scope_id, event.event_id)).fetchone()
+            else:
+                cursor.execute(_SQLITE_JOB, (event.scope_id, event.event_id,
+                                             event.event_type, when, when, event.payload))
+                row = True
+            cursor.execute("COMMIT")
+            return row
+        finally:
+            cursor.close()
+
+
+def enqueue_job(conn: Connection, event: NewEvent) -> None:
+    """Insert the durable work item that carries the payload to a worker."""
+    conn.execute(_statement(conn, "job"), {
+        "scope_id": event.scope_id, "event_id": event.event_id,
+        "event_type": event.event_type, "accepted_at": event.accepted_at,
+        "run_at": event.accepted_at, "status": JobStatus.QUEUED.value, "attempts": 0,
+        "lease_token": 0, "payload": event.payload})
+
+
+def claim_unsigned_body(conn: Connection, event: NewEvent) -> bool:
+    """Record the body digest for a profile with unsigned ids; False when seen before."""
+    row = {"scope_id": event.scope_id, "body_sha256": event.body_sha256,
+           "event_id": event.event_id, "accepted_at": event.accepted_at}
+    return conn.execute(_statement(conn, "unsigned"), row).first() is not None
+
+
+def original_of_body(conn: Connection, scope_id: int, body_sha256: bytes) -> str | None:
+    """Return the event id under which this body was first accepted in the scope."""
+    return conn.execute(
+        select(unsigned_bodies.c.event_id).where(
+            unsigned_bodies.c.scope_id == scope_id,
+            unsigned_bodies.c.body_sha256 == body_sha256)
+    ).scalar()
+
+
+def recorded_outcome(conn: Connection, scope_id: int, event_id: str) -> RecordedOutcome | None:
+    """Return the state, digest and result of an existing receipt."""
+    row = conn.execute(
+        select(receipts.c.state, receipts.c.body_sha256, receipts.c.result_ref).where(
+            receipts.c.scope_id == scope_id, receipts.c.event_id == event_id)
+    ).first()
+    if row is None:
+        return None
+    return RecordedOutcome(state=ReceiptState.from_code(row.state),
+                           body_sha256=bytes(row.body_sha256), result_ref=row.result_ref)
+
+
+def record_conflict(
+    conn: Connection, *, scope_id: int, event_id: str, kind: ConflictKind,
+    original_event_id: str, original_sha256: bytes, incoming_sha256: bytes, now: datetime,
+) -> None:
+    """Record (or count again) a delivery that contradicts the ledger."""
+    stmt = _insert(conn, conflicts).values(
+        scope_id=scope_id, event_id=event_id, kind=kind.value,
+        original_event_id=original_event_id, original_sha256=original_sha256,
+        incoming_sha256=incoming_sha256, first_seen=now, last_seen=now, count=1,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["scope_id", "event_id", "incoming_sha256"],
+        set_={"last_seen": now, "count": conflicts.c.count + 1},
+    )
+    conn.execute(stmt)

@@ -1,0 +1,180 @@
+"""The `/metrics` exposition: process metrics aggregated over processes, state read at scrape.
+
+Two sources make one page:
+
+- Counters and histograms (deliveries, intake latency, attempts, terminal
+  failures, purged rows, dead-key use, scheduler runs) live in the process that
+  counts them. With PROMETHEUS_MULTIPROC_DIR set (gunicorn.conf.py sets it for
+  the web processes; `ledger worker` and `ledger scheduler` on the same host
+  share it), prometheus-client writes them to memory-mapped files and
+  `MultiProcessCollector` sums them over every process, dead ones included.
+- Gauges about the ledger's state (receipts by state, oldest pending age,
+  revocation lag per instance, open findings, age of each scheduled job's last
+  success) are read from the database when Prometheus scrapes. A gauge copied
+  from whichever scheduler process last ran a rollup would be stale when that
+  process dies or lives on another host; the database is the one truth every
+  web process shares. Same-named gauges from process files are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func, select
+
+from ledger.clock import Clock
+from ledger.db.schema import findings, instances, receipts, scheduler_runs, scope_counts
+from ledger.domain import ReceiptState
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Family names the state collector owns; copies from process files are dropped.
+STATE_FAMILIES = frozenset({
+    "ledger_receipts", "ledger_oldest_pending_seconds", "ledger_credential_view_age_seconds",
+    "ledger_findings_open", "ledger_rollup_age_seconds",
+    "ledger_scheduler_last_success_age_seconds", "ledger_metrics_database_up",
+})
+# An instance whose heartbeat is older than this many bounds is gone, not lagging.
+LIVE_INSTANCE_BOUNDS = 2
+
+
+class _Without(Collector):
+    """Yield another collector's families except the named ones."""
+
+    def __init__(self, source: Any, names: frozenset[str]) -> None:
+        self._source = source
+        self._names = names
+
+    def collect(self) -> Iterable[Metric]:
+        """Yield the source's families not owned elsewhere."""
+        return (m for m in self._source.collect() if m.name not in self._names)
+
+
+class LedgerStateCollector(Collector):
+    """Gauges computed from the database at scrape time (cheap, indexed queries)."""
+
+    def __init__(self, engine: Engine, clock: Clock, *, revocation_bound_seconds: int) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._bound = revocation_bound_seconds
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the state gauges, or only `ledger_metrics_database_up 0` on failure."""
+        up = GaugeMetricFamily("ledger_metrics_database_up",
+                               "1 when /metrics could read the ledger's state from the database")
+        try:
+            families = list(self._families(self._clock.now()))
+        except Exception:  # a scrape must never fail because the database is away
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _families(self, now: datetime) -> Iterator[Metric]:
+        """Read every state gauge in one short read-only connection."""
+        with self._engine.connect() as conn:
+            counts = conn.execute(
+                select(scope_counts.c.state, func.sum(scope_counts.c.count),
+                       func.min(scope_counts.c.refreshed_at))
+                .group_by(scope_counts.c.state)).all()
+            # ix_receipts_open (state, accepted_at) answers this from its first entry.
+            oldest = conn.execute(select(func.min(receipts.c.accepted_at))
+                                  .where(receipts.c.state == ReceiptState.PENDING.code)).scalar()
+            live = conn.execute(select(instances.c.id, instances.c.started_at,
+                                       instances.c.credentials_refreshed_at,
+                                       instances.c.heartbeat_at)).all()
+            open_findings = conn.execute(
+                select(findings.c.kind, func.count()).where(findings.c.resolved_at.is_(None))
+                .group_by(findings.c.kind)).all()
+            successes = conn.execute(
+                select(scheduler_runs.c.job, func.max(scheduler_runs.c.finished_at))
+                .where(scheduler_runs.c.outcome == "ok").group_by(scheduler_runs.c.job)).all()
+        yield from _receipt_families(counts, now)
+        pending = GaugeMetricFamily("ledger_oldest_pending_seconds",
+                                    "Age of the oldest pending receipt (0 when none)")
+        pending.add_metric([], _age(now, oldest) if oldest is not None else 0.0)
+        yield pending
+        yield self._view_ages(live, now)
+        kinds = GaugeMetricFamily("ledger_findings_open",
+                                  "Open stuck-work and integrity findings, by kind",
+                                  labels=["kind"])
+        for kind, count in open_findings:
+            kinds.add_metric([kind], float(count))
+        yield kinds
+        last = GaugeMetricFamily("ledger_scheduler_last_success_age_seconds",
+                                 "Seconds since each scheduled job last finished ok",
+                                 labels=["job"])
+        for job, finished in successes:
+            last.add_metric([job], _age(now, finished))
+        yield last
+
+    def _view_ages(self, rows: Iterable[Any], now: datetime) -> Metric:
+        """Return each live web instance's credential view age (the revocation lag)."""
+        family = GaugeMetricFamily(
+            "ledger_credential_view_age_seconds",
+            "Seconds since each live instance last refreshed its credential view "
+            "(must stay under LEDGER_REVOCATION_BOUND_SECONDS)", labels=["instance"])
+        for row in rows:
+            if _age(now, row.heartbeat_at) > LIVE_INSTANCE_BOUNDS * self._bound:
+                continue  # gone without deregistering; the sweep reports it
+            family.add_metric([row.id], _age(now, row.credentials_refreshed_at or row.started_at))
+        return family
+
+
+def _receipt_families(rows: Iterable[Any], now: datetime) -> Iterator[Metric]:
+    """Return receipts by state and the age of the rollup they come from."""
+    by_state = GaugeMetricFamily("ledger_receipts",
+                                 "Receipts by state (from the latest rollup)", labels=["state"])
+    totals = {state: 0.0 for state in ReceiptState}
+    refreshed: list[datetime] = []
+    for code, total, refreshed_at in rows:
+        totals[ReceiptState.from_code(code)] = float(total or 0)
+        if refreshed_at is not None:
+            refreshed.append(refreshed_at)
+    for state, total in totals.items():
+        by_state.add_metric([state.value], total)
+    yield by_state
+    if refreshed:
+        age = GaugeMetricFamily("ledger_rollup_age_seconds",
+                                "Age of the receipt rollup behind ledger_receipts")
+        age.add_metric([], _age(now, min(refreshed)))
+        yield age
+
+
+def _age(now: datetime, moment: datetime | str | None) -> float:
+    """Return seconds from `moment` to `now` (SQLite aggregates return text)."""
+    if moment is None:
+        return 0.0
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return max(0.0, round((now - moment).total_seconds(), 3))
+
+
+def process_source() -> Any:
+    """Return the collector of this server's process metrics (multiprocess when configured)."""
+    path = os.environ.get(MULTIPROC_ENV)
+    if path:
+        from prometheus_client import multiprocess
+
+        return multiprocess.MultiProcessCollector(None, path=path)
+    return REGISTRY
+
+
+def render_metrics(engine: Engine, clock: Clock, *,
+                   revocation_bound_seconds: int) -> tuple[bytes, str]:
+    """Return the exposition text and its content type."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Without(process_source(), STATE_FAMILIES))
+    registry.register(LedgerStateCollector(engine, clock,
+                                           revocation_bound_seconds=revocation_bound_seconds))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,111 @@
+"""Conflicts, integrations with their credentials, and the audit log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, select, tuple_
+
+from ledger.db.schema import audit_log, conflicts, credentials, integrations
+from ledger.reads.cursor import Page, decode_cursor, encode_cursor
+from ledger.reads.receipts import MAX_LIMIT, conflict_item, scope_names
+
+
+def list_conflicts(conn: Connection, *, scope_id: int | None = None,
+                   unacknowledged: bool = False, cursor: str | None = None,
+                   limit: int = 50) -> Page:
+    """Return one page of conflicts, most recently seen first."""
+    limit = max(1, min(limit, MAX_LIMIT))
+    terms = []
+    if scope_id is not None:
+        terms.append(conflicts.c.scope_id == scope_id)
+    if unacknowledged:
+        terms.append(conflicts.c.acknowledged_at.is_(None))
+    if cursor is not None:
+        seen, ident = decode_cursor(cursor, (datetime, int))
+        terms += [conflicts.c.last_seen <= seen,
+                  tuple_(conflicts.c.last_seen, conflicts.c.id) < tuple_(seen, ident)]
+    rows = conn.execute(select(conflicts).where(*terms)
+                        .order_by(conflicts.c.last_seen.desc(), conflicts.c.id.desc())
+                        .limit(limit + 1)).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    names = scope_names(conn, {r.scope_id for r in rows})
+    items = []
+    for r in rows:
+        scope, public_id = names.get(r.scope_id, (str(r.scope_id), ""))
+        items.append(dict(conflict_item(r), scope=scope, integration=public_id))
+    return Page(items=items, next_cursor=encode_cursor(rows[-1].last_seen, rows[-1].id)
+                if more else None)
+
+
+def list_integrations(conn: Connection, *, account: str | None = None,
+                      cursor: str | None = None, limit: int = 50) -> Page:
+    """Return one page of integrations by scope (the unique (account, name) index)."""
+    limit = max(1, min(limit, MAX_LIMIT))
+    terms = []
+    if account:
+        terms.append(integrations.c.account == account)
+    if cursor is not None:
+        terms.append(tuple_(integrations.c.account, integrations.c.name)
+                     > tuple_(*decode_cursor(cursor, (str, str))))
+    rows = conn.execute(select(integrations).where(*terms)
+                        .order_by(integrations.c.account, integrations.c.name)
+                        .limit(limit + 1)).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    items = [dict(r._mapping, scope=f"{r.account}/{r.name}") for r in rows]
+    return Page(items=items, next_cursor=encode_cursor(rows[-1].account, rows[-1].name)
+                if more else None)
+
+
+def credential_rows(conn: Connection, integration_id: int) -> list[dict[str, Any]]:
+    """Return an integration's credentials, newest first, never the secret."""
+    rows = conn.execute(
+        select(credentials.c.key_id, credentials.c.state, credentials.c.fingerprint,
+               credentials.c.created_at, credentials.c.expires_at, credentials.c.revoked_at,
+               credentials.c.revoked_reason)
+        .where(credentials.c.integration_id == integration_id)
+        .order_by(credentials.c.id.desc()))
+    return [dict(r._mapping) for r in rows]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditFilter:
+    """Audit log filters; every field optional."""
+
+    actor: str | None = None
+    action: str | None = None
+    scope: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def list_audit(conn: Connection, f: AuditFilter, *, cursor: str | None = None,
+               limit: int = 50) -> Page:
+    """Return one page of audit rows, newest first (keyset on id)."""
+    limit = max(1, min(limit, MAX_LIMIT))
+    terms = []
+    if f.actor:
+        terms.append(audit_log.c.actor == f.actor)
+    if f.action:
+        terms.append(audit_log.c.action == f.action)
+    if f.scope:
+        terms.append(audit_log.c.scope == f.scope)
+    if f.since is not None:
+        terms.append(audit_log.c.at >= f.since)
+    if f.until is not None:
+        terms.append(audit_log.c.at < f.until)
+    if cursor is not None:
+        terms.append(audit_log.c.id < decode_cursor(cursor, (int,))[0])
+    rows = conn.execute(
+        select(audit_log.c.id, audit_log.c.at, audit_log.c.actor, audit_log.c.role,
+               audit_log.c.action, audit_log.c.target, audit_log.c.scope, audit_log.c.reason,
+               audit_log.c.detail, audit_log.c.request_id)
+        .where(*terms).order_by(audit_log.c.id.desc()).limit(limit + 1)).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return Page(items=[dict(r._mapping) for r in rows],
+                next_cursor=encode_cursor(rows[-1].id) if more else None)

@@ -1,0 +1,80 @@
+"""Capacity: the seed's equation fed with bytes measured from this database.
+
+    projected_bytes = events_per_day * retention_days * bytes_per_receipt
+
+bytes_per_receipt is the receipts table's real footprint divided by its rows:
+PostgreSQL `pg_total_relation_size` (heap + every index + TOAST, free space and
+dead tuples included, because the disk holds them too); SQLite the `dbstat`
+virtual table's pages of the table and its indexes. events_per_day is what the
+ledger accepted over the last 24 hours. Jobs are not counted: a finished job's
+row is deleted, so jobs scale with the backlog, not with retention.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select, text
+
+from ledger.config import Settings
+from ledger.db.schema import receipts
+
+DAY = timedelta(days=1)
+
+
+def measure(engine: Engine, settings: Settings, *, replicas: int = 1,
+            now: datetime | None = None) -> dict[str, Any]:
+    """Return the CONTRACT's `ledger capacity` figures (plus `replicas` when not 1)."""
+    if replicas < 1:
+        raise ValueError("replicas must be at least 1")
+    with engine.connect() as conn:
+        rows = int(conn.execute(select(func.count()).select_from(receipts)).scalar_one())
+        size = receipts_bytes(conn)
+        since = (now or datetime.now(UTC)) - DAY
+        per_day = int(conn.execute(
+            select(func.count()).select_from(receipts)
+            .where(receipts.c.accepted_at >= since)).scalar_one())
+    per_receipt = round(size / rows, 1) if rows else None
+    retention_days = round(settings.retention_seconds / 86400, 4)
+    projected = (round(per_day * retention_days * per_receipt * replicas)
+                 if per_receipt is not None else None)
+    result: dict[str, Any] = {
+        "receipts": rows, "bytes_per_receipt_measured": per_receipt,
+        "retention_days": retention_days, "events_per_day": per_day,
+        "projected_bytes": projected,
+    }
+    if replicas != 1:
+        result["replicas"] = replicas
+    return result
+
+
+def receipts_bytes(conn: Connection) -> int:
+    """Return the bytes the receipts table occupies with its indexes (and TOAST)."""
+    if conn.dialect.name == "postgresql":
+        return int(conn.execute(text("SELECT pg_total_relation_size('receipts')")).scalar_one())
+    names = [row[0] for row in conn.execute(text(
+        "SELECT name FROM sqlite_master WHERE tbl_name = 'receipts' "
+        "AND type IN ('table', 'index')"))]
+    marks = ", ".join(f":n{i}" for i in range(len(names)))
+    return int(conn.execute(
+        text(f"SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name IN ({marks})"),
+        {f"n{i}": name for i, name in enumerate(names)}).scalar_one())
+
+
+def describe(figures: dict[str, Any]) -> str:
+    """Return the figures as a few readable lines for a terminal."""
+    per = figures["bytes_per_receipt_measured"]
+    if per is None:
+        return "no receipts yet: nothing to measure (deliver some events first)"
+    lines = [
+        f"receipts:            {figures['receipts']:,}",
+        f"bytes per receipt:   {per:,} (measured: table + indexes + TOAST)",
+        f"events per day:      {figures['events_per_day']:,} (accepted in the last 24 h)",
+        f"retention days:      {figures['retention_days']}",
+    ]
+    if "replicas" in figures:
+        lines.append(f"replicas:            {figures['replicas']}")
+    lines.append(f"projected bytes:     {figures['projected_bytes']:,} "
+                 f"(≈ {figures['projected_bytes'] / 1e9:.2f} GB)")
+    return "\n".join(lines)

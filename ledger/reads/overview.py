@@ -1,0 +1,100 @@
+"""The overview: rollups per scope, live headline numbers, instances and scheduled runs."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from ledger.db.schema import (
+    conflicts,
+    hourly_series,
+    instances,
+    receipts,
+    scheduler_runs,
+    scope_counts,
+)
+from ledger.domain import ReceiptState
+from ledger.reads.admin import list_integrations
+from ledger.reads.cursor import Page
+
+HEADLINE_CAP = 100_000
+SERIES_HOURS = 48
+INSTANCE_LIMIT = 50
+
+
+def _capped_count(conn: Connection, stmt: Any) -> int:
+    """Count the rows of a select, stopping at HEADLINE_CAP + 1."""
+    inner = stmt.limit(HEADLINE_CAP + 1).subquery()
+    return int(conn.execute(select(func.count()).select_from(inner)).scalar_one())
+
+
+def headline(conn: Connection, now: datetime) -> dict[str, Any]:
+    """Return the live numbers at the top of the overview (all through small indexes)."""
+    day_ago = now - timedelta(hours=24)
+    oldest = conn.execute(
+        select(receipts.c.accepted_at)
+        .where(receipts.c.state == ReceiptState.PENDING.code,
+               receipts.c.state != ReceiptState.COMPLETE.code)
+        .order_by(receipts.c.accepted_at).limit(1)).scalar()
+    failed = _capped_count(conn, select(receipts.c.event_id).where(
+        receipts.c.state == ReceiptState.FAILED.code,
+        receipts.c.state != ReceiptState.COMPLETE.code, receipts.c.accepted_at >= day_ago))
+    conflicted = _capped_count(conn, select(conflicts.c.id).where(
+        conflicts.c.last_seen >= day_ago))
+    return {"oldest_pending_at": oldest,
+            "oldest_pending_age_seconds": (now - oldest).total_seconds() if oldest else None,
+            "failures_24h": failed, "conflicts_24h": conflicted, "cap": HEADLINE_CAP}
+
+
+def scope_rows(conn: Connection, now: datetime, *, cursor: str | None = None,
+               limit: int = 20) -> tuple[Page, datetime | None]:
+    """Return a page of scopes with rollup counts and hourly series, and the rollup time."""
+    page = list_integrations(conn, cursor=cursor, limit=limit)
+    ids = [item["id"] for item in page.items]
+    if not ids:
+        return page, None
+    counts: dict[int, dict[str, Any]] = {i: {} for i in ids}
+    refreshed: datetime | None = None
+    for r in conn.execute(select(scope_counts).where(scope_counts.c.scope_id.in_(ids))):
+        state = ReceiptState.from_code(r.state).value
+        counts[r.scope_id][state] = r.count
+        if r.state == ReceiptState.PENDING.code:
+            counts[r.scope_id]["oldest_pending_at"] = r.oldest_accepted_at
+        refreshed = r.refreshed_at if refreshed is None else max(refreshed, r.refreshed_at)
+    series: dict[int, list[tuple[datetime, int, int]]] = {i: [] for i in ids}
+    since = now - timedelta(hours=SERIES_HOURS)
+    for r in conn.execute(select(hourly_series)
+                          .where(hourly_series.c.scope_id.in_(ids), hourly_series.c.hour >= since)
+                          .order_by(hourly_series.c.scope_id, hourly_series.c.hour)):
+        series[r.scope_id].append((r.hour, int(r.accepted), int(r.failed)))
+    for item in page.items:
+        item["counts"] = counts[item["id"]]
+        item["series"] = series[item["id"]]
+    return page, refreshed
+
+
+def instance_rows(conn: Connection, now: datetime) -> list[dict[str, Any]]:
+    """Return the most recently alive instances with heartbeat age and credential lag."""
+    rows = conn.execute(select(instances).order_by(instances.c.heartbeat_at.desc())
+                        .limit(INSTANCE_LIMIT))
+    items = []
+    for r in rows:
+        lag = (now - r.credentials_refreshed_at).total_seconds() \
+            if r.credentials_refreshed_at else None
+        items.append(dict(r._mapping, heartbeat_age_seconds=(now - r.heartbeat_at)
+                          .total_seconds(), refresh_lag_seconds=lag))
+    return items
+
+
+def last_runs(conn: Connection) -> list[dict[str, Any]]:
+    """Return the latest run of each scheduled job (the unique (job, period) index)."""
+    names = conn.execute(select(scheduler_runs.c.job).distinct().order_by(scheduler_runs.c.job))
+    items = []
+    for name in names.scalars().all():
+        row = conn.execute(select(scheduler_runs).where(scheduler_runs.c.job == name)
+                           .order_by(scheduler_runs.c.period_start.desc()).limit(1)).first()
+        if row is not None:
+            items.append(dict(row._mapping))
+    return items

@@ -1,0 +1,244 @@
+"""Receipt lists (three index-shaped strategies) and the receipt detail."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Select, select, tuple_
+from sqlalchemy.sql.elements import ColumnElement
+
+from ledger.db.schema import attempts, audit_log, conflicts, integrations, jobs, receipts
+from ledger.domain import ReceiptState
+from ledger.reads.cursor import BadCursor, Page, decode_cursor, encode_cursor
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 200
+# Time windows start small and grow: the first page of a busy ledger reads one
+# minute of receipts through the BRIN index, a quiet one widens until it fills.
+FIRST_WINDOW = timedelta(seconds=60)
+WINDOW_GROWTH = 4
+MAX_WINDOWS = 16
+FUTURE_SLACK = timedelta(hours=1)
+# No receipt is older than this; the last window stops here instead of overflowing.
+OLDEST_POSSIBLE = datetime(2000, 1, 1, tzinfo=UTC)
+
+LIST_COLUMNS = (receipts.c.scope_id, receipts.c.event_id, receipts.c.event_type,
+                receipts.c.state, receipts.c.attempts, receipts.c.accepted_at,
+                receipts.c.completed_at, receipts.c.result_ref)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReceiptFilter:
+    """What an operator asked to see; every field optional."""
+
+    scope_id: int | None = None
+    state: ReceiptState | None = None
+    event_type: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    prefix: str | None = None
+
+
+def filter_terms(f: ReceiptFilter) -> list[ColumnElement[bool]]:
+    """Return the WHERE terms every strategy shares."""
+    terms: list[ColumnElement[bool]] = []
+    if f.scope_id is not None:
+        terms.append(receipts.c.scope_id == f.scope_id)
+    if f.state is not None:
+        terms.append(receipts.c.state == f.state.code)
+        if f.state is not ReceiptState.COMPLETE:
+            # Restates the partial index predicate so every planner sees it applies.
+            terms.append(receipts.c.state != ReceiptState.COMPLETE.code)
+    if f.event_type:
+        terms.append(receipts.c.event_type == f.event_type)
+    if f.since is not None:
+        terms.append(receipts.c.accepted_at >= f.since)
+    if f.until is not None:
+        terms.append(receipts.c.accepted_at < f.until)
+    return terms
+
+
+def newest_first(stmt: Select[Any]) -> Select[Any]:
+    """Order a receipt select newest first with a unique tiebreak."""
+    return stmt.order_by(receipts.c.accepted_at.desc(), receipts.c.scope_id.desc(),
+                         receipts.c.event_id.desc())
+
+
+def time_cursor(cursor: str | None) -> tuple[datetime, int, str] | None:
+    """Decode a newest-first cursor."""
+    return None if cursor is None else decode_cursor(cursor, (datetime, int, str))
+
+
+def before_key(key: tuple[datetime, int, str]) -> list[ColumnElement[bool]]:
+    """Return terms selecting rows strictly after `key` in newest-first order."""
+    at, scope_id, event_id = key
+    # The plain bound lets the index range-scan; the row comparison breaks ties.
+    return [receipts.c.accepted_at <= at,
+            tuple_(receipts.c.accepted_at, receipts.c.scope_id, receipts.c.event_id)
+            < tuple_(at, scope_id, event_id)]
+
+
+def open_receipts_stmt(f: ReceiptFilter, key: tuple[datetime, int, str] | None,
+                       limit: int) -> Select[Any]:
+    """Pending or failed receipts newest first: the partial (state, accepted_at) index."""
+    terms = filter_terms(f) + (before_key(key) if key else [])
+    return newest_first(select(*LIST_COLUMNS).where(*terms)).limit(limit)
+
+
+def window_stmt(f: ReceiptFilter, key: tuple[datetime, int, str] | None, lo: datetime,
+                hi: datetime, limit: int) -> Select[Any]:
+    """Receipts in [lo, hi) newest first: the BRIN (PostgreSQL) or btree index on accepted_at."""
+    terms = [*filter_terms(f), receipts.c.accepted_at >= lo, receipts.c.accepted_at < hi]
+    if key:
+        terms += before_key(key)
+    return newest_first(select(*LIST_COLUMNS).where(*terms)).limit(limit)
+
+
+def prefix_bounds(prefix: str) -> tuple[str, str]:
+    """Return [low, high) bounds of the ids starting with `prefix` (byte order)."""
+    return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def prefix_stmt(f: ReceiptFilter, scope_ids: list[int], key: tuple[str, int] | None,
+                limit: int) -> Select[Any]:
+    """Receipts whose id starts with a prefix, by id: the primary key (scope_id, event_id)."""
+    assert f.prefix
+    low, high = prefix_bounds(f.prefix)
+    escaped = f.prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    terms = [*filter_terms(f), receipts.c.scope_id.in_(scope_ids),
+             receipts.c.event_id >= low, receipts.c.event_id < high,
+             receipts.c.event_id.like(escaped + "%", escape="\\")]
+    if key:
+        terms.append(tuple_(receipts.c.event_id, receipts.c.scope_id) > tuple_(*key))
+    return (select(*LIST_COLUMNS).where(*terms)
+            .order_by(receipts.c.event_id, receipts.c.scope_id).limit(limit))
+
+
+def list_receipts(conn: Connection, f: ReceiptFilter, *, now: datetime,
+                  cursor: str | None = None, limit: int = DEFAULT_LIMIT) -> Page:
+    """Return one keyset page of receipts matching the filter."""
+    limit = max(1, min(limit, MAX_LIMIT))
+    if f.prefix:
+        return _list_by_prefix(conn, f, cursor, limit)
+    key = time_cursor(cursor)
+    if f.state in (ReceiptState.PENDING, ReceiptState.FAILED):
+        rows = list(conn.execute(open_receipts_stmt(f, key, limit + 1)))
+    else:
+        rows = _read_windows(conn, f, key, limit + 1, now)
+    return _page(conn, rows, limit, lambda r: encode_cursor(r.accepted_at, r.scope_id,
+                                                            r.event_id))
+
+
+def _read_windows(conn: Connection, f: ReceiptFilter, key: tuple[datetime, int, str] | None,
+                  want: int, now: datetime) -> list[Any]:
+    """Read newest-first rows window by window until `want` rows or the oldest bound."""
+    hi = key[0] + timedelta(microseconds=1) if key else (f.until or now + FUTURE_SLACK)
+    width = FIRST_WINDOW
+    rows: list[Any] = []
+    for _ in range(MAX_WINDOWS):
+        floor = f.since or OLDEST_POSSIBLE
+        lo = hi - width if hi - floor > width else floor
+        last = lo <= floor
+        rows += conn.execute(window_stmt(f, key, lo, hi, want - len(rows))).all()
+        if len(rows) >= want or last:
+            break
+        hi, width = lo, width * WINDOW_GROWTH
+    return rows
+
+
+def _list_by_prefix(conn: Connection, f: ReceiptFilter, cursor: str | None,
+                    limit: int) -> Page:
+    """Page receipts by event id prefix, within one scope or across all."""
+    key = None if cursor is None else decode_cursor(cursor, (str, int))
+    if f.scope_id is not None:
+        scope_ids = [f.scope_id]
+    else:
+        scope_ids = list(conn.execute(select(integrations.c.id)).scalars())
+    if not scope_ids:
+        return Page()
+    rows = list(conn.execute(prefix_stmt(f, scope_ids, key, limit + 1)))
+    return _page(conn, rows, limit, lambda r: encode_cursor(r.event_id, r.scope_id))
+
+
+def scope_names(conn: Connection, scope_ids: set[int]) -> dict[int, tuple[str, str]]:
+    """Return {scope id: (scope, public id)} for the given ids."""
+    if not scope_ids:
+        return {}
+    rows = conn.execute(select(integrations.c.id, integrations.c.account, integrations.c.name,
+                               integrations.c.public_id)
+                        .where(integrations.c.id.in_(sorted(scope_ids))))
+    return {r.id: (f"{r.account}/{r.name}", r.public_id) for r in rows}
+
+
+def receipt_item(row: Any, names: dict[int, tuple[str, str]]) -> dict[str, Any]:
+    """Turn a receipt row into the dict pages and the API show."""
+    item = dict(row._mapping)
+    scope, public_id = names.get(row.scope_id, (str(row.scope_id), ""))
+    item.update(scope=scope, integration=public_id,
+                state=ReceiptState.from_code(row.state).value)
+    return item
+
+
+def _page(conn: Connection, rows: list[Any], limit: int, key_of: Any) -> Page:
+    """Cut rows to the page size and compute the next cursor."""
+    more = len(rows) > limit
+    rows = rows[:limit]
+    names = scope_names(conn, {r.scope_id for r in rows})
+    items = [receipt_item(r, names) for r in rows]
+    return Page(items=items, next_cursor=key_of(rows[-1]) if more and rows else None)
+
+
+def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, Any] | None:
+    """Return a receipt with its timeline, conflicts, audit rows and retained payload."""
+    row = conn.execute(select(receipts).where(receipts.c.scope_id == scope_id,
+                                              receipts.c.event_id == event_id)).first()
+    if row is None:
+        return None
+    names = scope_names(conn, {scope_id})
+    item = receipt_item(row, names)
+    item["body_sha256"] = bytes(row.body_sha256).hex()
+    item["attempt_rows"] = [dict(a._mapping) for a in conn.execute(
+        select(attempts).where(attempts.c.scope_id == scope_id, attempts.c.event_id == event_id)
+        .order_by(attempts.c.number, attempts.c.id))]
+    errors = [a["error"] for a in item["attempt_rows"] if a["error"]]
+    item["last_error"] = errors[-1] if errors else None
+    item["conflicts"] = [conflict_item(c) for c in conn.execute(
+        select(conflicts).where(conflicts.c.scope_id == scope_id,
+                                (conflicts.c.event_id == event_id)
+                                | (conflicts.c.original_event_id == event_id))
+        .order_by(conflicts.c.last_seen.desc()).limit(50))]
+    item["audit"] = [dict(a._mapping) for a in conn.execute(
+        select(audit_log.c.id, audit_log.c.at, audit_log.c.actor, audit_log.c.role,
+               audit_log.c.action, audit_log.c.reason)
+        .where(audit_log.c.scope == item["scope"],
+               audit_log.c.target.in_([event_id, f"{item['scope']}:{event_id}"]))
+        .order_by(audit_log.c.id.desc()).limit(50))]
+    job = conn.execute(select(jobs.c.status, jobs.c.run_at, jobs.c.leased_by,
+                              jobs.c.leased_until, jobs.c.payload)
+                       .where(jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).first()
+    item["job"] = None if job is None else {k: v for k, v in job._mapping.items()
+                                            if k != "payload"}
+    item["payload"] = pretty_payload(job.payload) if job is not None and job.payload else None
+    return item
+
+
+def pretty_payload(raw: str) -> str:
+    """Pretty-print a stored JSON payload (left as is when it is not JSON)."""
+    try:
+        return json.dumps(json.loads(raw), indent=2, sort_keys=True, ensure_ascii=False)
+    except ValueError:
+        return raw
+
+
+def conflict_item(row: Any) -> dict[str, Any]:
+    """Turn a conflict row into a dict with hex digests."""
+    item = dict(row._mapping)
+    item["original_sha256"] = bytes(row.original_sha256).hex()
+    item["incoming_sha256"] = bytes(row.incoming_sha256).hex()
+    return item
+
+
+__all__ = ["BadCursor", "ReceiptFilter", "list_receipts", "receipt_detail"]

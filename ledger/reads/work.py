@@ -1,0 +1,125 @@
+"""Stuck work and terminal failures: what on-call looks at first."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, func, select, tuple_
+
+from ledger.db.schema import attempts, findings, jobs, receipts
+from ledger.domain import JobStatus, ReceiptState
+from ledger.reads.cursor import Page, encode_cursor
+from ledger.reads.receipts import (
+    LIST_COLUMNS,
+    MAX_LIMIT,
+    ReceiptFilter,
+    before_key,
+    filter_terms,
+    newest_first,
+    receipt_item,
+    scope_names,
+    time_cursor,
+)
+
+STUCK_LIMIT = 100
+# Counts shown to operators stop here: an exact count of a huge set costs a scan.
+COUNT_CAP = 100_000
+
+
+def _last_error():  # type: ignore[no-untyped-def]
+    """Return a scalar subquery: the newest attempt's error of the outer receipt."""
+    return (select(attempts.c.error)
+            .where(attempts.c.scope_id == receipts.c.scope_id,
+                   attempts.c.event_id == receipts.c.event_id,
+                   attempts.c.error.is_not(None))
+            .order_by(attempts.c.number.desc(), attempts.c.id.desc())
+            .limit(1).correlate(receipts).scalar_subquery().label("last_error"))
+
+
+def failures_filter(f: ReceiptFilter) -> ReceiptFilter:
+    """Return the filter restricted to failed receipts."""
+    return ReceiptFilter(scope_id=f.scope_id, state=ReceiptState.FAILED,
+                         event_type=f.event_type, since=f.since, until=f.until)
+
+
+def list_failures(conn: Connection, f: ReceiptFilter, *, cursor: str | None = None,
+                  limit: int = 50) -> Page:
+    """Return one page of failed receipts with their last error, newest first."""
+    limit = max(1, min(limit, MAX_LIMIT))
+    f = failures_filter(f)
+    key = time_cursor(cursor)
+    terms = filter_terms(f) + (before_key(key) if key else [])
+    rows = conn.execute(newest_first(select(*LIST_COLUMNS, _last_error()).where(*terms))
+                        .limit(limit + 1)).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    names = scope_names(conn, {r.scope_id for r in rows})
+    items = [receipt_item(r, names) for r in rows]
+    next_cursor = (encode_cursor(rows[-1].accepted_at, rows[-1].scope_id, rows[-1].event_id)
+                   if more else None)
+    return Page(items=items, next_cursor=next_cursor)
+
+
+def count_failures(conn: Connection, f: ReceiptFilter) -> tuple[int, bool]:
+    """Count failed receipts matching the filter, up to COUNT_CAP; tell whether capped."""
+    inner = (select(receipts.c.event_id).where(*filter_terms(failures_filter(f)))
+             .limit(COUNT_CAP + 1).subquery())
+    count = int(conn.execute(select(func.count()).select_from(inner)).scalar_one())
+    return min(count, COUNT_CAP), count > COUNT_CAP
+
+
+def failures_chunk(conn: Connection, f: ReceiptFilter, after: tuple[datetime, int, str] | None,
+                   size: int) -> list[tuple[datetime, int, str]]:
+    """Return the next `size` failed receipts' keys oldest first, after `after`."""
+    terms = filter_terms(failures_filter(f))
+    if after is not None:
+        terms += [receipts.c.accepted_at >= after[0],
+                  tuple_(receipts.c.accepted_at, receipts.c.scope_id, receipts.c.event_id)
+                  > tuple_(*after)]
+    rows = conn.execute(
+        select(receipts.c.accepted_at, receipts.c.scope_id, receipts.c.event_id)
+        .where(*terms)
+        .order_by(receipts.c.accepted_at, receipts.c.scope_id, receipts.c.event_id)
+        .limit(size)).all()
+    return [(r.accepted_at, r.scope_id, r.event_id) for r in rows]
+
+
+def stuck_pending(conn: Connection, now: datetime, threshold_seconds: int) -> list[dict[str, Any]]:
+    """Return the oldest receipts still pending past the threshold (partial index)."""
+    cutoff = now - timedelta(seconds=threshold_seconds)
+    rows = conn.execute(
+        select(*LIST_COLUMNS).where(receipts.c.state == ReceiptState.PENDING.code,
+                                    receipts.c.state != ReceiptState.COMPLETE.code,
+                                    receipts.c.accepted_at < cutoff)
+        .order_by(receipts.c.accepted_at).limit(STUCK_LIMIT)).all()
+    names = scope_names(conn, {r.scope_id for r in rows})
+    return [dict(receipt_item(r, names), age_seconds=(now - r.accepted_at).total_seconds())
+            for r in rows]
+
+
+def overdue_jobs(conn: Connection, now: datetime, grace_seconds: int) -> list[dict[str, Any]]:
+    """Return queued jobs due for longer than the grace: expired leases and unclaimed work."""
+    cutoff = now - timedelta(seconds=grace_seconds)
+    rows = conn.execute(
+        select(jobs.c.scope_id, jobs.c.event_id, jobs.c.event_type, jobs.c.accepted_at,
+               jobs.c.run_at, jobs.c.attempts, jobs.c.leased_by, jobs.c.leased_until)
+        .where(jobs.c.status == JobStatus.QUEUED.value, jobs.c.run_at <= cutoff)
+        .order_by(jobs.c.run_at).limit(STUCK_LIMIT)).all()
+    names = scope_names(conn, {r.scope_id for r in rows})
+    items = []
+    for r in rows:
+        scope, public_id = names.get(r.scope_id, (str(r.scope_id), ""))
+        expired = r.leased_until is not None and r.leased_until <= now
+        items.append(dict(r._mapping, scope=scope, integration=public_id,
+                          kind="expired lease" if expired else "due, unclaimed",
+                          age_seconds=(now - r.accepted_at).total_seconds(),
+                          overdue_seconds=(now - r.run_at).total_seconds()))
+    return items
+
+
+def open_findings(conn: Connection, limit: int = STUCK_LIMIT) -> list[dict[str, Any]]:
+    """Return unresolved findings of the scheduled checks, newest first."""
+    rows = conn.execute(select(findings).where(findings.c.resolved_at.is_(None))
+                        .order_by(findings.c.last_seen.desc()).limit(limit))
+    return [dict(r._mapping) for r in rows]

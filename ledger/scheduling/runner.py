@@ -1,0 +1,245 @@
+"""`ledger scheduler`: the scheduled jobs, once per period across every scheduler instance.
+
+Each instance fires every job at the boundaries of its period. A firing computes
+period_start = floor(now / period) * period and, in ONE short transaction, takes
+the guard (PostgreSQL `pg_try_advisory_xact_lock`, transaction-scoped so it also
+works behind PgBouncer transaction pooling; SQLite the BEGIN IMMEDIATE write
+lock every transaction takes) and inserts the scheduler_runs row with ON
+CONFLICT DO NOTHING on (job, period_start). Only the inserter runs the job, in
+its own short transactions, and then records the outcome on that row. A holder
+that dies leaves its row 'running' (the sweep marks it abandoned) and blocks
+nothing: the next period has a new period_start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers import SchedulerNotRunningError
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.blocking import BlockingScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+from sqlalchemy import Engine, text
+from sqlalchemy import exc as sa_exc
+
+from ledger.clock import Clock
+from ledger.config import Settings
+from ledger.logs import get_logger
+from ledger.metrics import SCHEDULER_RUNS
+from ledger.scheduling import runs
+from ledger.services import Services
+
+log = get_logger("ledger.scheduler")
+JobFunc = Callable[[Engine, Settings, Clock], int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduledJob:
+    """A job function and how often it runs (seconds)."""
+
+    name: str
+    period_seconds: float
+    func: JobFunc
+
+
+def default_jobs(settings: Settings) -> list[ScheduledJob]:
+    """Return the ledger's scheduled jobs with their default periods."""
+    from jobs import retention, rollups, sweep
+
+    jobs = [
+        ScheduledJob(name="retention", period_seconds=3600, func=retention.run),
+        ScheduledJob(name="sweep", period_seconds=60, func=sweep.run),
+        ScheduledJob(name="rollups", period_seconds=60, func=rollups.run),
+    ]
+    return jobs + _credential_jobs(settings)
+
+
+def _credential_jobs(settings: Settings) -> list[ScheduledJob]:
+    """Return the credential jobs, or none (with a warning) while their module is missing."""
+    try:
+        from jobs import credential_jobs
+    except ModuleNotFoundError as error:
+        if error.name != "jobs.credential_jobs":
+            raise
+        log.warning("jobs.credential_jobs not found: credential expiry and revocation "
+                    "checks are not scheduled")
+        return []
+
+    def expire_credentials(engine: Engine, _settings: Settings, clock: Clock) -> int:
+        return credential_jobs.expire_credentials(engine, clock)
+
+    return [
+        ScheduledJob(name="credential_expiry", period_seconds=60, func=expire_credentials),
+        ScheduledJob(name="revocation_propagation",
+                     period_seconds=max(5, settings.revocation_bound_seconds),
+                     func=credential_jobs.check_revocation_propagation),
+    ]
+
+
+def periods_from_env(env: Mapping[str, str] | None = None) -> dict[str, float]:
+    """Read LEDGER_SCHEDULER_PERIODS ("sweep=5,rollups=30") into period overrides."""
+    env = os.environ if env is None else env
+    overrides: dict[str, float] = {}
+    for item in filter(None, (p.strip() for p in env.get("LEDGER_SCHEDULER_PERIODS", "")
+                              .split(","))):
+        name, _, value = item.partition("=")
+        try:
+            overrides[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"LEDGER_SCHEDULER_PERIODS: bad period in {item!r}") from None
+    return overrides
+
+
+def period_scale_from_env(env: Mapping[str, str] | None = None) -> float:
+    """Read LEDGER_SCHEDULER_PERIOD_SCALE, a factor applied to every period (default 1)."""
+    env = os.environ if env is None else env
+    raw = env.get("LEDGER_SCHEDULER_PERIOD_SCALE", "") or "1"
+    scale = float(raw)
+    if not scale > 0:
+        raise ValueError("LEDGER_SCHEDULER_PERIOD_SCALE must be > 0")
+    return scale
+
+
+def period_start(now: datetime, period_seconds: float) -> datetime:
+    """Return the start of the period holding `now`: floor(now / period) * period."""
+    floor = math.floor(now.timestamp() / period_seconds) * period_seconds
+    return datetime.fromtimestamp(floor, UTC)
+
+
+def new_instance_id() -> str:
+    """Return `hostname:pid:random`: unique, and names the process to kill in a drill."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def advisory_key(job: str) -> int:
+    """Return the job's 64-bit advisory lock key (stable across processes and hosts)."""
+    digest = hashlib.sha256(f"ledger.scheduling.runner:{job}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def claim_period(engine: Engine, job: ScheduledJob, *, instance: str,
+                 now: datetime) -> int | None:
+    """Take this period of `job` for `instance`; return the run id, or None if taken."""
+    start = period_start(now, job.period_seconds)
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # Transaction-scoped: released at COMMIT, so it never outlives this
+            # short transaction and survives PgBouncer transaction pooling.
+            got = conn.execute(text("SELECT pg_try_advisory_xact_lock(:key)"),
+                               {"key": advisory_key(job.name)}).scalar()
+            if not got:
+                return None
+        return runs.claim_run(conn, job=job.name, period_start=start, instance=instance,
+                              now=now)
+
+
+def describe_error(error: BaseException) -> str:
+    """Return 'Class: first line of message', without SQL parameters or payloads."""
+    if isinstance(error, sa_exc.StatementError) and error.orig is not None:
+        error = error.orig
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {message}"[:runs.ERROR_TEXT_LIMIT]
+
+
+def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob, *,
+             instance: str) -> runs.RunOutcome | None:
+    """Run `job` if this instance wins its current period; return the outcome or None."""
+    try:
+        run_id = claim_period(engine, job, instance=instance, now=clock.now())
+    except sa_exc.SQLAlchemyError as error:
+        log.warning("scheduler could not claim a period", job=job.name,
+                    error=describe_error(error))
+        return None
+    if run_id is None:
+        SCHEDULER_RUNS.labels(job.name, "skipped").inc()
+        return None
+    outcome, rows, error_text = runs.RunOutcome.OK, None, None
+    started = time.perf_counter()
+    try:
+        rows = int(job.func(engine, settings, clock))
+    except Exception as error:
+        outcome, error_text = runs.RunOutcome.ERROR, describe_error(error)
+        log.error("scheduled job failed", job=job.name, error=error_text)
+    try:
+        with engine.begin() as conn:
+            runs.finish_run(conn, run_id, outcome=outcome, now=clock.now(),
+                            rows_affected=rows, error=error_text)
+    except sa_exc.SQLAlchemyError as error:
+        log.warning("scheduler could not record a run", job=job.name,
+                    error=describe_error(error))
+    SCHEDULER_RUNS.labels(job.name, outcome.value).inc()
+    log.info("scheduled job ran", job=job.name, outcome=outcome.value, rows_affected=rows,
+             latency_ms=round((time.perf_counter() - started) * 1000, 2))
+    return outcome
+
+
+def build_scheduler(services: Services, *, instance_id: str | None = None,
+                    period_overrides: Mapping[str, float] | None = None,
+                    period_scale: float = 1.0, background: bool = False,
+                    jobs: list[ScheduledJob] | None = None) -> Any:
+    """Return a Blocking (or Background) scheduler firing every job on its period."""
+    instance = instance_id or new_instance_id()
+    overrides = dict(period_overrides or {})
+    cls = BackgroundScheduler if background else BlockingScheduler
+    scheduler = cls(timezone=UTC, executors={"default": ThreadPoolExecutor(max_workers=4)})
+    for job in jobs if jobs is not None else default_jobs(services.settings):
+        period = overrides.get(job.name, job.period_seconds * period_scale)
+        if period <= 0:
+            continue  # a period of 0 switches the job off
+        job = ScheduledJob(name=job.name, period_seconds=period, func=job.func)
+        first = period_start(services.clock.now(), period).timestamp() + period
+        scheduler.add_job(
+            run_once, IntervalTrigger(seconds=period, start_date=datetime.fromtimestamp(
+                first, UTC), timezone=UTC),
+            args=(services.engine, services.settings, services.clock, job),
+            kwargs={"instance": instance}, id=job.name, name=job.name,
+            coalesce=True, max_instances=1, misfire_grace_time=max(1, int(period)))
+    log.info("scheduler built", instance=instance, jobs=[j.id for j in scheduler.get_jobs()])
+    return scheduler
+
+
+def run_scheduler(services: Services, stop: threading.Event | None = None, *,
+                  instance_id: str | None = None,
+                  period_overrides: Mapping[str, float] | None = None,
+                  period_scale: float | None = None,
+                  jobs: list[ScheduledJob] | None = None) -> None:
+    """Run the scheduled jobs until SIGTERM/SIGINT, or until `stop` is set.
+
+    Periods not given come from LEDGER_SCHEDULER_PERIODS / _PERIOD_SCALE (so
+    `ledger dev` honours them too).
+    """
+    options: dict[str, Any] = {
+        "instance_id": instance_id, "jobs": jobs,
+        "period_overrides": periods_from_env() if period_overrides is None else period_overrides,
+        "period_scale": period_scale_from_env() if period_scale is None else period_scale}
+    if stop is not None:
+        scheduler = build_scheduler(services, background=True, **options)
+        scheduler.start()
+        try:
+            stop.wait()
+        finally:
+            scheduler.shutdown(wait=True)
+        return
+    scheduler = build_scheduler(services, **options)
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("scheduler stopping", signal=signum)
+        with contextlib.suppress(SchedulerNotRunningError):
+            scheduler.shutdown(wait=False)  # running jobs finish and record their runs
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    scheduler.start()

@@ -1,0 +1,77 @@
+"""The scheduler_runs table: one row per (job, period), written by whoever won the period.
+
+The unique constraint on (job, period_start) is what makes a job run once per
+period across every scheduler instance: the instance whose INSERT lands runs
+the job, the others see the conflict and skip. Functions take `conn` and never
+commit.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from sqlalchemy import Connection, and_, exists, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ledger.db.schema import scheduler_runs
+
+ERROR_TEXT_LIMIT = 500
+
+
+class RunOutcome(StrEnum):
+    """What became of one scheduled run."""
+
+    RUNNING = "running"
+    OK = "ok"
+    ERROR = "error"
+    ABANDONED = "abandoned"
+
+
+def claim_run(conn: Connection, *, job: str, period_start: datetime, instance: str,
+              now: datetime) -> int | None:
+    """Insert the 'running' row of this period; None when another instance has it."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = (
+        dialect.insert(scheduler_runs)
+        .values(job=job, period_start=period_start, instance=instance, started_at=now,
+                outcome=RunOutcome.RUNNING.value)
+        .on_conflict_do_nothing(index_elements=["job", "period_start"])
+        .returning(scheduler_runs.c.id)
+    )
+    return conn.execute(stmt).scalar()
+
+
+def finish_run(conn: Connection, run_id: int, *, outcome: RunOutcome, now: datetime,
+               rows_affected: int | None = None, error: str | None = None) -> None:
+    """Record how a run ended (also over an 'abandoned' mark: the holder was alive)."""
+    conn.execute(
+        update(scheduler_runs).where(scheduler_runs.c.id == run_id).values(
+            finished_at=now, outcome=outcome.value, rows_affected=rows_affected,
+            error=error[:ERROR_TEXT_LIMIT] if error else None)
+    )
+
+
+def mark_abandoned_runs(conn: Connection, *, now: datetime, grace_seconds: float) -> int:
+    """Mark 'running' rows abandoned when a later period of the job has since finished.
+
+    A later finished run proves the schedulers moved on; the grace keeps a long
+    but live run from being relabelled early. If the holder was alive after all,
+    its finish_run overwrites the mark.
+    """
+    later = scheduler_runs.alias("later")
+    stmt = (
+        update(scheduler_runs)
+        .where(
+            scheduler_runs.c.outcome == RunOutcome.RUNNING.value,
+            scheduler_runs.c.started_at < now - timedelta(seconds=grace_seconds),
+            exists(select(later.c.id).where(and_(
+                later.c.job == scheduler_runs.c.job,
+                later.c.period_start > scheduler_runs.c.period_start,
+                later.c.finished_at.is_not(None)))),
+        )
+        .values(outcome=RunOutcome.ABANDONED.value, finished_at=now,
+                error="the scheduler holding this run stopped before it finished")
+    )
+    return conn.execute(stmt).rowcount
+

@@ -1,0 +1,457 @@
+"""The worker: claim a due job, run its handler, commit the outcome exactly once.
+
+One attempt is three short transactions and never holds one across slow work:
+
+1. Claim (`worker_store.claim_next`): lock the oldest due job
+   (PostgreSQL `FOR UPDATE SKIP LOCKED`; SQLite's BEGIN IMMEDIATE), count the
+   attempt, write a lease with a new fencing token (`lease_token`), push
+   `run_at` to the lease's end, open an `attempts` row. Commit. (On PostgreSQL
+   one statement in autocommit does all of it.) Inside `run` a completion
+   claims the next job in its own transaction (3 below), so under a backlog
+   each job costs one commit: the claim is still committed, the attempt
+   counted and the lease written, before that job's handler runs.
+2. `prepare(event)`, if the handler declares one, with NO transaction open:
+   network calls and sleeps belong here (demo.slow sleeps here).
+3. Complete: a transaction that runs the handler with its connection (its
+   local effects), then deletes the job only if our token is still its token
+   (the fence), marks the receipt complete with the handler's result_ref and
+   closes the attempt (on PostgreSQL one statement). A worker whose lease was
+   taken over deletes nothing and rolls back, its handler's writes included:
+   it changes nothing. (The fence comes last so that it costs no round trip
+   of its own; a stale worker's handler may run, but never commits.)
+
+If the handler raises, its transaction rolls back and a fenced transaction
+records the error (class and message, never the payload) and schedules a
+full-jitter retry, or makes the receipt `failed` at LEDGER_MAX_ATTEMPTS /
+LEDGER_MAX_EVENT_AGE_SECONDS. A worker that dies leaves its job leased until
+`run_at` (the lease's end) passes; the next claim marks the lost attempt and
+counts a new one, so a job that keeps killing workers still reaches `failed`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy import exc as sa_exc
+
+from ledger import metrics
+from ledger.access.integrations import get_integration_by_id
+from ledger.db.engine import make_engine
+from ledger.errors import NotFound
+from ledger.logs import event_ref, get_logger
+from ledger.services import Services
+from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec, Registry, load_registry
+from ledger.worker.retry import RandomSource, RetryPolicy
+from ledger.worker.store import (
+    Claim,
+    ClaimedJob,
+    ClaimLimits,
+    ClaimRequest,
+    DueJob,
+    claim_next,
+    complete_job,
+    fail_job,
+    fail_unstarted,
+    finish_attempt,
+    hold_lease,
+    relock_due,
+    schedule_retry,
+    set_job_failed,
+)
+
+log = get_logger("ledger.worker")
+_stdlib_log = logging.getLogger("ledger.worker")  # its level decides the debug lines
+POLL_SECONDS = 0.5
+MAX_IDLE_BACKOFF_SECONDS = 30.0
+BURST_ERROR_LIMIT = 5
+# result_ref is a small reference kept on the hot receipts table for the whole retention.
+RESULT_REF_LIMIT = 256
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerHooks:
+    """Observation points for crash tests: inside the completion transaction, and after it."""
+
+    before_commit: Callable[[Connection, Event], None] | None = None
+    after_commit: Callable[[Event], None] | None = None
+
+
+Leased = tuple[Claim, str, datetime]  # a claim, its scope name, the claim's time
+
+
+class LeaseLost(Exception):
+    """Internal: our fencing token is gone; roll the transaction back."""
+
+
+def error_summary(error: BaseException) -> str:
+    """Return "Class: first line of message", without SQL parameters or tracebacks."""
+    if isinstance(error, sa_exc.StatementError) and error.orig is not None:
+        error = error.orig  # the driver's message, not SQLAlchemy's [SQL]/[parameters] dump
+    lines = str(error).strip().splitlines()
+    message = lines[0] if lines else ""
+    return f"{type(error).__name__}: {message}"[:500] if message else type(error).__name__
+
+
+def default_worker_id() -> str:
+    """Return host:pid:random, unique per worker process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """Claims and runs jobs against one database."""
+
+    def __init__(self, services: Services, *, worker_id: str | None = None,
+                 handlers: Registry | None = None, rng: RandomSource | None = None,
+                 hooks: WorkerHooks | None = None, engine: Engine | None = None) -> None:
+        self.services = services
+        self.engine = engine or services.engine
+        self.worker_id = worker_id or default_worker_id()
+        self.registry = handlers if handlers is not None else load_registry(services.settings)
+        self.policy = RetryPolicy.from_settings(services.settings)
+        self.rng = rng or random.SystemRandom()
+        self.hooks = hooks or WorkerHooks()
+        self._scopes: dict[int, str] = {}
+        self._counters: dict[tuple[str, str], Any] = {}  # ATTEMPTS children by labels
+        self._stop: threading.Event | None = None  # set inside run(): completions may chain
+        self._next: Leased | None = None  # the job the last completion claimed
+        self._held: Connection | None = None  # run()'s connection: no pool checkout per job
+        self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
+        self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
+                            if self.engine.dialect.name == "postgresql" else None)
+
+    def process_one(self) -> bool:
+        """Claim and run one due job; False when none is due."""
+        claimed = self._next if self._next is not None else self._claim()
+        self._next = None
+        if claimed is None:
+            return False
+        started = self._start(*claimed)
+        if started is None:
+            return True  # ended at claim time (out of attempts or too old)
+        job, scope = started
+        self._attempt_started = time.perf_counter()
+        spec = self.registry.get(job.event_type)
+        try:
+            event = self._event(job, scope)
+            if spec is not None and spec.prepare is not None:
+                event = _with_prepared(event, spec.prepare(event))  # no transaction open
+            self._complete(job, event, spec)
+        except LeaseLost:
+            self._transition(job, scope, "running", "fenced", outcome="fenced")
+            return True
+        except Exception as error:
+            self._record_failure(job, scope, error)
+            return True
+        self._transition(job, scope, "running", "complete", outcome="complete")
+        if self.hooks.after_commit is not None:
+            self.hooks.after_commit(event)
+        return True
+
+    def _claim(self) -> Leased | None:
+        """Lease the oldest due job in a transaction of its own; None when none is due."""
+        request = self._request()
+        with self._claim_connection() as conn:
+            return self._leased(conn, claim_next(conn, request), request)
+
+    def _request(self) -> ClaimRequest:
+        """Return this worker's claim of the next due job, now."""
+        now = self.services.clock.now()
+        return ClaimRequest(worker_id=self.worker_id, now=now, limits=self._limits(now),
+                            lease_seconds=self.services.settings.lease_seconds)
+
+    def _leased(self, conn: Connection, claim: Claim | None,
+                request: ClaimRequest) -> Leased | None:
+        """Return a claim with its scope name, read while the claim's transaction is open."""
+        if claim is None:
+            return None
+        return claim, self._scope(conn, claim[0].scope_id), request.now
+
+    def _start(self, claim: Claim, scope: str, now: datetime) -> tuple[ClaimedJob, str] | None:
+        """Start a claimed attempt, or end a job that may not start (then None)."""
+        due, job = claim
+        if job is None:
+            self._end_unstarted(due, scope, now)
+            return None
+        if job.lost:
+            self._log_lost(job, scope)
+        # The attempt's start is in its attempts row (worker, time); at INFO one
+        # line per attempt, when it ends, is the transition an operator reads.
+        if _stdlib_log.isEnabledFor(logging.DEBUG):
+            self._transition(job, scope, "queued", "running", level=logging.DEBUG)
+        return job, scope
+
+    def _log_lost(self, job: ClaimedJob, scope: str) -> None:
+        """Log the attempt(s) this claim found abandoned by a worker that vanished."""
+        self._log("job.transition", scope=scope, event_id=job.event_id,
+                  event_type=job.event_type, attempt=job.number - 1, from_state="running",
+                  to_state="lost", outcome="lost", lost_attempts=job.lost,
+                  accepted_at=job.accepted_at)
+        self._count(job.event_type, "lost", terminal=False)
+
+    def _claim_connection(self) -> AbstractContextManager[Connection]:
+        """Return the claim's transaction: one statement in autocommit on PostgreSQL.
+
+        The PostgreSQL claim is a single statement, hence atomic on its own:
+        autocommit saves the BEGIN and COMMIT round trips. SQLite runs several
+        statements inside the engine's BEGIN IMMEDIATE. Inside `run` the claim
+        takes the loop's own connection (most claims ride on a completion there).
+        """
+        if self._autocommit is not None and self._held is None:
+            return self._autocommit.connect()
+        return self._transaction()
+
+    def _transaction(self) -> AbstractContextManager[Connection]:
+        """Begin a transaction: on the loop's own connection inside `run`, else from the pool."""
+        if self._held is not None:
+            return _begun(self._held)
+        return self.engine.begin()
+
+    def _end_unstarted(self, due: DueJob, scope: str, now: datetime) -> None:
+        """End a claimed job that may not start (out of attempts, too old) or has no receipt."""
+        refusal = self.policy.refuse_to_start(due.attempts + 1, now=now,
+                                              window_start=due.window_start)
+        with self._transaction() as conn:
+            if not relock_due(conn, due):
+                return  # another worker ended it meanwhile
+            if refusal is not None:
+                fail_unstarted(conn, due, worker_id=self.worker_id, reason=refusal, now=now)
+            else:  # a job without a receipt: park it, never loop on it
+                set_job_failed(conn, due.scope_id, due.event_id)
+        self._log("job.transition", scope=scope, event_id=due.event_id,
+                  event_type=due.event_type, attempt=due.attempts + 1,
+                  accepted_at=due.window_start, from_state="queued", to_state="failed",
+                  outcome="not-run", reason=refusal or "orphan job: no receipt")
+        self._count(due.event_type, "not-run", terminal=True)
+
+    def _limits(self, now: datetime) -> ClaimLimits:
+        """Return the retry policy's refuse_to_start as the claim checks it."""
+        oldest = now - timedelta(seconds=self.policy.max_event_age_seconds)
+        return ClaimLimits(max_attempts=self.policy.max_attempts, oldest_window=oldest)
+
+    def _scope(self, conn: Connection, scope_id: int) -> str:
+        """Return `account/integration` of a scope id (cached: it never changes)."""
+        scope = self._scopes.get(scope_id)
+        if scope is None:
+            try:
+                scope = get_integration_by_id(conn, scope_id).scope
+            except NotFound:  # never expected; must not wedge the queue's head
+                scope = f"#{scope_id}"
+            self._scopes[scope_id] = scope
+        return scope
+
+    def _event(self, job: ClaimedJob, scope: str) -> Event:
+        """Build the handler's view of the job."""
+        payload = json.loads(job.payload) if job.payload is not None else None
+        if not isinstance(payload, dict):
+            raise ValueError("the job's payload is missing or not a JSON object")
+        return Event(scope=scope, scope_id=job.scope_id, event_id=job.event_id,
+                     event_type=job.event_type, payload=payload, attempt=job.number,
+                     accepted_at=job.accepted_at)
+
+    def _complete(self, job: ClaimedJob, event: Event, spec: HandlerSpec | None) -> str:
+        """Run the handler and record its outcome in one fenced transaction (3).
+
+        Inside `run`, unless it was told to stop, the same transaction claims
+        the next job (COMPLETE_AND_CLAIM_SQL): one commit per job, and that job's
+        attempt is counted and leased before its handler runs, as always.
+        """
+        with self._transaction() as conn:
+            result_ref = spec.apply(conn, event) if spec is not None else NO_HANDLER_RESULT
+            if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
+                raise TypeError(f"handler of {job.event_type} must return a str result_ref of "
+                                f"1-{RESULT_REF_LIMIT} characters")
+            stopping = self._stop is None or self._stop.is_set()  # checked after the handler
+            chain = None if stopping else self._request()
+            done = complete_job(conn, job, result_ref=result_ref,
+                                now=self.services.clock.now(), then_claim=chain)
+            if not done.held:
+                raise LeaseLost()  # rolls the handler's writes back too
+            following = None if chain is None else self._leased(conn, done.next, chain)
+            if self.hooks.before_commit is not None:
+                self.hooks.before_commit(conn, event)
+        self._next = following  # ours only once the commit succeeded
+        return result_ref
+
+    def _record_failure(self, job: ClaimedJob, scope: str, error: Exception) -> None:
+        """Record the failed attempt and schedule a retry or end the job (transaction 3)."""
+        summary = error_summary(error)
+        now = self.services.clock.now()
+        with self._transaction() as conn:
+            if not hold_lease(conn, job):
+                self._transition(job, scope, "running", "fenced", outcome="fenced")
+                return
+            decision = self.policy.after_failure(job.attempt, now=now,
+                                                 window_start=job.window_start, rng=self.rng)
+            run_at = decision.run_at
+            if run_at is None:
+                finish_attempt(conn, job, outcome="failed", now=now, error=summary)
+                fail_job(conn, job, now=now)
+            else:
+                finish_attempt(conn, job, outcome="retry", now=now, error=summary)
+                schedule_retry(conn, job, run_at=run_at)
+        if run_at is None:
+            self._transition(job, scope, "running", "failed", outcome="failed",
+                             error=summary, reason=decision.reason)
+        else:
+            self._transition(job, scope, "running", "retrying", outcome="retry", error=summary,
+                             retry_in_seconds=round((run_at - now).total_seconds(), 3))
+
+    def _transition(self, job: ClaimedJob, scope: str, from_state: str, to_state: str, *,
+                    outcome: str | None = None, level: int = logging.INFO,
+                    **extra: Any) -> None:
+        """Log one state transition and count the attempt's outcome."""
+        if outcome is not None:
+            extra["outcome"] = outcome
+            if self._attempt_started is not None:
+                extra["latency_ms"] = round(
+                    (time.perf_counter() - self._attempt_started) * 1000, 2)
+        self._log("job.transition", scope=scope, event_id=job.event_id, level=level,
+                  event_type=job.event_type, attempt=job.number, from_state=from_state,
+                  to_state=to_state, accepted_at=job.accepted_at, **extra)
+        if outcome is not None:
+            self._count(job.event_type, outcome, terminal=to_state == "failed")
+
+    def _log(self, message: str, *, scope: str, event_id: str, level: int = logging.INFO,
+             accepted_at: datetime | None = None, **fields: Any) -> None:
+        """Write a structured line: a keyed hash instead of the event id, never the payload."""
+        if accepted_at is not None:
+            age = (self.services.clock.now() - accepted_at).total_seconds()
+            fields["event_age_seconds"] = round(age, 3)
+        log.log(level, message, scope=scope, event_ref=event_ref(scope, event_id),
+                worker_id=self.worker_id, **fields)
+
+    def _count(self, event_type: str, outcome: str, *, terminal: bool) -> None:
+        """Update the attempt metrics (event types without a handler share one label)."""
+        label = event_type if self.registry.get(event_type) is not None else "unhandled"
+        counter = self._counters.get((label, outcome))
+        if counter is None:  # labels() takes a lock and builds its key: once per pair
+            counter = self._counters[(label, outcome)] = metrics.ATTEMPTS.labels(
+                event_type=label, outcome=outcome)
+        counter.inc()
+        if terminal:
+            metrics.TERMINAL_FAILURES.labels(event_type=label).inc()
+
+    def run(self, *, burst: bool = False, stop: threading.Event | None = None,
+            poll_seconds: float = POLL_SECONDS) -> int:
+        """Process jobs until `stop` is set (or, with burst, until none is due)."""
+        stop = stop or threading.Event()
+        self._stop = stop  # lets a completion claim the next job (see _complete)
+        try:
+            return self._loop(burst=burst, stop=stop, poll_seconds=poll_seconds)
+        finally:
+            self._stop = None
+            self._release()
+
+    def _release(self) -> None:
+        """Give the loop's own connection back (after storage trouble, a fresh one is taken)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
+
+    def _loop(self, *, burst: bool, stop: threading.Event, poll_seconds: float) -> int:
+        """Call process_one until told to stop; a job already leased to us runs first."""
+        processed = errors = 0
+        while not stop.is_set() or self._next is not None:
+            try:
+                if self._held is None:
+                    self._held = self.engine.connect()
+                worked = self.process_one()
+                errors = 0
+            except Exception as error:  # storage trouble: back off, the lease protects the job
+                self._release()
+                errors += 1
+                log.warning("worker.error", worker_id=self.worker_id,
+                            error=error_summary(error), consecutive=errors)
+                if burst and errors >= BURST_ERROR_LIMIT:
+                    raise
+                stop.wait(min(MAX_IDLE_BACKOFF_SECONDS, poll_seconds * 2**errors))
+                continue
+            if worked:
+                processed += 1
+            elif burst:
+                break
+            else:
+                stop.wait(poll_seconds * (0.5 + random.random()))  # jitter: no lockstep polls
+        return processed
+
+
+@contextmanager
+def _begun(conn: Connection) -> Iterator[Connection]:
+    """Run the block in a transaction of `conn` (commit on success, roll back on error)."""
+    with conn.begin():
+        yield conn
+
+
+def _with_prepared(event: Event, prepared: Any) -> Event:
+    """Return the event carrying the result of its handler's prepare step."""
+    return replace(event, prepared=prepared)
+
+
+def process_one(services: Services, worker_id: str, *, handlers: Registry | None = None,
+                rng: RandomSource | None = None, hooks: WorkerHooks | None = None) -> bool:
+    """Claim and run exactly one due job; False when none is due."""
+    worker = Worker(services, worker_id=worker_id, handlers=handlers, rng=rng, hooks=hooks)
+    return worker.process_one()
+
+
+def _engine_for(services: Services, concurrency: int) -> Engine:
+    """Return an engine whose pool has a connection for every thread."""
+    settings = services.settings
+    if concurrency <= settings.pool_size or settings.database_url.startswith("sqlite"):
+        return services.engine
+    return make_engine(settings.with_(pool_size=concurrency))
+
+
+def run_worker(services: Services, *, burst: bool = False, concurrency: int = 1,
+               stop: threading.Event | None = None, worker_id: str | None = None,
+               handlers: Registry | None = None, hooks: WorkerHooks | None = None) -> int:
+    """Run `concurrency` worker loops until `stop` is set; return the jobs processed."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    stop = stop or threading.Event()
+    base_id = worker_id or default_worker_id()
+    registry = handlers if handlers is not None else load_registry(services.settings)
+    engine = _engine_for(services, concurrency)
+    workers = [Worker(services, worker_id=base_id if concurrency == 1 else f"{base_id}/{i}",
+                      handlers=registry, hooks=hooks, engine=engine)
+               for i in range(concurrency)]
+    log.info("worker.start", worker_id=base_id, concurrency=concurrency, burst=burst,
+             handlers=registry.types())
+    try:
+        if concurrency == 1:
+            return workers[0].run(burst=burst, stop=stop)
+        return _run_threads(workers, burst=burst, stop=stop)
+    finally:
+        if engine is not services.engine:
+            engine.dispose()
+        log.info("worker.stop", worker_id=base_id)
+
+
+def _run_threads(workers: list[Worker], *, burst: bool, stop: threading.Event) -> int:
+    """Run each worker loop in its own thread; join them while staying signal-responsive."""
+    counts = [0] * len(workers)
+
+    def loop(index: int) -> None:
+        counts[index] = workers[index].run(burst=burst, stop=stop)
+
+    threads = [threading.Thread(target=loop, args=(i,), name=f"ledger-worker-{i}", daemon=True)
+               for i in range(len(workers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+    return sum(counts)

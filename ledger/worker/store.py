@@ -1,0 +1,399 @@
+"""Every SQL statement of the worker. Functions take `conn` and never commit.
+
+Three short transactions make one attempt (ledger.worker.loop opens them):
+claim (lease + attempt row), complete (handler effects + receipt + job end),
+and, when the handler raised, record the failure. Each write is fenced by the
+lease token: `complete_job` deletes the job only while the token is ours, and
+the failure path starts with `hold_lease`; a worker whose lease was taken over
+finds its token gone and changes nothing.
+
+Hot statements are built once at import and run with a plain parameter dict
+(building `update(...).values(...)` per call cost most of the worker's CPU,
+as it did the intake's: bench/README.md, "Workers"). On PostgreSQL the claim
+and the completion's writes are one statement each (data-modifying CTEs, in
+ledger.worker.sql); SQLite runs the same steps as simple statements inside its
+BEGIN IMMEDIATE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Select,
+    bindparam,
+    delete,
+    insert,
+    select,
+    update,
+)
+
+from ledger.db.schema import UTCDateTime, attempts, jobs, receipts
+from ledger.domain import JobStatus, ReceiptState
+from ledger.worker.sql import CLAIM_SQL, DRIVER_COMPLETE, DRIVER_COMPLETE_AND_CLAIM
+
+ERROR_LIMIT = 500
+LOST_ERROR = "WorkerLost: the lease expired before the attempt reported an outcome"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DueJob:
+    """A claimable job as the claim query found it (still locked by the claim transaction)."""
+
+    scope_id: int
+    event_id: str
+    event_type: str
+    window_start: datetime  # jobs.accepted_at: acceptance, or the operator's last requeue
+    attempts: int  # attempts started since the window opened
+    lease_token: int
+    payload: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedJob:
+    """A job leased to one worker: the token fences every later write."""
+
+    scope_id: int
+    event_id: str
+    event_type: str
+    payload: str | None
+    window_start: datetime
+    accepted_at: datetime  # the receipt's acceptance: the event's age in logs
+    attempt: int  # this attempt's place in the retry budget (1 = first since the window opened)
+    number: int  # this attempt's number in the receipt's history (never reset)
+    lease_token: int
+    leased_until: datetime
+    lost: int = 0  # earlier attempts this claim found abandoned (their worker vanished)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimLimits:
+    """What the claim checks before it starts an attempt (RetryPolicy.refuse_to_start)."""
+
+    max_attempts: int  # a job with this many attempts started in its window may not start
+    oldest_window: datetime  # a window opened before this is too old (now - max event age)
+
+
+# Bind names differ from column names: SQLAlchemy would read a parameter named like a
+# column of the updated table as a value to SET.
+def _job_key() -> tuple[Any, Any]:
+    """Return the WHERE clause naming one job by :sid/:eid."""
+    return (jobs.c.scope_id == bindparam("sid"), jobs.c.event_id == bindparam("eid"))
+
+
+def _receipt_key() -> tuple[Any, Any]:
+    """Return the WHERE clause naming one receipt by :sid/:eid."""
+    return (receipts.c.scope_id == bindparam("sid"), receipts.c.event_id == bindparam("eid"))
+
+
+def _attempt_key() -> tuple[Any, Any]:
+    """Return the WHERE clause naming one receipt's attempts by :sid/:eid."""
+    return (attempts.c.scope_id == bindparam("sid"), attempts.c.event_id == bindparam("eid"))
+
+
+def due_job_query() -> Select[Any]:
+    """Return the claim query: the oldest due job (run_at <= :now) that no other worker holds."""
+    return (
+        select(jobs.c.scope_id, jobs.c.event_id, jobs.c.event_type, jobs.c.accepted_at,
+               jobs.c.attempts, jobs.c.lease_token, jobs.c.payload)
+        # Queued only: failed jobs (status 1) wait for an operator. This is also
+        # the predicate of the partial index ix_jobs_due, so the planner uses it.
+        .where(jobs.c.status == JobStatus.QUEUED.value)
+        # Due: new work, a retry whose backoff has passed, or a lease that expired
+        # (a claim sets run_at to the lease's end, so no separate lease test).
+        .where(jobs.c.run_at <= bindparam("now", type_=UTCDateTime))
+        # Oldest first, in index order: fair, and no sort step.
+        .order_by(jobs.c.run_at)
+        # One job per claim: a worker never sits on work it cannot start.
+        .limit(1)
+        # FOR UPDATE: the row stays ours until the lease is written and committed.
+        # SKIP LOCKED: other workers take the next row instead of queueing behind
+        # ours. SQLite ignores both; its BEGIN IMMEDIATE already serialises claims.
+        .with_for_update(skip_locked=True)
+    )
+
+
+_DUE = due_job_query()
+_COUNT = (update(receipts).where(*_receipt_key()).values(attempts=receipts.c.attempts + 1)
+          .returning(receipts.c.attempts, receipts.c.accepted_at))
+_LEASE = update(jobs).where(*_job_key()).values(
+    attempts=jobs.c.attempts + 1, lease_token=bindparam("token"),
+    leased_by=bindparam("worker_id"), leased_until=bindparam("lease_end", type_=UTCDateTime),
+    run_at=bindparam("lease_end", type_=UTCDateTime))
+_MARK_LOST = update(attempts).where(
+    *_attempt_key(), attempts.c.finished_at.is_(None), attempts.c.number < bindparam("below"),
+).values(finished_at=bindparam("now", type_=UTCDateTime), outcome="lost", error=LOST_ERROR)
+_OPEN = insert(attempts)
+_HOLD = (select(jobs.c.lease_token)
+         .where(*_job_key(), jobs.c.lease_token == bindparam("token"),
+                jobs.c.status == JobStatus.QUEUED.value)
+         .with_for_update())
+_RELOCK = _HOLD.where(jobs.c.attempts == bindparam("tries"))
+_FINISH = update(attempts).where(
+    *_attempt_key(), attempts.c.number == bindparam("num"),
+    attempts.c.lease_token == bindparam("token"),
+).values(finished_at=bindparam("now", type_=UTCDateTime), outcome=bindparam("how"),
+         error=bindparam("err"))
+_RECEIPT_DONE = update(receipts).where(*_receipt_key()).values(
+    state=ReceiptState.COMPLETE.code, completed_at=bindparam("now", type_=UTCDateTime),
+    result_ref=bindparam("ref"))
+_RECEIPT_FAILED = update(receipts).where(*_receipt_key()).values(
+    state=ReceiptState.FAILED.code, completed_at=bindparam("now", type_=UTCDateTime))
+_FENCED_DELETE = delete(jobs).where(*_job_key(), jobs.c.lease_token == bindparam("token"),
+                                     jobs.c.status == JobStatus.QUEUED.value)
+_PARK = update(jobs).where(*_job_key()).values(
+    status=JobStatus.FAILED.value, leased_by=None, leased_until=None)
+_RETRY = update(jobs).where(*_job_key()).values(
+    run_at=bindparam("due_at", type_=UTCDateTime), leased_by=None, leased_until=None)
+
+
+def select_due_job(conn: Connection, now: datetime) -> DueJob | None:
+    """Find and lock the oldest due job that no other worker holds."""
+    row = conn.execute(_DUE, {"now": now}).first()
+    return None if row is None else _due(row)
+
+
+def _due(row: Any) -> DueJob:
+    """Return the due job of a claim row."""
+    return DueJob(scope_id=row.scope_id, event_id=row.event_id, event_type=row.event_type,
+                  window_start=row.accepted_at, attempts=row.attempts,
+                  lease_token=row.lease_token, payload=row.payload)
+
+
+Claim = tuple[DueJob, ClaimedJob | None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimRequest:
+    """Who claims the next due job, at what time, for how long, within which limits."""
+
+    worker_id: str
+    now: datetime
+    lease_seconds: int
+    limits: ClaimLimits
+
+    @property
+    def leased_until(self) -> datetime:
+        """Return the end of the lease this claim writes."""
+        return self.now + timedelta(seconds=self.lease_seconds)
+
+    def params(self) -> dict[str, Any]:
+        """Return the claim statement's parameters."""
+        return {"now": self.now, "leased_until": self.leased_until,
+                "oldest_window": self.limits.oldest_window,
+                "max_attempts": self.limits.max_attempts, "worker_id": self.worker_id}
+
+
+def claim_next(conn: Connection, request: ClaimRequest) -> Claim | None:
+    """Lock the oldest due job and lease it unless it may not start; None when none is due.
+
+    The job is (due, None) when it may not start (see ClaimLimits) or has no
+    receipt; nothing was counted or leased then, and the caller ends it.
+    """
+    if conn.dialect.name == "postgresql":
+        return _claim_of(conn, conn.execute(CLAIM_SQL, request.params()).first(), request)
+    due = select_due_job(conn, request.now)
+    if due is None:
+        return None
+    limits = request.limits
+    if due.attempts >= limits.max_attempts or due.window_start < limits.oldest_window:
+        return due, None
+    return due, lease_job(conn, due, worker_id=request.worker_id, now=request.now,
+                          lease_seconds=request.lease_seconds)
+
+
+def _claim_of(conn: Connection, row: Any, request: ClaimRequest) -> Claim | None:
+    """Return the claim a CLAIM_SQL or COMPLETE_AND_CLAIM_SQL row describes (None: none due).
+
+    A job that had attempts in its window may have one whose worker vanished
+    (its lease expired with no outcome): close it now, on the claim's
+    connection (inside the completion's transaction for a chained claim). A
+    worker that dies before this leaves it open; the next claim closes it.
+    """
+    if row is None or row.scope_id is None:
+        return None
+    due = _due(row)
+    if row.number is None:
+        return due, None
+    lost = 0
+    if due.attempts:
+        lost = mark_lost_attempts(conn, due.scope_id, due.event_id, request.now,
+                                  below=row.number)
+    return due, _claimed(due, number=row.number, accepted_at=row.receipt_accepted_at,
+                         leased_until=request.leased_until, lost=lost)
+
+
+def _claimed(due: DueJob, *, number: int, accepted_at: datetime, leased_until: datetime,
+             lost: int) -> ClaimedJob:
+    """Return the leased job: the token is the one the claim wrote (the old one + 1)."""
+    return ClaimedJob(
+        scope_id=due.scope_id, event_id=due.event_id, event_type=due.event_type,
+        payload=due.payload, window_start=due.window_start, accepted_at=accepted_at,
+        attempt=due.attempts + 1, number=number, lease_token=due.lease_token + 1,
+        leased_until=leased_until, lost=lost)
+
+
+def lease_job(conn: Connection, due: DueJob, *, worker_id: str, now: datetime,
+              lease_seconds: int) -> ClaimedJob | None:
+    """Lease the job with a new fencing token and open its attempt row.
+
+    The attempt is counted here, before the handler runs, so a job that keeps
+    killing its workers still runs out of attempts. None if the receipt is gone.
+    """
+    key = {"sid": due.scope_id, "eid": due.event_id}
+    counted = conn.execute(_COUNT, key).first()
+    if counted is None:
+        return None
+    lost = 0
+    if due.attempts:
+        lost = mark_lost_attempts(conn, due.scope_id, due.event_id, now, below=counted.attempts)
+    job = _claimed(due, number=counted.attempts, accepted_at=counted.accepted_at,
+                   leased_until=now + timedelta(seconds=lease_seconds), lost=lost)
+    conn.execute(_LEASE, {**key, "token": job.lease_token, "worker_id": worker_id,
+                          "lease_end": job.leased_until})
+    conn.execute(_OPEN, {"scope_id": due.scope_id, "event_id": due.event_id,
+                         "number": job.number, "worker_id": worker_id,
+                         "lease_token": job.lease_token, "started_at": now})
+    return job
+
+
+def mark_lost_attempts(conn: Connection, scope_id: int, event_id: str, now: datetime, *,
+                       below: int) -> int:
+    """Close attempts numbered below `below` whose worker vanished (lease expired, no
+    outcome); return how many."""
+    return conn.execute(_MARK_LOST, {"sid": scope_id, "eid": event_id, "now": now,
+                                     "below": below}).rowcount
+
+
+def set_job_failed(conn: Connection, scope_id: int, event_id: str) -> None:
+    """Park a job for review: status failed, payload kept."""
+    conn.execute(_PARK, {"sid": scope_id, "eid": event_id})
+
+
+def fail_unstarted(conn: Connection, due: DueJob, *, worker_id: str, reason: str,
+                   now: datetime) -> int | None:
+    """Make the receipt failed without running the attempt; return the receipt's attempts."""
+    started = conn.execute(
+        update(receipts).where(receipts.c.scope_id == due.scope_id,
+                               receipts.c.event_id == due.event_id)
+        .values(state=ReceiptState.FAILED.code, completed_at=now)
+        .returning(receipts.c.attempts)
+    ).scalar()
+    set_job_failed(conn, due.scope_id, due.event_id)
+    if started is None:
+        return None
+    if due.attempts > 0:
+        mark_lost_attempts(conn, due.scope_id, due.event_id, now, below=int(started) + 1)
+    # A "not-run" row carries the reason, so `receipt show` explains the failure.
+    conn.execute(insert(attempts).values(
+        scope_id=due.scope_id, event_id=due.event_id, number=int(started) + 1,
+        worker_id=worker_id, lease_token=due.lease_token, started_at=now, finished_at=now,
+        outcome="not-run", error=reason[:ERROR_LIMIT]))
+    return int(started)
+
+
+def relock_due(conn: Connection, due: DueJob) -> bool:
+    """Lock a job found by an earlier claim if no worker changed it since (before ending it)."""
+    key = {"sid": due.scope_id, "eid": due.event_id, "token": due.lease_token,
+           "tries": due.attempts}
+    return conn.execute(_RELOCK, key).first() is not None
+
+
+def hold_lease(conn: Connection, job: ClaimedJob) -> bool:
+    """Lock the job if our fencing token is still current (the first statement of a write).
+
+    PostgreSQL: FOR UPDATE makes a concurrent claim skip the row until we commit,
+    and waits out a claim in flight, then re-reads the token. SQLite: the
+    transaction's BEGIN IMMEDIATE write lock already excludes every other writer.
+    """
+    key = {"sid": job.scope_id, "eid": job.event_id, "token": job.lease_token}
+    return conn.execute(_HOLD, key).first() is not None
+
+
+def finish_attempt(conn: Connection, job: ClaimedJob, *, outcome: str, now: datetime,
+                   error: str | None = None) -> None:
+    """Record how this attempt ended."""
+    conn.execute(_FINISH, {
+        "sid": job.scope_id, "eid": job.event_id, "num": job.number,
+        "token": job.lease_token, "now": now, "how": outcome,
+        "err": error[:ERROR_LIMIT] if error is not None else None})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    """What complete_job did. held=False: the lease was taken over, roll back."""
+
+    held: bool
+    next: Claim | None = None  # the job claimed in the same transaction, if asked
+
+
+def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: datetime,
+                 then_claim: ClaimRequest | None = None) -> Completion:
+    """End the job if our lease still holds: receipt complete, job and payload gone.
+
+    The job row is the fence: it is deleted only while our token is still its
+    token. With `then_claim`, the next due job is claimed in the same
+    transaction (see COMPLETE_AND_CLAIM_SQL); the caller commits both at once.
+    """
+    key = {"sid": job.scope_id, "eid": job.event_id, "token": job.lease_token}
+    if conn.dialect.name == "postgresql":
+        params = {**key, "now": now, "complete": ReceiptState.COMPLETE.code,
+                  "result_ref": result_ref, "number": job.number}
+        if then_claim is None:
+            return Completion(held=bool(DRIVER_COMPLETE.row(conn, params).held))
+        row = DRIVER_COMPLETE_AND_CLAIM.row(conn, {**then_claim.params(), **params})
+        return Completion(held=bool(row.held),
+                          next=_claim_of(conn, row, then_claim) if row.held else None)
+    if conn.execute(_FENCED_DELETE, key).rowcount != 1:
+        return Completion(held=False)
+    conn.execute(_RECEIPT_DONE, {"sid": job.scope_id, "eid": job.event_id, "now": now,
+                                 "ref": result_ref})
+    finish_attempt(conn, job, outcome="complete", now=now)
+    return Completion(held=True, next=claim_next(conn, then_claim) if then_claim else None)
+
+
+def schedule_retry(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> None:
+    """Release the lease and make the job due again at `run_at`."""
+    conn.execute(_RETRY, {"sid": job.scope_id, "eid": job.event_id, "due_at": run_at})
+
+
+def fail_job(conn: Connection, job: ClaimedJob, *, now: datetime) -> None:
+    """Make the receipt failed (terminal, reviewable); the job keeps its payload for review."""
+    conn.execute(_RECEIPT_FAILED, {"sid": job.scope_id, "eid": job.event_id, "now": now})
+    set_job_failed(conn, job.scope_id, job.event_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParkedJob:
+    """A failed job as an operator sees it before a requeue."""
+
+    payload: str | None
+    status: int
+    window_start: datetime  # the retention purge drops a failed payload a review window later
+
+
+def lock_job(conn: Connection, scope_id: int, event_id: str) -> ParkedJob | None:
+    """Lock one job row for an operator action; None if it no longer exists."""
+    row = conn.execute(
+        select(jobs.c.payload, jobs.c.status, jobs.c.accepted_at)
+        .where(jobs.c.scope_id == scope_id, jobs.c.event_id == event_id).with_for_update()
+    ).first()
+    if row is None:
+        return None
+    return ParkedJob(payload=row.payload, status=row.status, window_start=row.accepted_at)
+
+
+def requeue_job(conn: Connection, scope_id: int, event_id: str, now: datetime) -> None:
+    """Queue a failed job again, due now, with a fresh retry window (history is kept)."""
+    conn.execute(
+        update(jobs).where(jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)
+        .values(status=JobStatus.QUEUED.value, run_at=now, accepted_at=now, attempts=0,
+                leased_by=None, leased_until=None)
+    )
+    conn.execute(
+        update(receipts).where(receipts.c.scope_id == scope_id, receipts.c.event_id == event_id)
+        .values(state=ReceiptState.PENDING.code, completed_at=None)
+    )
