@@ -6,14 +6,12 @@ transaction; the scheduler decides when they run (once per period).
 
 from __future__ import annotations
 
-import contextlib
 import json
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ledger import metrics
 from ledger.access import audit
 from ledger.access.credentials import SCHEDULER, expire_due_credentials
 from ledger.clock import Clock
@@ -26,7 +24,6 @@ from ledger.scheduling.instances import Instance, live_instances, prune_instance
 log = get_logger("ledger.jobs.credentials")
 REVOCATION_LAG = "revocation_lag"
 INSTANCE_MEMORY = timedelta(days=1)  # a process silent this long crashed: forget it
-_exported: set[str] = set()  # instance labels this process exports, to drop departed ones
 
 
 def expire_credentials(engine: Engine, clock: Clock) -> int:
@@ -60,7 +57,6 @@ def check_revocation_propagation(engine: Engine, settings: Settings, clock: Cloc
         prune_instances(conn, silent_since=now - INSTANCE_MEMORY)
         # "Live" = beat within the bound; a beat is due every quarter of it.
         live = live_instances(conn, now=now, within_seconds=bound)
-        _export_view_ages(live, now)
         revoked_at = latest_revocation(conn)
         flagged: list[Instance] = []
         if revoked_at is not None and now >= revoked_at + timedelta(seconds=bound):
@@ -71,19 +67,6 @@ def check_revocation_propagation(engine: Engine, settings: Settings, clock: Cloc
     for instance in flagged:
         log.warning("credentials.revocation_lag", instance=instance.id, bound_seconds=bound)
     return len(flagged)
-
-
-def _export_view_ages(live: list[Instance], now: datetime) -> None:
-    """Expose how old each live instance's credential view is; forget departed instances."""
-    current = {i.id for i in live}
-    for gone in _exported - current:
-        with contextlib.suppress(KeyError):
-            metrics.REVOCATION_LAG.remove(gone)
-    _exported.clear()
-    _exported.update(current)
-    for instance in live:
-        refreshed = instance.credentials_refreshed_at or instance.started_at
-        metrics.REVOCATION_LAG.labels(instance.id).set((now - refreshed).total_seconds())
 
 
 def _open_finding(conn: Connection, instance: Instance, revoked_at: datetime, *,

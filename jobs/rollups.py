@@ -25,7 +25,6 @@ from ledger.clock import Clock
 from ledger.config import Settings
 from ledger.db.schema import hourly_series, receipts, scope_counts
 from ledger.domain import ReceiptState
-from ledger.metrics import OLDEST_PENDING, RECEIPTS_BY_STATE
 
 SERIES_HOURS = 48
 RECENT_HOURS = 2
@@ -76,7 +75,7 @@ def count_by_scope_state(conn: Connection) -> dict[tuple[int, int], tuple[int, d
 
 
 def refresh_scope_counts(conn: Connection, now: datetime) -> int:
-    """Replace scope_counts with fresh figures and update the receipt gauges."""
+    """Replace scope_counts with fresh figures (/metrics reads its receipt gauges from them)."""
     counts = count_by_scope_state(conn)
     conn.execute(delete(scope_counts))
     if counts:
@@ -84,12 +83,6 @@ def refresh_scope_counts(conn: Connection, now: datetime) -> int:
             {"scope_id": scope_id, "state": state, "count": count,
              "oldest_accepted_at": oldest, "refreshed_at": now}
             for (scope_id, state), (count, oldest) in counts.items()])
-    for state in ReceiptState:
-        RECEIPTS_BY_STATE.labels(state.value).set(
-            sum(c for (_, s), (c, _) in counts.items() if s == state.code))
-    pending = [oldest for (_, s), (_, oldest) in counts.items()
-               if s == ReceiptState.PENDING.code and oldest is not None]
-    OLDEST_PENDING.set((now - min(pending)).total_seconds() if pending else 0)
     return len(counts)
 
 

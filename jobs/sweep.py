@@ -25,7 +25,6 @@ from ledger.clock import Clock
 from ledger.config import Settings
 from ledger.db.schema import findings, integrations, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
-from ledger.metrics import OPEN_FINDINGS
 from ledger.scheduling.runs import mark_abandoned_runs
 
 KINDS = ("lease_expired", "overdue", "pending_without_job", "job_without_receipt",
@@ -52,8 +51,6 @@ def sweep(engine: Engine, settings: Settings, clock: Clock, *,
         written = record_findings(conn, found, now)
         written += resolve_findings(conn, set(found), capped, now)
         written += mark_abandoned_runs(conn, now=now, grace_seconds=abandoned_grace_seconds)
-    for kind in KINDS:
-        OPEN_FINDINGS.labels(kind).set(sum(1 for k, _ in found if k == kind))
     return written
 
 

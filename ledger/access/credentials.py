@@ -1,4 +1,4 @@
-"""The credential lifecycle: rotation, revocation, expiry, and re-encryption of secrets.
+"""The credential lifecycle: adding, listing, rotation, revocation, expiry, re-encryption.
 
 Every function takes the caller's connection and never commits; each action
 appends its audit row in that same transaction.
@@ -14,22 +14,83 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, insert, select, update
 
 from ledger.access import audit
-from ledger.access.integrations import add_credential, get_integration_by_id
-from ledger.access.secrets_box import SecretBox
+from ledger.access.integrations import get_integration_by_id
+from ledger.access.secrets_box import SecretBox, fingerprint
 from ledger.db.schema import credentials
 from ledger.domain import Credential, CredentialState, Integration
 from ledger.errors import NotFound, Refused
-from ledger.ids import KEY_ID
+from ledger.ids import KEY_ID, new_key_id
+from ledger.intake.signatures import get_profile
 
 DEFAULT_OVERLAP_SECONDS = 86400
 MAX_OVERLAP_SECONDS = 30 * 86400
 MAX_REASON_LENGTH = 500
 LIVE_STATES = (CredentialState.ACTIVE.value, CredentialState.RETIRING.value)
 SCHEDULER = audit.Actor(name="scheduler", role="system")
+MAX_SECRET_LENGTH = 512
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewCredential:
+    """A credential as created: the only moment its secret is shown."""
+
+    key_id: str
+    secret: str
+
+
+def add_credential(
+    conn: Connection, box: SecretBox, actor: audit.Actor, integration: Integration, *,
+    now: datetime, secret: str | None = None, action: str = "credential.add",
+    reason: str | None = None, detail: dict[str, Any] | None = None,
+) -> NewCredential:
+    """Add an active credential to the integration; audited. Returns the secret once."""
+    profile = get_profile(integration.profile)
+    if secret is None:
+        secret = profile.generate_secret()
+    _check_secret(integration.profile, secret)
+    key_id = new_key_id()
+    conn.execute(
+        insert(credentials).values(
+            key_id=key_id, integration_id=integration.id, secret_enc=box.encrypt(secret),
+            fingerprint=fingerprint(secret), state=CredentialState.ACTIVE.value,
+            created_at=now,
+        )
+    )
+    audit.record(conn, actor, action, key_id, at=now, scope=integration.scope, reason=reason,
+                 detail={"integration": integration.public_id,
+                         "fingerprint": fingerprint(secret), **(detail or {})})
+    return NewCredential(key_id=key_id, secret=secret)
+
+
+def _check_secret(profile: str, secret: str) -> None:
+    """Refuse secrets the sender could not use (empty, huge, wrong format)."""
+    if not secret or len(secret) > MAX_SECRET_LENGTH or not secret.isprintable():
+        raise Refused(f"secret must be 1-{MAX_SECRET_LENGTH} printable characters")
+    if profile == "standard-webhooks":
+        import base64
+        import binascii
+
+        if not secret.startswith("whsec_"):
+            raise Refused("a standard-webhooks secret looks like whsec_<base64>")
+        try:
+            if len(base64.b64decode(secret[6:], validate=True)) < 16:
+                raise Refused("a standard-webhooks key must be at least 16 bytes")
+        except binascii.Error:
+            raise Refused("a standard-webhooks secret looks like whsec_<base64>") from None
+
+
+def list_credentials(conn: Connection, integration: Integration) -> list[Credential]:
+    """Return every credential of the integration, oldest first, without secrets."""
+    rows = conn.execute(
+        select(credentials).where(credentials.c.integration_id == integration.id)
+        .order_by(credentials.c.id)
+    ).all()
+    return [Credential.from_row(r) for r in rows]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,32 +1,23 @@
-"""Integrations (one sender on one account) and their signing credentials."""
+"""Integrations: one sender on one account, the scope its receipts are kept in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from ledger.access import audit
-from ledger.access.secrets_box import SecretBox, fingerprint
-from ledger.db.schema import credentials, integrations
-from ledger.domain import Credential, CredentialState, Integration
+from ledger.access.secrets_box import SecretBox
+from ledger.db.schema import integrations
+from ledger.domain import Integration
 from ledger.errors import NotFound, Refused
-from ledger.ids import INTEGRATION_ID, SLUG, new_integration_id, new_key_id
-from ledger.intake.signatures import PROFILES, get_profile
+from ledger.ids import INTEGRATION_ID, SLUG, new_integration_id
+from ledger.intake.signatures import PROFILES
 
-MAX_SECRET_LENGTH = 512
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NewCredential:
-    """A credential as created: the only moment its secret is shown."""
-
-    key_id: str
-    secret: str
-
+if TYPE_CHECKING:
+    from ledger.access.credentials import NewCredential
 
 def create_integration(
     conn: Connection, box: SecretBox, actor: audit.Actor, *, account: str, name: str,
@@ -57,6 +48,9 @@ def create_integration(
     integration = get_integration_by_id(conn, new_id)
     audit.record(conn, actor, "integration.create", integration.public_id, at=now,
                  scope=integration.scope, detail={"profile": profile})
+    # credentials.py looks integrations up, so it is imported here, not at the top.
+    from ledger.access.credentials import add_credential
+
     credential = add_credential(conn, box, actor, integration, now=now, secret=secret)
     return integration, credential
 
@@ -91,53 +85,3 @@ def get_integration_by_scope(conn: Connection, scope: str) -> Integration:
     if row is None:
         raise NotFound("scope", scope)
     return Integration.from_row(row)
-
-
-def add_credential(
-    conn: Connection, box: SecretBox, actor: audit.Actor, integration: Integration, *,
-    now: datetime, secret: str | None = None, action: str = "credential.add",
-    reason: str | None = None, detail: dict[str, Any] | None = None,
-) -> NewCredential:
-    """Add an active credential to the integration; audited. Returns the secret once."""
-    profile = get_profile(integration.profile)
-    if secret is None:
-        secret = profile.generate_secret()
-    _check_secret(integration.profile, secret)
-    key_id = new_key_id()
-    conn.execute(
-        insert(credentials).values(
-            key_id=key_id, integration_id=integration.id, secret_enc=box.encrypt(secret),
-            fingerprint=fingerprint(secret), state=CredentialState.ACTIVE.value,
-            created_at=now,
-        )
-    )
-    audit.record(conn, actor, action, key_id, at=now, scope=integration.scope, reason=reason,
-                 detail={"integration": integration.public_id,
-                         "fingerprint": fingerprint(secret), **(detail or {})})
-    return NewCredential(key_id=key_id, secret=secret)
-
-
-def _check_secret(profile: str, secret: str) -> None:
-    """Refuse secrets the sender could not use (empty, huge, wrong format)."""
-    if not secret or len(secret) > MAX_SECRET_LENGTH or not secret.isprintable():
-        raise Refused(f"secret must be 1-{MAX_SECRET_LENGTH} printable characters")
-    if profile == "standard-webhooks":
-        import base64
-        import binascii
-
-        if not secret.startswith("whsec_"):
-            raise Refused("a standard-webhooks secret looks like whsec_<base64>")
-        try:
-            if len(base64.b64decode(secret[6:], validate=True)) < 16:
-                raise Refused("a standard-webhooks key must be at least 16 bytes")
-        except binascii.Error:
-            raise Refused("a standard-webhooks secret looks like whsec_<base64>") from None
-
-
-def list_credentials(conn: Connection, integration: Integration) -> list[Credential]:
-    """Return every credential of the integration, oldest first, without secrets."""
-    rows = conn.execute(
-        select(credentials).where(credentials.c.integration_id == integration.id)
-        .order_by(credentials.c.id)
-    ).all()
-    return [Credential.from_row(r) for r in rows]

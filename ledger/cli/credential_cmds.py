@@ -8,10 +8,12 @@ from ledger.access import audit
 from ledger.access.credentials import (
     DEFAULT_OVERLAP_SECONDS,
     MAX_OVERLAP_SECONDS,
+    add_credential,
+    list_credentials,
     revoke_credential,
     rotate_credential,
 )
-from ledger.access.integrations import add_credential, get_integration, list_credentials
+from ledger.access.integrations import get_integration
 from ledger.cli import ledger_cli
 from ledger.cli.common import (
     emit,

@@ -7,7 +7,8 @@ import click
 from ledger.access import audit
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, handles_ledger_errors, json_option, services
-from ledger.worker.requeue import get_receipt, requeue_receipt
+from ledger.reads.receipts import get_receipt
+from ledger.worker.requeue import requeue_receipt
 
 
 @ledger_cli.group("receipt")

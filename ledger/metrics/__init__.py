@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 # In multiprocess mode the unlabelled metrics below open their files as they are
 # defined: make sure the directory exists (a worker may start before gunicorn).
@@ -38,21 +38,4 @@ TERMINAL_FAILURES = Counter(
 PURGED_ROWS = Counter("ledger_purged_rows_total", "Rows removed by the purge", ["kind"])
 SCHEDULER_RUNS = Counter(
     "ledger_scheduler_runs_total", "Scheduled job runs by job and outcome", ["job", "outcome"],
-)
-OPEN_FINDINGS = Gauge(
-    "ledger_findings_open", "Open stuck-work and integrity findings (latest sweep), by kind",
-    ["kind"], multiprocess_mode="max",
-)
-RECEIPTS_BY_STATE = Gauge(
-    "ledger_receipts", "Receipts by state (from the latest rollup)", ["state"],
-    multiprocess_mode="max",
-)
-OLDEST_PENDING = Gauge(
-    "ledger_oldest_pending_seconds", "Age of the oldest pending receipt",
-    multiprocess_mode="max",
-)
-REVOCATION_LAG = Gauge(
-    "ledger_credential_view_age_seconds",
-    "Seconds since each instance last refreshed its credential view", ["instance"],
-    multiprocess_mode="max",
 )

@@ -1,44 +1,20 @@
-"""Reading receipts for operators (CLI, API, dashboard)."""
+"""Putting a failed receipt back to work (operators, from the CLI and the dashboard)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 
 from ledger.access import audit
 from ledger.access.integrations import get_integration_by_scope
-from ledger.db.schema import attempts, receipts
-from ledger.domain import JobStatus, Receipt, ReceiptState
-from ledger.errors import NotFound, Refused
+from ledger.domain import JobStatus, ReceiptState
+from ledger.errors import Refused
 from ledger.logs import event_ref, get_logger
+from ledger.reads.receipts import get_receipt
 from ledger.worker.store import lock_job, requeue_job
 
 log = get_logger("ledger.receipts")
-
-
-def get_receipt(conn: Connection, scope: str, event_id: str) -> Receipt:
-    """Return the receipt of (scope, event id) with its last error, or raise NotFound."""
-    integration = get_integration_by_scope(conn, scope)
-    row = conn.execute(
-        select(receipts).where(receipts.c.scope_id == integration.id,
-                               receipts.c.event_id == event_id)
-    ).first()
-    if row is None:
-        raise NotFound("receipt", f"{scope}:{event_id}")
-    last_error = conn.execute(
-        select(attempts.c.error)
-        .where(attempts.c.scope_id == integration.id, attempts.c.event_id == event_id,
-               attempts.c.error.is_not(None))
-        .order_by(attempts.c.number.desc(), attempts.c.id.desc()).limit(1)
-    ).scalar()
-    return Receipt(
-        scope=integration.scope, event_id=row.event_id, event_type=row.event_type,
-        state=ReceiptState.from_code(row.state), attempts=row.attempts,
-        accepted_at=row.accepted_at, completed_at=row.completed_at,
-        result_ref=row.result_ref, body_sha256=bytes(row.body_sha256).hex(),
-        last_error=last_error,
-    )
 
 
 def requeue_receipt(conn: Connection, actor: audit.Actor, *, scope: str, event_id: str,

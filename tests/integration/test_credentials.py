@@ -11,8 +11,13 @@ from sqlalchemy import select
 
 from jobs.credential_jobs import expire_credentials
 from ledger.access import audit
-from ledger.access.credentials import rekey_secrets, revoke_credential, rotate_credential
-from ledger.access.integrations import get_integration, list_credentials
+from ledger.access.credentials import (
+    list_credentials,
+    rekey_secrets,
+    revoke_credential,
+    rotate_credential,
+)
+from ledger.access.integrations import get_integration
 from ledger.access.secrets_box import SecretBox
 from ledger.clock import FixedClock, unix
 from ledger.db.schema import audit_log, credentials

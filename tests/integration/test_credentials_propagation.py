@@ -19,6 +19,7 @@ from ledger.access.credentials import revoke_credential, rotate_credential
 from ledger.access.integrations import get_integration
 from ledger.clock import FixedClock, unix
 from ledger.db.schema import audit_log, findings, instances
+from ledger.metrics.export import render_metrics
 from tests.helpers import deliver, ledger_counts, make_sender
 
 START = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -72,11 +73,12 @@ def test_stalled_instance_is_flagged_with_finding_audit_and_metric(clocked_app, 
         ("revocation_lag", "h:1:stalled", None)]
     assert json.loads(found[0].detail)["revoked_at"] == START.isoformat()
     assert [(r.actor, r.target) for r in rows] == [("scheduler", "h:1:stalled")]
-    lag = REGISTRY.get_sample_value("ledger_credential_view_age_seconds",
-                                    {"instance": "h:1:stalled"})
-    assert lag == pytest.approx(3600 + 11)
-    assert REGISTRY.get_sample_value("ledger_credential_view_age_seconds",
-                                     {"instance": "h:2:healthy"}) == 0
+    svc = clocked_app.extensions["ledger"]
+    exposition = render_metrics(svc.engine, clock, revocation_bound_seconds=10)[0].decode()
+    ages = {line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+            for line in exposition.splitlines()
+            if line.startswith("ledger_credential_view_age_seconds{")}
+    assert ages == {"h:1:stalled": pytest.approx(3600 + 11), "h:2:healthy": 0.0}
 
 
 def test_lag_is_not_flagged_before_the_bound_and_resolves_when_caught_up(clocked_app, clock):

@@ -11,7 +11,7 @@ from bench.datagen import DataSpec, create_scopes, generate, load
 from ledger.access import audit
 from ledger.db.schema import attempts, conflicts, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
-from ledger.worker.requeue import get_receipt
+from ledger.reads.receipts import get_receipt
 
 END = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SPEC = DataSpec(receipts=400, scopes=4, end=END, span=timedelta(hours=4),

@@ -28,8 +28,8 @@ from app import create_app
 from ledger.clock import FixedClock, unix
 from ledger.db.schema import jobs, receipts
 from ledger.demo.seed import balance
+from ledger.reads.receipts import get_receipt
 from ledger.worker.loop import WorkerHooks, process_one
-from ledger.worker.requeue import get_receipt
 from tests.conftest import TEST_MASTER_KEY
 from tests.helpers import deliver, make_sender
 from tests.integration.load import (

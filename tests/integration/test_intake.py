@@ -140,7 +140,8 @@ def test_unauthenticated_request_cannot_reserve_an_event_id(app, client):
 
 def test_a_key_added_by_another_process_verifies_before_the_cache_ages_out(app, client, test_env):
     from app import create_app
-    from ledger.access.integrations import add_credential, get_integration
+    from ledger.access.credentials import add_credential
+    from ledger.access.integrations import get_integration
 
     sender = make_sender(app)
     assert deliver(client, sender, "evt_1").status_code == 202  # the view now caches the keys

@@ -10,7 +10,7 @@ from jobs.rollups import refresh
 from ledger.clock import FixedClock
 from ledger.db.schema import hourly_series, receipts, scope_counts
 from ledger.domain import JobStatus, ReceiptState
-from ledger.metrics import OLDEST_PENDING, RECEIPTS_BY_STATE
+from ledger.metrics.export import render_metrics
 from tests.helpers import make_sender
 from tests.integration.ledger_rows import add_receipt
 
@@ -46,9 +46,11 @@ def test_scope_counts_hold_counts_per_scope_and_state_with_the_oldest_pending(ap
     assert counts == {(a, 1): 3, (a, 0): 2, (a, 2): 1, (b, 1): 1}
     assert rows[(a, 0)].oldest_accepted_at == NOW - 2 * HOUR
     assert all(row.refreshed_at == NOW for row in rows.values())
-    assert RECEIPTS_BY_STATE.labels("pending")._value.get() == 2
-    assert RECEIPTS_BY_STATE.labels("complete")._value.get() == 4
-    assert OLDEST_PENDING._value.get() == 7200
+    exposition = render_metrics(svc.engine, FixedClock(NOW), revocation_bound_seconds=30)[0]
+    lines = exposition.decode().splitlines()
+    assert 'ledger_receipts{state="pending"} 2.0' in lines
+    assert 'ledger_receipts{state="complete"} 4.0' in lines
+    assert "ledger_oldest_pending_seconds 7200.0" in lines
 
 
 def test_hourly_series_counts_accepted_and_failed_per_hour(app):

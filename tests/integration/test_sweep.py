@@ -11,7 +11,7 @@ from jobs.sweep import sweep
 from ledger.clock import FixedClock
 from ledger.db.schema import findings, jobs, receipts, scheduler_runs
 from ledger.domain import JobStatus, ReceiptState
-from ledger.metrics import OPEN_FINDINGS
+from ledger.metrics.export import render_metrics
 from ledger.scheduling import runs
 from tests.helpers import make_sender
 from tests.integration.ledger_rows import add_receipt
@@ -65,7 +65,8 @@ def test_sweep_records_one_finding_per_stuck_or_inconsistent_item(app):
         row = conn.execute(select(findings).where(findings.c.kind == "lease_expired")).one()
     assert row.subject == "acme/stripe-prod:lost-lease"
     assert json.loads(row.detail)["leased_by"] == "w1"
-    assert OPEN_FINDINGS.labels("overdue")._value.get() == 1
+    exposition = render_metrics(svc.engine, FixedClock(NOW), revocation_bound_seconds=30)[0]
+    assert 'ledger_findings_open{kind="overdue"} 1.0' in exposition.decode().splitlines()
 
 
 def test_findings_resolve_when_fixed_and_reopen_when_back(app):

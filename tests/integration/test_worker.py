@@ -15,8 +15,8 @@ from ledger.access.audit import verify_chain
 from ledger.clock import FixedClock, unix
 from ledger.db.schema import attempts, audit_log, jobs
 from ledger.demo.seed import balance
+from ledger.reads.receipts import get_receipt
 from ledger.worker.loop import WorkerHooks, process_one
-from ledger.worker.requeue import get_receipt
 from tests.helpers import deliver, make_sender
 
 

@@ -20,9 +20,9 @@ from ledger.clock import FixedClock, unix
 from ledger.db.schema import attempts, jobs
 from ledger.demo.handlers import credit
 from ledger.demo.seed import balance
+from ledger.reads.receipts import get_receipt
 from ledger.worker.handlers import HandlerSpec, Registry
 from ledger.worker.loop import Worker, WorkerHooks, run_worker
-from ledger.worker.requeue import get_receipt
 from tests.helpers import deliver, make_sender
 
 WAIT = 20  # seconds: the bound of every wait in this module

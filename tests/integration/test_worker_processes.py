@@ -18,8 +18,8 @@ from sqlalchemy import func, select, text
 
 from ledger.db.schema import attempts, jobs, receipts
 from ledger.demo.seed import balance
+from ledger.reads.receipts import get_receipt
 from ledger.worker.loop import process_one
-from ledger.worker.requeue import get_receipt
 from tests.helpers import deliver, event_body, make_sender, signed_headers
 from tests.servers import gunicorn_server
 

@@ -7,8 +7,13 @@ from typing import Any
 
 from flask import abort, request
 
-from ledger.access.credentials import get_credential, revoke_credential, rotate_credential
-from ledger.access.integrations import add_credential, get_integration
+from ledger.access.credentials import (
+    add_credential,
+    get_credential,
+    revoke_credential,
+    rotate_credential,
+)
+from ledger.access.integrations import get_integration
 from ledger.errors import LedgerError, NotFound
 from ledger.intake.conflict_review import acknowledge_conflict
 from ledger.reads.admin import credential_rows, list_conflicts
