@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 from flask import current_app
 
@@ -20,7 +22,13 @@ def demo_group() -> None:
 @demo_group.command("seed")
 def demo_seed() -> None:
     """Create demo accounts and send signed deliveries (a duplicate and a conflict included)."""
-    sent = seed(current_app._get_current_object())  # type: ignore[attr-defined]
+    client = current_app.test_client()
+
+    def post(path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        response = client.post(path, data=body, headers=headers)
+        return response.status_code, response.get_json()
+
+    sent = seed(services(), post)
     if not sent:
         click.echo("demo already seeded")
     for delivery in sent:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flask import Flask
 from sqlalchemy import Connection, select
 
 from ledger.access import audit
@@ -16,6 +16,9 @@ from ledger.db.schema import demo_balances
 from ledger.demo.history import seed_history
 from ledger.errors import NotFound
 from ledger.intake.signatures import get_profile
+
+if TYPE_CHECKING:
+    from ledger.services import Services
 
 DEMO_INTEGRATIONS = (
     ("acme", "stripe-prod", "stripe"),
@@ -53,22 +56,25 @@ def _body(profile: str, event_id: str, event_type: str, data: dict[str, Any]) ->
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def deliver(app: Flask, public_id: str, profile_name: str, secret: str, *, event_id: str,
-            event_type: str, data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """Sign and POST one delivery through the real intake (in-process)."""
+# POST one delivery to the intake: (path, body, headers) -> (status, JSON answer). The CLI
+# passes the app's test client, so the demo goes through the real intake without Flask here.
+Post = Callable[[str, bytes, dict[str, str]], tuple[int, dict[str, Any]]]
+
+
+def deliver(svc: Services, post: Post, public_id: str, profile_name: str, secret: str, *,
+            event_id: str, event_type: str, data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Sign and POST one delivery through the real intake."""
     profile = get_profile(profile_name)
     body = _body(profile_name, event_id, event_type, data)
-    now = unix(app.extensions["ledger"].clock.now())
+    now = unix(svc.clock.now())
     headers = profile.sign(secret, body, event_id=event_id, event_type=event_type,
                            timestamp=now)
     headers["Content-Type"] = "application/json"
-    response = app.test_client().post(f"/hooks/{public_id}", data=body, headers=headers)
-    return response.status_code, response.get_json()
+    return post(f"/hooks/{public_id}", body, headers)
 
 
-def seed(app: Flask) -> list[SentDelivery]:
+def seed(svc: Services, post: Post) -> list[SentDelivery]:
     """Create the demo integrations (once) and send a few deliveries through the intake."""
-    svc = app.extensions["ledger"]
     created: dict[str, tuple[str, str, str]] = {}
     with svc.engine.begin() as conn:
         for account, name, profile in DEMO_INTEGRATIONS:
@@ -93,8 +99,8 @@ def seed(app: Flask) -> list[SentDelivery]:
                 ("evt_44", "demo.fail", {}),
                 ("evt_45", "demo.flaky", {"amount": 5, "fail_times": 2})]
         for event_id, event_type, data in plan:
-            status, answer = deliver(app, public_id, profile, secret, event_id=event_id,
-                                     event_type=event_type, data=data)
+            status, answer = deliver(svc, post, public_id, profile, secret,
+                                     event_id=event_id, event_type=event_type, data=data)
             sent.append(SentDelivery(scope=scope, event_id=event_id, status=status,
                                      answer=answer))
     return sent
