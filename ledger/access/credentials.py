@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, Row, select, update
 
 from ledger.access import audit
 from ledger.access.integrations import add_credential, get_integration_by_id
@@ -47,7 +47,8 @@ class Rotation:
                              for k, at in self.retiring]}
 
 
-def _live_rows(conn: Connection, integration_id: int, now: datetime) -> list[object]:
+def _live_rows(conn: Connection, integration_id: int,
+               now: datetime) -> list[Row[int, str, str, datetime | None]]:
     """Lock and return the integration's credentials that still verify at `now`."""
     query = (
         select(credentials.c.id, credentials.c.key_id, credentials.c.state,
