@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import click
-from flask import current_app
 
 from ledger.access.integrations import get_integration_by_scope
 from ledger.cli import ledger_cli
-from ledger.cli.common import emit, handles_ledger_errors, json_option, services
+from ledger.cli.common import current_flask_app, emit, handles_ledger_errors, json_option, services
 from ledger.demo.history import seed_admin
 from ledger.demo.seed import balance, seed
 
@@ -20,7 +19,7 @@ def demo_group() -> None:
 @demo_group.command("seed")
 def demo_seed() -> None:
     """Create demo accounts and send signed deliveries (a duplicate and a conflict included)."""
-    sent = seed(current_app._get_current_object())  # type: ignore[attr-defined]
+    sent = seed(current_flask_app())
     if not sent:
         click.echo("demo already seeded")
     for delivery in sent:
