@@ -44,4 +44,4 @@ bench: $(TEST_STAMP)
 	$(BIN)/python -m bench.run
 
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) var .pytest_cache .mypy_cache
