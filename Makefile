@@ -29,6 +29,7 @@ run: $(RUN_STAMP)
 ## test: the whole suite on SQLite and PostgreSQL
 test: $(TEST_STAMP) system-deps
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 ## system-deps: Debian packages the tests drive (chromium for browser tests)
@@ -37,9 +38,10 @@ system-deps:
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: $(TEST_STAMP)
 	$(BIN)/python -m bench.run
 
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) var .pytest_cache .mypy_cache

@@ -61,8 +61,8 @@ def check_revocation_propagation(engine: Engine, settings: Settings, clock: Cloc
         flagged: list[Instance] = []
         if revoked_at is not None and now >= revoked_at + timedelta(seconds=bound):
             flagged = [i for i in live if lagging(i, revoked_at)]
-        for instance in flagged:
-            _open_finding(conn, instance, revoked_at, bound=bound, now=now)  # type: ignore[arg-type]
+            for instance in flagged:
+                _open_finding(conn, instance, revoked_at, bound=bound, now=now)
         _resolve_others(conn, {i.id for i in flagged}, now=now)
     for instance in flagged:
         log.warning("credentials.revocation_lag", instance=instance.id, bound_seconds=bound)

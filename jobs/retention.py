@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from itertools import repeat
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, bindparam, delete, func, select, text, tuple_, update
 from sqlalchemy import exc as sa_exc
@@ -46,6 +46,7 @@ from ledger.logs import get_logger
 from ledger.metrics import PURGED_ROWS
 
 log = get_logger("ledger.jobs.retention")
+_T = TypeVar("_T")
 DEFAULT_BATCH_SIZE = 25_000
 FINISHED = (ReceiptState.COMPLETE.code, ReceiptState.FAILED.code)
 LOCK_RETRIES = 3
@@ -427,8 +428,8 @@ def expire_bookkeeping(engine: Engine, settings: Settings, cutoff: datetime) -> 
         PURGED_ROWS.labels(kind).inc(max(_with_lock_retries(engine, settings, step), 0))
 
 
-def _with_lock_retries(engine: Engine, settings: Settings, step: Callable[[Connection], Any],
-                       pacer: Pacer | None = None) -> Any:
+def _with_lock_retries(engine: Engine, settings: Settings, step: Callable[[Connection], _T],
+                       pacer: Pacer | None = None) -> _T:
     """Run `step` in its own transaction (retried on a lock timeout), then pace the next one."""
     for attempt in range(LOCK_RETRIES):
         started = time.perf_counter()

@@ -55,7 +55,7 @@ def refresh(engine: Engine, clock: Clock, *, full_series: bool | None = None) ->
 
 def count_by_scope_state(conn: Connection) -> dict[tuple[int, int], tuple[int, datetime | None]]:
     """Return {(scope_id, state): (count, oldest accepted_at)} straight from receipts."""
-    totals = dict(conn.execute(
+    totals: dict[int, int] = dict(conn.execute(
         select(receipts.c.scope_id, func.count()).group_by(receipts.c.scope_id)).all())
     unfinished = conn.execute(
         select(receipts.c.scope_id, receipts.c.state, func.count(),

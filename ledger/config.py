@@ -50,7 +50,7 @@ def _parsed(env: Mapping[str, str], name: str, parse: Callable[[str], Any],
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
     """Read an integer setting, refusing garbage with a clear message."""
-    value = _parsed(env, name, int, "an integer")
+    value: int | None = _parsed(env, name, int, "an integer")
     if value is None:
         return default
     if value < minimum:
@@ -152,6 +152,6 @@ class Settings:
             stuck_pending_seconds=_int(env, "LEDGER_STUCK_PENDING_SECONDS", 900, 1),
         )
 
-    def with_(self, **changes: object) -> Settings:
+    def with_(self, **changes: Any) -> Settings:
         """Return a copy with some fields changed (tests, the drill)."""
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return replace(self, **changes)

@@ -9,13 +9,14 @@ import sys
 from typing import Any
 
 import structlog
+from structlog.typing import EventDict, WrappedLogger
 
 _configured = False
 # Keys whose values must never be logged, whatever a caller passes.
 FORBIDDEN_KEYS = frozenset({"secret", "signature", "body", "payload", "password", "token"})
 
 
-def _drop_forbidden(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _drop_forbidden(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
     """Remove fields that could carry secrets or payloads (defence in depth)."""
     for key in FORBIDDEN_KEYS.intersection(event_dict):
         event_dict[key] = "[redacted]"
@@ -33,7 +34,7 @@ def configure_logging(level: str | None = None) -> None:
     # per record. Our lines carry their context as fields, the formatter prints
     # only the JSON message, and these lookups cost the worker and the intake a
     # few percent of their CPU (bench/README.md, "Workers").
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

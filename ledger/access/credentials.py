@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, Row, insert, select, update
 
 from ledger.access import audit
 from ledger.access.integrations import get_integration_by_id
@@ -108,7 +108,8 @@ class Rotation:
                              for k, at in self.retiring]}
 
 
-def _live_rows(conn: Connection, integration_id: int, now: datetime) -> list[object]:
+def _live_rows(conn: Connection, integration_id: int,
+               now: datetime) -> list[Row[int, str, str, datetime | None]]:
     """Lock and return the integration's credentials that still verify at `now`."""
     query = (
         select(credentials.c.id, credentials.c.key_id, credentials.c.state,

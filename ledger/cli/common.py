@@ -6,10 +6,11 @@ import functools
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import click
-from flask import current_app
+from flask import Flask, current_app
+from werkzeug.local import LocalProxy
 
 from ledger.errors import LedgerError, NotFound
 from ledger.services import Services
@@ -19,7 +20,14 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
 
 def services() -> Services:
     """Return the current app's services."""
-    return current_app.extensions["ledger"]
+    svc: Services = current_app.extensions["ledger"]
+    return svc
+
+
+def current_flask_app() -> Flask:
+    """Return the app behind the `current_app` proxy (to hand to a server or a thread)."""
+    # Flask types current_app as the app itself; it is a LocalProxy of one.
+    return cast("LocalProxy[Flask]", current_app)._get_current_object()
 
 
 def emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import click
 
 from ledger.access import audit
@@ -24,7 +26,7 @@ from ledger.cli.common import (
 )
 
 
-def _iso(moment):  # type: ignore[no-untyped-def]
+def _iso(moment: datetime | None) -> str | None:
     """Return an ISO string or None."""
     return moment.isoformat() if moment is not None else None
 

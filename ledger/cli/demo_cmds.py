@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from flask import current_app
 
 from ledger.access.integrations import get_integration_by_scope
 from ledger.cli import ledger_cli
-from ledger.cli.common import emit, handles_ledger_errors, json_option, services
+from ledger.cli.common import current_flask_app, emit, handles_ledger_errors, json_option, services
 from ledger.demo.history import seed_admin
 from ledger.demo.seed import balance, seed
 
@@ -22,7 +21,7 @@ def demo_group() -> None:
 @demo_group.command("seed")
 def demo_seed() -> None:
     """Create demo accounts and send signed deliveries (a duplicate and a conflict included)."""
-    client = current_app.test_client()
+    client = current_flask_app().test_client()
 
     def post(path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
         response = client.post(path, data=body, headers=headers)

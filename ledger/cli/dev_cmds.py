@@ -5,11 +5,10 @@ from __future__ import annotations
 import threading
 
 import click
-from flask import current_app
 from werkzeug.serving import run_simple
 
 from ledger.cli import ledger_cli
-from ledger.cli.common import services
+from ledger.cli.common import current_flask_app, services
 from ledger.services import Services
 
 
@@ -46,7 +45,7 @@ def dev(host: str, port: int) -> None:
     click.echo(f"Replay Ledger on http://{host}:{port}/  (dashboard: /login, "
                f"intake: POST /hooks/<integration id>, health: /healthz)")
     try:
-        run_simple(host, port, current_app._get_current_object(),  # type: ignore[attr-defined]
+        run_simple(host, port, current_flask_app(),
                    threaded=True, use_reloader=False)
     finally:
         stop.set()

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
-from flask import Flask, current_app
+from flask import Flask
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 from ledger.access import audit
 from ledger.cli import ledger_cli
-from ledger.cli.common import emit, json_option, services
+from ledger.cli.common import current_flask_app, emit, json_option, services
 from ledger.drill.run import run_drill
 
 
@@ -50,7 +50,7 @@ def drill(base_url: str | None, as_json: bool) -> None:
     if base_url:
         report = run_drill(base_url, svc, actor=actor)
     else:
-        app = current_app._get_current_object()  # type: ignore[attr-defined]
+        app = current_flask_app()
         with local_server(app) as url:
             report = run_drill(url, svc, actor=actor)
         if svc.heartbeat is not None:

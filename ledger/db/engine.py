@@ -105,7 +105,7 @@ def migration_status(engine: Engine) -> tuple[str | None, str | None]:
 
 def driver_error(dialect: Any, error: Exception, *, what: str, dbapi_connection: Any = None,
                  invalidate: Callable[[BaseException], None] | None = None,
-                 ) -> sa_exc.DBAPIError:
+                 ) -> sa_exc.StatementError:
     """Return the SQLAlchemy error for a driver error raised outside SQLAlchemy.
 
     For statements run on the driver connection directly (the hot paths: see
@@ -116,8 +116,8 @@ def driver_error(dialect: Any, error: Exception, *, what: str, dbapi_connection:
     """
     invalidated = (invalidate is not None
                    and dialect.is_disconnect(error, dbapi_connection, None))
-    if invalidated:
-        invalidate(error)  # type: ignore[misc]
+    if invalidate is not None and invalidated:
+        invalidate(error)
     return sa_exc.DBAPIError.instance(what, None, error, dialect.loaded_dbapi.Error,
                                       hide_parameters=True, connection_invalidated=invalidated,
                                       dialect=dialect)

@@ -180,16 +180,18 @@ class Drill:
 
     def revoke_a(self) -> str:
         """Revoke A's key; every instance must refuse it within the declared bound."""
-        assert self.a is not None
+        sender = self.a
+        assert sender is not None
         with self.svc.engine.begin() as conn:
-            revoked = revoke_credential(conn, self.actor, self.a.key_id,
+            revoked = revoke_credential(conn, self.actor, sender.key_id,
                                         reason="leaked-key drill", now=self.now())
+        assert revoked.revoked_at is not None  # revoke_credential sets it
         started = time.monotonic()
-        refused_after = self._poll_until(lambda: self.post(self.a, "evt-1")[0] == 401)
+        refused_after = self._poll_until(lambda: self.post(sender, "evt-1")[0] == 401)
         expect(refused_after is not None and refused_after <= self.bound,
                f"revoked key still accepted after {time.monotonic() - started:.1f} s "
                f"(bound {self.bound} s)")
-        self._await_instances(revoked.revoked_at, started)  # type: ignore[arg-type]
+        self._await_instances(revoked.revoked_at, started)
         return (f"401 for the revoked key after {refused_after:.1f} s "
                 f"(declared bound {self.bound} s)")
 
@@ -247,10 +249,11 @@ class Drill:
                                          now=self.now(), overlap_seconds=0)
         self.a.key_id, self.a.secret = rotation.key_id, rotation.secret
         answer: dict[str, Any] = {}
+        sender = self.a
 
         def replay() -> bool:
             nonlocal answer
-            status, answer = self.post(self.a, "evt-1")
+            status, answer = self.post(sender, "evt-1")
             return status != 401
 
         took = self._poll_until(replay)

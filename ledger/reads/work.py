@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, func, select, tuple_
+from sqlalchemy import Connection, Label, func, select, tuple_
 
 from ledger.db.schema import attempts, findings, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
@@ -27,7 +27,7 @@ STUCK_LIMIT = 100
 COUNT_CAP = 100_000
 
 
-def _last_error():  # type: ignore[no-untyped-def]
+def _last_error() -> Label[Any]:
     """Return a scalar subquery: the newest attempt's error of the outer receipt."""
     return (select(attempts.c.error)
             .where(attempts.c.scope_id == receipts.c.scope_id,

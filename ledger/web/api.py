@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from flask import Blueprint, g, jsonify, request
+from flask import Blueprint, Response, g, jsonify, request
 
 from ledger.access import audit
 from ledger.access.integrations import get_integration
@@ -43,20 +43,20 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _page(page: Page, **extra: Any):  # type: ignore[no-untyped-def]
+def _page(page: Page, **extra: Any) -> Response:
     """Answer one keyset page."""
     return jsonify({"items": plain(page.items), "next_cursor": page.next_cursor,
                     **plain(extra)})
 
 
-def _bad(error: Exception):  # type: ignore[no-untyped-def]
+def _bad(error: Exception) -> Response:
     """Answer a filter the client must correct."""
     response = jsonify({"error": "bad_request", "detail": str(error)})
     response.status_code = 400
     return response
 
 
-def _not_found():  # type: ignore[no-untyped-def]
+def _not_found() -> Response:
     """Answer a missing record."""
     response = jsonify({"error": "not_found"})
     response.status_code = 404
@@ -64,7 +64,7 @@ def _not_found():  # type: ignore[no-untyped-def]
 
 
 @bp.after_request
-def _no_store(response):  # type: ignore[no-untyped-def]
+def _no_store(response: Response) -> Response:
     """Keep operator data out of shared caches."""
     response.headers["Cache-Control"] = "no-store"
     response.vary.add("Authorization")
@@ -73,18 +73,18 @@ def _no_store(response):  # type: ignore[no-untyped-def]
 
 @bp.errorhandler(BadFilter)
 @bp.errorhandler(BadCursor)
-def _bad_input(error: Exception):  # type: ignore[no-untyped-def]
+def _bad_input(error: Exception) -> Response:
     return _bad(error)
 
 
 @bp.get("/me")
-def me():  # type: ignore[no-untyped-def]
+def me() -> Response:
     """Who the token or session belongs to."""
     return jsonify({"username": g.operator.username, "role": g.operator.role})
 
 
 @bp.get("/overview")
-def overview():  # type: ignore[no-untyped-def]
+def overview() -> Response:
     """Headline numbers, a page of scopes with rollup counts, instances and job runs."""
     svc = services()
     now = svc.clock.now()
@@ -97,7 +97,7 @@ def overview():  # type: ignore[no-untyped-def]
 
 
 @bp.get("/receipts")
-def receipts():  # type: ignore[no-untyped-def]
+def receipts() -> Response:
     """Receipts filtered by scope, state, event_type, since, until, prefix; keyset paged."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -109,7 +109,7 @@ def receipts():  # type: ignore[no-untyped-def]
 
 
 @bp.get("/receipts/<public_id>/<path:event_id>")
-def receipt(public_id: str, event_id: str):  # type: ignore[no-untyped-def]
+def receipt(public_id: str, event_id: str) -> Response:
     """One receipt with attempts, conflicts and audit rows; the payload for oncall and up."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -138,7 +138,7 @@ def _is_json(text: str) -> bool:
 
 
 @bp.get("/stuck")
-def stuck():  # type: ignore[no-untyped-def]
+def stuck() -> Response:
     """Pending past the threshold, overdue jobs and open findings."""
     svc = services()
     now = svc.clock.now()
@@ -150,7 +150,7 @@ def stuck():  # type: ignore[no-untyped-def]
 
 
 @bp.get("/failures")
-def failures():  # type: ignore[no-untyped-def]
+def failures() -> Response:
     """Failed receipts with their last error; `total` is capped (see `total_capped`)."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -162,7 +162,7 @@ def failures():  # type: ignore[no-untyped-def]
 
 
 @bp.get("/conflicts")
-def conflicts():  # type: ignore[no-untyped-def]
+def conflicts() -> Response:
     """Conflicts, most recent first; `open=1` for unacknowledged only."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -174,7 +174,7 @@ def conflicts():  # type: ignore[no-untyped-def]
 
 
 @bp.get("/integrations")
-def integrations():  # type: ignore[no-untyped-def]
+def integrations() -> Response:
     """Integrations by scope."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -185,7 +185,7 @@ def integrations():  # type: ignore[no-untyped-def]
 
 
 @bp.get("/integrations/<public_id>/credentials")
-def credentials(public_id: str):  # type: ignore[no-untyped-def]
+def credentials(public_id: str) -> Response:
     """An integration's credentials: states, fingerprints, dates; never a secret."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -199,7 +199,7 @@ def credentials(public_id: str):  # type: ignore[no-untyped-def]
 
 
 @bp.get("/audit")
-def audit_rows():  # type: ignore[no-untyped-def]
+def audit_rows() -> Response:
     """Audit rows newest first, filtered by actor, action, scope, since, until."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -210,14 +210,14 @@ def audit_rows():  # type: ignore[no-untyped-def]
 
 
 @bp.get("/audit/verify")
-def audit_verify():  # type: ignore[no-untyped-def]
+def audit_verify() -> Response:
     """Walk the hash chain: {"ok", "rows", "first_bad"}."""
     with services().engine.connect() as conn:
         return jsonify(audit.verify_chain(conn))
 
 
 @bp.get("/capacity")
-def capacity():  # type: ignore[no-untyped-def]
+def capacity() -> Response:
     """The capacity equation's measured inputs and projection."""
     from ledger.web.dashboard.pages import measure_capacity
 

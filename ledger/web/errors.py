@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
+from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
 from ledger import metrics
@@ -22,7 +23,7 @@ def wants_json() -> bool:
     return best == "application/json"
 
 
-def _json(status: int, body: dict[str, object]):  # type: ignore[no-untyped-def]
+def _json(status: int, body: dict[str, object]) -> Response:
     """Return a JSON response with the given status."""
     response = jsonify(body)
     response.status_code = status
@@ -33,7 +34,7 @@ def register_error_handlers(app: Flask) -> None:
     """Install the domain-error → HTTP mapping on the app."""
 
     @app.errorhandler(StorageUnavailable)
-    def _unavailable(e: StorageUnavailable):  # type: ignore[no-untyped-def]
+    def _unavailable(e: StorageUnavailable) -> Response:
         metrics.DELIVERIES.labels("unavailable").inc()
         log.warning("storage.unavailable", error=str(e), path=request.path)
         response = _json(503, {"error": "unavailable"})
@@ -41,7 +42,7 @@ def register_error_handlers(app: Flask) -> None:
         return response
 
     @app.errorhandler(HTTPException)
-    def _http(e: HTTPException):  # type: ignore[no-untyped-def]
+    def _http(e: HTTPException) -> Response | HTTPException:
         if wants_json():
             response = _json(e.code or 500, {"error": (e.name or "error").lower()
                                                      .replace(" ", "_")})
@@ -52,7 +53,7 @@ def register_error_handlers(app: Flask) -> None:
         return e
 
     @app.errorhandler(Exception)
-    def _unexpected(e: Exception):  # type: ignore[no-untyped-def]
+    def _unexpected(e: Exception) -> ResponseReturnValue:
         if is_unavailable(e):
             return _unavailable(StorageUnavailable(type(e).__name__))
         # Log the class only: messages of driver errors can quote bound parameters.

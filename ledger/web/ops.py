@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, jsonify
+from flask.typing import ResponseReturnValue
 from sqlalchemy import text
 
 from ledger.db.engine import migration_status
@@ -12,13 +13,13 @@ bp = Blueprint("ops", __name__)
 
 
 @bp.get("/healthz")
-def healthz():  # type: ignore[no-untyped-def]
+def healthz() -> Response:
     """Answer while the process runs."""
     return jsonify({"status": "ok"})
 
 
 @bp.get("/readyz")
-def readyz():  # type: ignore[no-untyped-def]
+def readyz() -> ResponseReturnValue:
     """Answer ready only when the database answers and migrations are at head."""
     engine = current_app.extensions["ledger"].engine
     try:

@@ -11,6 +11,7 @@ the oldest due job (README, "Scaling past one database").
 from __future__ import annotations
 
 from collections import namedtuple
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -19,7 +20,7 @@ from sqlalchemy import (
     Dialect,
     Integer,
     Text,
-    TextClause,
+    TextualSelect,
     bindparam,
     column,
     text,
@@ -141,7 +142,7 @@ class DriverStatement:
     broken connection is invalidated, as SQLAlchemy would.
     """
 
-    def __init__(self, statement: TextClause) -> None:
+    def __init__(self, statement: TextualSelect) -> None:
         self.statement = statement
         self._compiled: dict[str, tuple[str, Any, Any]] = {}  # per dialect name
 
@@ -158,21 +159,23 @@ class DriverStatement:
                      if isinstance(bind.type, UTCDateTime)]
             to_driver = UTCDateTime().dialect_impl(dialect).bind_processor(dialect)
             columns = [(col.key, col.type) for col in self.statement.selected_columns]
+            # why: the fields are the statement's columns, known only at run time; mypy
+            # types a namedtuple only from a literal list of fields.
             shape = namedtuple("DriverRow", [key for key, _ in columns])  # type: ignore[misc]
-            readers = [(i, kind.dialect_impl(dialect).result_processor(dialect, None))
-                       for i, (_, kind) in enumerate(columns)]
-            readers = [(i, read) for i, read in readers if read is not None]
+            processors = [(i, kind.dialect_impl(dialect).result_processor(dialect, None))
+                          for i, (_, kind) in enumerate(columns)]
+            readers = [(i, read) for i, read in processors if read is not None]
 
             def params(values: dict[str, Any]) -> dict[str, Any]:
                 if to_driver is not None:
                     values.update({name: to_driver(values[name]) for name in times})
                 return values
 
-            def row(values: tuple[Any, ...]) -> Any:
+            def row(values: Sequence[Any]) -> Any:
                 if readers:
-                    values = list(values)  # type: ignore[assignment]
+                    values = list(values)
                     for i, read in readers:
-                        values[i] = read(values[i])  # type: ignore[index]
+                        values[i] = read(values[i])
                 return shape._make(values)
 
             found = self._compiled[dialect.name] = (compiled.string, params, row)
@@ -182,7 +185,9 @@ class DriverStatement:
         """Run the statement with `params` (a dict it may change); return its one row."""
         sql, convert_params, convert_row = self._prepared(conn.dialect)
         fairy = conn.connection
-        cursor = fairy.driver_connection.cursor()  # type: ignore[union-attr]
+        driver = fairy.driver_connection
+        assert driver is not None  # a checked-out connection always has its driver's
+        cursor = driver.cursor()
         try:
             cursor.execute(sql, convert_params(params))
             values = cursor.fetchone()

@@ -16,6 +16,7 @@ from flask import (
     render_template,
     request,
 )
+from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
 from ledger.web.auth import init_security, require_login
@@ -27,7 +28,7 @@ bp.before_request(require_login)
 
 @bp.errorhandler(400)
 @bp.errorhandler(404)
-def _error_page(error: HTTPException):  # type: ignore[no-untyped-def]
+def _error_page(error: HTTPException) -> ResponseReturnValue:
     """Answer a bad or missing dashboard URL with a page (JSON clients get JSON)."""
     if wants_json():
         response = jsonify({"error": "bad_request" if error.code == 400 else "not_found"})
@@ -37,7 +38,7 @@ def _error_page(error: HTTPException):  # type: ignore[no-untyped-def]
               404: ("Not found", "Nothing here: the receipt, integration or page is unknown.")}
     title, message = titles[error.code or 400]
     return render_template("error.html", status=error.code, title=title,
-                           message=message), error.code
+                           message=message), error.code or 400
 
 
 def is_fragment_request() -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import abort, request
+from flask import Response, abort, request
 
 from ledger.access.credentials import (
     add_credential,
@@ -14,6 +14,7 @@ from ledger.access.credentials import (
     rotate_credential,
 )
 from ledger.access.integrations import get_integration
+from ledger.access.operators import Operator
 from ledger.errors import LedgerError, NotFound
 from ledger.intake.conflict_review import acknowledge_conflict
 from ledger.reads.admin import credential_rows, list_conflicts
@@ -36,7 +37,7 @@ def _status_of(error: LedgerError) -> int:
 
 @bp.post("/failures/requeue")
 @requires("oncall")
-def requeue_one():  # type: ignore[no-untyped-def]
+def requeue_one() -> Response:
     """Requeue one failed receipt with a reason."""
     svc = services()
     scope, event_id = request.form.get("scope", ""), request.form.get("event_id", "")
@@ -59,16 +60,16 @@ def _filter_args() -> dict[str, str]:
 
 @bp.post("/failures/requeue-all/preview")
 @requires("oncall")
-def requeue_all_preview():  # type: ignore[no-untyped-def]
+def requeue_all_preview() -> Response:
     """Show how many failures the filter matches and ask for confirmation."""
     svc = services()
     args, reason = _filter_args(), request.form.get("reason", "").strip()
     try:
         with svc.engine.connect() as conn:
             total, capped = count_failures(conn, receipt_filter(conn, args))
-    except BadFilter as error:
+    except BadFilter as problem:
         return render("action.html", "partials/_requeue_confirm.html", status=400,
-                      error=str(error), total=0, capped=False, args=args, reason=reason)
+                      error=str(problem), total=0, capped=False, args=args, reason=reason)
     error = None if reason else "A reason is required."
     return render("action.html", "partials/_requeue_confirm.html", status=400 if error else 200,
                   error=error, total=total, capped=capped, args=args, reason=reason)
@@ -76,7 +77,7 @@ def requeue_all_preview():  # type: ignore[no-untyped-def]
 
 @bp.post("/failures/requeue-all")
 @requires("oncall")
-def requeue_all_step():  # type: ignore[no-untyped-def]
+def requeue_all_step() -> Response:
     """Requeue the next chunk of matching failures; the answer polls for the next chunk."""
     svc = services()
     args, reason = _filter_args(), request.form.get("reason", "").strip()
@@ -140,14 +141,14 @@ def _after_key(raw: str) -> tuple[Any, int, str] | None:
     if not raw:
         return None
     try:
-        return decode_cursor(raw, (datetime, int, str))  # type: ignore[return-value]
+        return decode_cursor(raw, (datetime, int, str))
     except BadCursor:
         abort(400)
 
 
 @bp.post("/conflicts/<int:conflict_id>/ack")
 @requires("oncall")
-def acknowledge(conflict_id: int):  # type: ignore[no-untyped-def]
+def acknowledge(conflict_id: int) -> Response:
     """Acknowledge a conflict with a note."""
     svc = services()
     status, message = 200, f"Conflict {conflict_id} acknowledged."
@@ -165,7 +166,7 @@ def acknowledge(conflict_id: int):  # type: ignore[no-untyped-def]
 
 
 def _credentials_answer(public_id: str, *, status: int = 200, secret: dict[str, Any] | None = None,
-                        message: str | None = None, error: str | None = None):  # type: ignore[no-untyped-def]
+                        message: str | None = None, error: str | None = None) -> Response:
     """Re-render an integration's credentials with a one-time secret or a message."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -178,7 +179,7 @@ def _credentials_answer(public_id: str, *, status: int = 200, secret: dict[str, 
 
 @bp.post("/credentials/<public_id>/add")
 @requires("security")
-def credential_add(public_id: str):  # type: ignore[no-untyped-def]
+def credential_add(public_id: str) -> Response:
     """Add an active credential; its secret is shown once in this answer."""
     svc = services()
     try:
@@ -196,7 +197,7 @@ def credential_add(public_id: str):  # type: ignore[no-untyped-def]
 
 @bp.post("/credentials/<public_id>/rotate")
 @requires("security")
-def credential_rotate(public_id: str):  # type: ignore[no-untyped-def]
+def credential_rotate(public_id: str) -> Response:
     """Rotate with a chosen overlap after re-entering the password."""
     svc = services()
     if not password_matches(_operator(), request.form.get("password", "")):
@@ -224,7 +225,7 @@ def credential_rotate(public_id: str):  # type: ignore[no-untyped-def]
 
 @bp.post("/credentials/<public_id>/revoke")
 @requires("security")
-def credential_revoke(public_id: str):  # type: ignore[no-untyped-def]
+def credential_revoke(public_id: str) -> Response:
     """Revoke one key of this integration with a reason, after re-entering the password."""
     svc = services()
     key_id = request.form.get("key_id", "")
@@ -245,15 +246,16 @@ def credential_revoke(public_id: str):  # type: ignore[no-untyped-def]
                            f"{svc.settings.revocation_bound_seconds} s.")
 
 
-def _credentials_or_404(public_id: str, error: LedgerError):  # type: ignore[no-untyped-def]
+def _credentials_or_404(public_id: str, error: LedgerError) -> Response:
     """Answer a refused credential action (or 404 when the integration is unknown)."""
     if isinstance(error, NotFound) and error.what == "integration":
         abort(404)
     return _credentials_answer(public_id, status=_status_of(error), error=str(error))
 
 
-def _operator():  # type: ignore[no-untyped-def]
+def _operator() -> Operator:
     """Return the current operator."""
     from flask import g
 
-    return g.operator
+    operator: Operator = g.operator
+    return operator

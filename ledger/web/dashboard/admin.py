@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from flask import request
+from flask import Response, request
 
 from ledger.access.operators import (
     ROLES,
@@ -21,7 +21,7 @@ from ledger.web.dashboard import bp, render
 
 
 def _answer(*, status: int = 200, shown_once: dict[str, Any] | None = None,
-            message: str | None = None, error: str | None = None):  # type: ignore[no-untyped-def]
+            message: str | None = None, error: str | None = None) -> Response:
     """Render the operators list with a one-time secret or a message."""
     with services().engine.connect() as conn:
         rows = list_operators(conn)
@@ -32,14 +32,14 @@ def _answer(*, status: int = 200, shown_once: dict[str, Any] | None = None,
 
 @bp.get("/operators")
 @requires("admin")
-def operators_page():  # type: ignore[no-untyped-def]
+def operators_page() -> Response:
     """Operators and their roles."""
     return _answer()
 
 
 @bp.post("/operators")
 @requires("admin")
-def operator_create():  # type: ignore[no-untyped-def]
+def operator_create() -> Response:
     """Create an operator with a generated password, shown once."""
     svc = services()
     username, role = request.form.get("username", "").strip(), request.form.get("role", "")
@@ -56,7 +56,7 @@ def operator_create():  # type: ignore[no-untyped-def]
 
 @bp.post("/operators/<username>/role")
 @requires("admin")
-def operator_role(username: str):  # type: ignore[no-untyped-def]
+def operator_role(username: str) -> Response:
     """Change an operator's role (their sessions end)."""
     svc = services()
     try:
@@ -71,7 +71,7 @@ def operator_role(username: str):  # type: ignore[no-untyped-def]
 
 @bp.post("/operators/<username>/disable")
 @requires("admin")
-def operator_disable(username: str):  # type: ignore[no-untyped-def]
+def operator_disable(username: str) -> Response:
     """Disable an operator: sessions end, tokens stop working."""
     svc = services()
     try:
@@ -86,7 +86,7 @@ def operator_disable(username: str):  # type: ignore[no-untyped-def]
 
 @bp.post("/operators/<username>/token")
 @requires("admin")
-def operator_token(username: str):  # type: ignore[no-untyped-def]
+def operator_token(username: str) -> Response:
     """Issue an API token for an operator, shown once."""
     svc = services()
     try:

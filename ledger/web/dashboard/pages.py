@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import abort, request
+from flask import Response, abort, request
 
 from ledger.access import audit
 from ledger.access.integrations import get_integration
@@ -36,7 +36,7 @@ def _cursor() -> str | None:
 
 @bp.get("/")
 @requires("viewer")
-def overview():  # type: ignore[no-untyped-def]
+def overview() -> Response:
     """Counts per scope, headline numbers, instances, scheduled runs and charts."""
     svc = services()
     now = svc.clock.now()
@@ -70,7 +70,7 @@ def _receipts_context(args: Any) -> dict[str, Any]:
 
 @bp.get("/receipts")
 @requires("viewer")
-def receipts_page():  # type: ignore[no-untyped-def]
+def receipts_page() -> Response:
     """Receipts of one scope or all, filtered and keyset-paged."""
     context = _receipts_context(request.args)
     status = 400 if context["error"] else 200
@@ -80,7 +80,7 @@ def receipts_page():  # type: ignore[no-untyped-def]
 
 @bp.get("/receipts/<public_id>/<path:event_id>")
 @requires("viewer")
-def receipt_page(public_id: str, event_id: str):  # type: ignore[no-untyped-def]
+def receipt_page(public_id: str, event_id: str) -> Response:
     """One receipt: timeline, digest, result, conflicts, audit rows, retained payload."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -96,13 +96,13 @@ def receipt_page(public_id: str, event_id: str):  # type: ignore[no-untyped-def]
 
 @bp.get("/stuck")
 @requires("viewer")
-def stuck_page():  # type: ignore[no-untyped-def]
+def stuck_page() -> Response:
     """Pending past the threshold, expired leases, due-but-unclaimed jobs, open findings."""
     svc = services()
     now = svc.clock.now()
     threshold = svc.settings.stuck_pending_seconds
     with svc.engine.connect() as conn:
-        context = {"pending": stuck_pending(conn, now, threshold),
+        context: dict[str, Any] = {"pending": stuck_pending(conn, now, threshold),
                    "overdue": overdue_jobs(conn, now, STUCK_GRACE_SECONDS),
                    "findings": open_findings(conn)}
     return render("stuck.html", "partials/_stuck.html", now=now, threshold=threshold,
@@ -125,7 +125,7 @@ def failures_context(args: Any) -> dict[str, Any]:
 
 @bp.get("/failures")
 @requires("viewer")
-def failures_page():  # type: ignore[no-untyped-def]
+def failures_page() -> Response:
     """Terminal failures with their last error; requeue one or all matching."""
     context = failures_context(request.args)
     return render("failures.html", "partials/_failures.html",
@@ -134,7 +134,7 @@ def failures_page():  # type: ignore[no-untyped-def]
 
 @bp.get("/conflicts")
 @requires("viewer")
-def conflicts_page():  # type: ignore[no-untyped-def]
+def conflicts_page() -> Response:
     """Same id with another body, and replayed bodies; acknowledge with a note."""
     svc = services()
     open_only = request.args.get("open", "1") == "1"
@@ -151,7 +151,7 @@ def conflicts_page():  # type: ignore[no-untyped-def]
 
 @bp.get("/credentials")
 @requires("viewer")
-def integrations_page():  # type: ignore[no-untyped-def]
+def integrations_page() -> Response:
     """Integrations by scope, each linking to its credentials."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -166,7 +166,7 @@ def integrations_page():  # type: ignore[no-untyped-def]
 
 @bp.get("/credentials/<public_id>")
 @requires("viewer")
-def credentials_page(public_id: str):  # type: ignore[no-untyped-def]
+def credentials_page(public_id: str) -> Response:
     """An integration's credentials: states, fingerprints, dates; actions for security."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -181,7 +181,7 @@ def credentials_page(public_id: str):  # type: ignore[no-untyped-def]
 
 @bp.get("/audit")
 @requires("viewer")
-def audit_page():  # type: ignore[no-untyped-def]
+def audit_page() -> Response:
     """The audit log, filtered by actor, action, scope and time."""
     svc = services()
     try:
@@ -197,7 +197,7 @@ def audit_page():  # type: ignore[no-untyped-def]
 
 @bp.get("/audit/verify")
 @requires("viewer")
-def audit_verify():  # type: ignore[no-untyped-def]
+def audit_verify() -> Response:
     """Walk the hash chain and report whether it holds (loaded lazily by the audit page)."""
     svc = services()
     with svc.engine.connect() as conn:
@@ -207,7 +207,7 @@ def audit_verify():  # type: ignore[no-untyped-def]
 
 @bp.get("/capacity")
 @requires("viewer")
-def capacity_page():  # type: ignore[no-untyped-def]
+def capacity_page() -> Response:
     """The seed's equation with measured bytes per receipt, and a projection chart."""
     svc = services()
     numbers = measure_capacity()
