@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 from collections.abc import Mapping
@@ -11,7 +12,7 @@ from typing import Any
 from flask import Flask
 
 from ledger.clock import Clock
-from ledger.config import Settings, project_root
+from ledger.config import Settings
 from ledger.logs import configure_logging
 
 
@@ -28,6 +29,19 @@ def _secret_key(settings: Settings) -> str:
     return path.read_text().strip()
 
 
+def _package_dir(name: str) -> str:
+    """Return the directory of a resource package such as `ledger.templates`.
+
+    templates/ and static/ are installed as ledger.templates and ledger.static
+    (pyproject.toml), so they are found through the installed package, in a
+    wheel and in the editable install alike, never through the working directory.
+    """
+    spec = importlib.util.find_spec(name)  # finds without importing the package
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"{name} is not installed: reinstall replay-ledger")
+    return str(next(iter(spec.submodule_search_locations)))
+
+
 def create_app(test_config: Mapping[str, Any] | None = None, *,
                clock: Clock | None = None) -> Flask:
     """Create the web app. `test_config` overrides environment variables by name."""
@@ -38,9 +52,8 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     from ledger.web.errors import register_error_handlers
 
     configure_logging((test_config or {}).get("LEDGER_LOG_LEVEL"))
-    root = project_root()
-    app = Flask(__name__, template_folder=str(root / "templates"),
-                static_folder=str(root / "static"))
+    app = Flask(__name__, template_folder=_package_dir("ledger.templates"),
+                static_folder=_package_dir("ledger.static"))
     env = dict(os.environ)
     env.update({k: str(v) for k, v in (test_config or {}).items()})
     settings = Settings.from_env(env)

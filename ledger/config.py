@@ -22,11 +22,6 @@ DEFAULT_REVIEW_WINDOW_SECONDS = 14 * 86400
 DEFAULT_DUTY_CYCLE = 0.5
 
 
-def project_root() -> Path:
-    """Return the directory holding app.py, templates/, static/ and migrations/."""
-    return Path(__file__).resolve().parent.parent
-
-
 def database_url_from_env(env: Mapping[str, str] | None = None) -> str:
     """Return DATABASE_URL, defaulting to the embedded SQLite file under var/."""
     env = os.environ if env is None else env

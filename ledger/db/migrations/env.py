@@ -1,4 +1,8 @@
-"""Alembic environment: the URL comes from the caller (ledger.db.engine.upgrade) or DATABASE_URL."""
+"""Alembic environment: the URL comes from the caller (ledger.db.engine.upgrade) or DATABASE_URL.
+
+`target_metadata` and the comparison options make `alembic revision --autogenerate`
+(with `script_location` pointing here) propose only real differences.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 
 from ledger.config import database_url_from_env
-from ledger.db.schema import metadata
+from ledger.db.schema import autogenerate_options, metadata
 
 config = context.config
 target_metadata = metadata
@@ -17,7 +21,8 @@ def run_migrations() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
         context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=connection.dialect.name == "sqlite")
+                          render_as_batch=connection.dialect.name == "sqlite",
+                          **autogenerate_options(connection.dialect.name))
         with context.begin_transaction():
             context.run_migrations()
         return
@@ -26,7 +31,8 @@ def run_migrations() -> None:
                                 poolclass=pool.NullPool)
     with engine.connect() as conn:
         context.configure(connection=conn, target_metadata=target_metadata,
-                          render_as_batch=conn.dialect.name == "sqlite")
+                          render_as_batch=conn.dialect.name == "sqlite",
+                          **autogenerate_options(conn.dialect.name))
         with context.begin_transaction():
             context.run_migrations()
 

@@ -1,0 +1,1 @@
+"""Vendored htmx, css and icons, installed as the package `ledger.static` (pyproject.toml)."""

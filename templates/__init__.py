@@ -1,0 +1,1 @@
+"""Pages and htmx partials, installed as the package `ledger.templates` (pyproject.toml)."""
