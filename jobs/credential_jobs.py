@@ -87,7 +87,7 @@ def _export_view_ages(live: list[Instance], now: datetime) -> None:
 
 
 def _open_finding(conn: Connection, instance: Instance, revoked_at: datetime, *,
-                  bound: int, now: datetime) -> None:
+                  bound: float, now: datetime) -> None:
     """Record (or refresh) the finding; audit it when it opens."""
     refreshed = instance.credentials_refreshed_at
     detail = json.dumps({
