@@ -86,9 +86,9 @@ def _number(env: Mapping[str, str], name: str, parse: Callable[[str], Any], expe
     if isinstance(value, float) and not math.isfinite(value):
         raise SettingsError(name, f"{name} must be {expected}, got {raw!r}")
     if minimum is not None and value < minimum:
-        raise SettingsError(name, f"{name} must be >= {minimum:g}, got {raw!r}")
+        raise SettingsError(name, f"{name} must be >= {minimum}, got {raw!r}")
     if maximum is not None and value > maximum:
-        raise SettingsError(name, f"{name} must be <= {maximum:g}, got {raw!r}")
+        raise SettingsError(name, f"{name} must be <= {maximum}, got {raw!r}")
     return value
 
 
