@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import secrets
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from flask import Flask
 
 from ledger.clock import Clock
-from ledger.config import Settings
+from ledger.config import SECRET_KEY_FILE, Settings, development_key
 from ledger.logs import configure_logging
 
 
@@ -20,13 +18,7 @@ def _secret_key(settings: Settings) -> str:
     """Return the session signing key: configured, or generated into var/ for development."""
     if settings.secret_key:
         return settings.secret_key
-    path = Path(settings.var_dir) / "flask-secret.key"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(48))
-    return path.read_text().strip()
+    return development_key(settings.var_dir, SECRET_KEY_FILE, lambda: secrets.token_urlsafe(48))
 
 
 def _package_dir(name: str) -> str:
@@ -44,19 +36,20 @@ def _package_dir(name: str) -> str:
 
 def create_app(test_config: Mapping[str, Any] | None = None, *,
                clock: Clock | None = None) -> Flask:
-    """Create the web app. `test_config` overrides environment variables by name."""
+    """Create the web app. `test_config` overrides environment variables by name.
+
+    A malformed or missing setting raises ledger.config.SettingsError naming the variable.
+    """
     from ledger.cli import ledger_cli
     from ledger.services import build_services
     from ledger.web import ingest, ops, request_log
     from ledger.web.dashboard import register_dashboard
     from ledger.web.errors import register_error_handlers
 
-    configure_logging((test_config or {}).get("LEDGER_LOG_LEVEL"))
+    settings = Settings.from_env(overrides=test_config)
+    configure_logging(settings.log_level)
     app = Flask(__name__, template_folder=_package_dir("ledger.templates"),
                 static_folder=_package_dir("ledger.static"))
-    env = dict(os.environ)
-    env.update({k: str(v) for k, v in (test_config or {}).items()})
-    settings = Settings.from_env(env)
     app.config.update(SECRET_KEY=_secret_key(settings), JSON_SORT_KEYS=False)
     app.extensions["ledger"] = build_services(settings, clock=clock)
     # A process that serves requests registers itself in `instances` (revocation propagation).

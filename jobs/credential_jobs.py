@@ -70,7 +70,7 @@ def check_revocation_propagation(engine: Engine, settings: Settings, clock: Cloc
 
 
 def _open_finding(conn: Connection, instance: Instance, revoked_at: datetime, *,
-                  bound: int, now: datetime) -> None:
+                  bound: float, now: datetime) -> None:
     """Record (or refresh) the finding; audit it when it opens."""
     refreshed = instance.credentials_refreshed_at
     detail = json.dumps({

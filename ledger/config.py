@@ -1,8 +1,18 @@
-"""Settings from the environment (CONTRACT.md section 5), read once per process."""
+"""Settings from the environment (CONTRACT.md section 5), read once per process, strictly.
+
+Every environment variable the ledger reads is read here and nowhere else. A
+value that does not parse, or lies out of range, raises SettingsError naming
+the variable: the process stops at start instead of running on a silent
+default. An empty value counts as unset.
+"""
 
 from __future__ import annotations
 
+import math
+import multiprocessing
 import os
+import secrets
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,54 +30,229 @@ DEFAULT_REVIEW_WINDOW_SECONDS = 14 * 86400
 # Share of wall time the retention purge may spend deleting (jobs/retention.py
 # Pacer); the rest is left to the intake. 1 = full speed.
 DEFAULT_DUTY_CYCLE = 0.5
+# The longest duration accepted: ten years (a larger one overflows date arithmetic).
+MAX_DURATION_SECONDS = 10 * 365 * 86400
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+ENVIRONMENTS = ("development", "production")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+SQLITE_SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
+# Without these a production process refuses to start (no key is generated there).
+PRODUCTION_KEYS = ("LEDGER_SECRET_KEY", "LEDGER_MASTER_KEY", "LEDGER_LOG_HASH_KEY")
+# Files under var/ that hold the keys generated for development.
+SECRET_KEY_FILE = "flask-secret.key"
+MASTER_KEY_FILE = "master.key"
+LOG_HASH_KEY_FILE = "log-hash.key"
+DEFAULT_BIND = "127.0.0.1:8000"
 
 
-def database_url_from_env(env: Mapping[str, str] | None = None) -> str:
-    """Return DATABASE_URL, defaulting to the embedded SQLite file under var/."""
-    env = os.environ if env is None else env
-    url = env.get("DATABASE_URL")
-    if url:
-        return url
-    return f"sqlite:///{Path(env.get('LEDGER_VAR_DIR', 'var')).resolve() / 'ledger.sqlite3'}"
+class SettingsError(ValueError):
+    """A setting is malformed, out of range, or missing; the message names the variable."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
 
 
-def _parsed(env: Mapping[str, str], name: str, parse: Callable[[str], Any],
-            expected: str) -> Any:
-    """Return the setting parsed, None when unset; garbage is refused with a clear message."""
+def _environ(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    """Return `env`, or the process environment when None."""
+    return os.environ if env is None else env
+
+
+def _raw(env: Mapping[str, str], name: str) -> str | None:
+    """Return the variable's text, None when unset or empty."""
     raw = env.get(name)
-    if raw is None or raw == "":
+    return raw if raw else None
+
+
+def _number(env: Mapping[str, str], name: str, parse: Callable[[str], Any], expected: str,
+            minimum: float | None, maximum: float | None) -> Any:
+    """Return the variable parsed and range-checked, None when unset."""
+    raw = _raw(env, name)
+    if raw is None:
         return None
     try:
-        return parse(raw)
+        if raw != raw.strip():
+            raise ValueError(raw)  # int() and float() would strip it silently
+        value = parse(raw)
     except ValueError:
-        raise ValueError(f"{name} must be {expected}, got {raw!r}") from None
+        raise SettingsError(name, f"{name} must be {expected}, got {raw!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SettingsError(name, f"{name} must be {expected}, got {raw!r}")
+    if minimum is not None and value < minimum:
+        raise SettingsError(name, f"{name} must be >= {minimum}, got {raw!r}")
+    if maximum is not None and value > maximum:
+        raise SettingsError(name, f"{name} must be <= {maximum}, got {raw!r}")
+    return value
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    """Read an integer setting, refusing garbage with a clear message."""
-    value: int | None = _parsed(env, name, int, "an integer")
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0,
+         maximum: int | None = None) -> int:
+    """Read an integer setting."""
+    value = _number(env, name, int, "an integer", minimum, maximum)
+    return default if value is None else value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, minimum: float = 0,
+             maximum: float = MAX_DURATION_SECONDS) -> float:
+    """Read a duration in seconds; fractions allowed (a whole number stays an int)."""
+    value = _number(env, name, float, "a number of seconds", minimum, maximum)
     if value is None:
         return default
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value) if value.is_integer() else value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """Read a boolean: 1 true yes on / 0 false no off, in any case, nothing else."""
+    raw = _raw(env, name)
+    if raw is None:
+        return default
+    if raw.lower() in TRUE_WORDS:
+        return True
+    if raw.lower() in FALSE_WORDS:
+        return False
+    raise SettingsError(name, f"{name} must be a boolean (1, true, yes, on / 0, false, no, "
+                              f"off), got {raw!r}")
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...],
+            *, upper: bool) -> str:
+    """Read one of a few words (compared in any case, returned as listed)."""
+    raw = _raw(env, name)
+    if raw is None:
+        return default
+    value = raw.upper() if upper else raw.lower()
+    if value not in choices:
+        raise SettingsError(name, f"{name} must be one of {', '.join(choices)}, got {raw!r}")
     return value
 
 
 def check_duty_cycle(value: float, name: str = "duty_cycle") -> float:
     """Return a purge duty cycle, refusing one outside (0, 1]."""
     if not 0 < value <= 1:
-        raise ValueError(f"{name} must be > 0 and <= 1 (a share of wall time), got {value}")
+        raise SettingsError(name, f"{name} must be > 0 and <= 1 (a share of wall time), "
+                                  f"got {value}")
     return value
 
 
 def _duty_cycle(env: Mapping[str, str], name: str) -> float:
-    """Read LEDGER_PURGE_DUTY_CYCLE, refusing garbage with a clear message."""
-    value = _parsed(env, name, float, "a number in (0, 1]")
+    """Read LEDGER_PURGE_DUTY_CYCLE, a share of wall time in (0, 1]."""
+    value = _number(env, name, float, "a number in (0, 1]", None, None)
+    return DEFAULT_DUTY_CYCLE if value is None else check_duty_cycle(value, name)
+
+
+def _periods(env: Mapping[str, str], name: str) -> dict[str, float]:
+    """Read LEDGER_SCHEDULER_PERIODS ("sweep=5,rollups=30"); 0 switches a job off."""
+    overrides: dict[str, float] = {}
+    for item in filter(None, (p.strip() for p in (_raw(env, name) or "").split(","))):
+        job, _, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if not job.strip() or not math.isfinite(seconds) or seconds < 0:
+            raise SettingsError(name, f"{name} must be job=seconds pairs separated by commas "
+                                      f"(seconds >= 0), bad period in {item!r}")
+        overrides[job.strip()] = seconds
+    return overrides
+
+
+def _scale(env: Mapping[str, str], name: str) -> float:
+    """Read LEDGER_SCHEDULER_PERIOD_SCALE, a factor > 0 applied to every period."""
+    value: float | None = _number(env, name, float, "a number > 0", None, None)
     if value is None:
-        return DEFAULT_DUTY_CYCLE
-    if value != value:  # NaN passes no comparison, so check_duty_cycle would let it through
-        raise ValueError(f"{name} must be a number in (0, 1], got {env[name]!r}")
-    return check_duty_cycle(value, name)
+        return 1.0
+    if not value > 0:
+        raise SettingsError(name, f"{name} must be > 0, got {env[name]!r}")
+    return value
+
+
+def database_url_from_env(env: Mapping[str, str] | None = None) -> str:
+    """Return DATABASE_URL, defaulting to the embedded SQLite file under var/."""
+    env = _environ(env)
+    return _raw(env, "DATABASE_URL") or f"sqlite:///{_var_dir(env) / 'ledger.sqlite3'}"
+
+
+def _var_dir(env: Mapping[str, str]) -> Path:
+    """Return LEDGER_VAR_DIR (default ./var), resolved."""
+    return Path(_raw(env, "LEDGER_VAR_DIR") or "var").resolve()
+
+
+def _refuse_production_without_keys(env: Mapping[str, str]) -> None:
+    """In production every key must be configured: none is generated there."""
+    missing = [name for name in PRODUCTION_KEYS if not _raw(env, name)]
+    if missing:
+        raise SettingsError(missing[0], f"LEDGER_ENV=production requires {', '.join(missing)} "
+                                        "to be set (keys are generated only in development)")
+
+
+def metrics_multiproc_dir(env: Mapping[str, str] | None = None) -> str | None:
+    """Return PROMETHEUS_MULTIPROC_DIR, where processes of one host share metric files."""
+    return _raw(_environ(env), "PROMETHEUS_MULTIPROC_DIR")
+
+
+def log_level(env: Mapping[str, str] | None = None) -> str:
+    """Return LEDGER_LOG_LEVEL (default INFO)."""
+    return _choice(_environ(env), "LEDGER_LOG_LEVEL", "INFO", LOG_LEVELS, upper=True)
+
+
+def development_key(var_dir: Path, filename: str, generate: Callable[[], str]) -> str:
+    """Return the key kept in var_dir/filename, generating it (mode 0600) on first use.
+
+    The key is written to a private temporary file and linked into place, so
+    processes starting together all read the one key that won, never a half
+    written file.
+    """
+    path = Path(var_dir) / filename
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{filename}.")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(generate())
+            os.link(temporary, path)
+        except FileExistsError:
+            pass  # another process generated it first: use theirs
+        finally:
+            os.unlink(temporary)
+    return path.read_text().strip()
+
+
+def log_hash_key(settings: Settings) -> str:
+    """Return the key of the privacy-safe event_ref: configured, or generated into var/."""
+    if settings.event_id_hash_key:
+        return settings.event_id_hash_key
+    return development_key(settings.var_dir, LOG_HASH_KEY_FILE, lambda: secrets.token_urlsafe(32))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WebServerSettings:
+    """What gunicorn.conf.py reads: bind address, processes, threads, preload, access log."""
+
+    bind: str = DEFAULT_BIND
+    workers: int = 2
+    threads: int = 4
+    preload: bool = True
+    access_log: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WebServerSettings:
+        """Read LEDGER_BIND, WEB_CONCURRENCY, LEDGER_WEB_THREADS, _PRELOAD, LEDGER_ACCESS_LOG."""
+        env = _environ(env)
+        bind = _raw(env, "LEDGER_BIND") or DEFAULT_BIND
+        host, _, port = bind.rpartition(":")
+        if not bind.startswith("unix:") and not (host and port.isdigit()
+                                                 and 0 < int(port) < 65536):
+            raise SettingsError("LEDGER_BIND", "LEDGER_BIND must be host:port (port 1-65535) "
+                                               f"or unix:/path, got {bind!r}")
+        # CPU, not the database, bounds a Python intake (MEASUREMENTS.md): a few
+        # processes per core, each with a few threads for requests waiting on commits.
+        cores = max(2, multiprocessing.cpu_count() * 2)
+        return cls(bind=bind, workers=_int(env, "WEB_CONCURRENCY", cores, 1),
+                   threads=_int(env, "LEDGER_WEB_THREADS", 4, 1),
+                   preload=_bool(env, "LEDGER_WEB_PRELOAD", True),
+                   access_log=_raw(env, "LEDGER_ACCESS_LOG"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,18 +260,19 @@ class Settings:
     """Every knob of the ledger, with the contract's defaults."""
 
     database_url: str
+    environment: str = "development"
     var_dir: Path = field(default_factory=lambda: Path("var").resolve())
     master_key: str | None = None
-    revocation_bound_seconds: int = 30
-    retention_seconds: int = DEFAULT_RETENTION_SECONDS
-    review_window_seconds: int = DEFAULT_REVIEW_WINDOW_SECONDS
+    revocation_bound_seconds: float = 30
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    review_window_seconds: float = DEFAULT_REVIEW_WINDOW_SECONDS
     purge_duty_cycle: float = DEFAULT_DUTY_CYCLE
     max_body_bytes: int = 1024 * 1024
     max_attempts: int = 8
-    retry_base_seconds: int = 10
-    retry_cap_seconds: int = 3600
-    max_event_age_seconds: int = 259200
-    lease_seconds: int = 60
+    retry_base_seconds: float = 10
+    retry_cap_seconds: float = 3600
+    max_event_age_seconds: float = 259200
+    lease_seconds: float = 60
     demo_handlers: bool = False
     handler_modules: tuple[str, ...] = ()
     pool_size: int = 5
@@ -98,55 +284,78 @@ class Settings:
     sqlite_synchronous: str = "FULL"
     secret_key: str | None = None
     event_id_hash_key: str | None = None
+    log_level: str = "INFO"
     # Dashboard sessions and logins (README "Dashboard").
-    session_idle_seconds: int = 1800
-    session_absolute_seconds: int = 12 * 3600
+    session_idle_seconds: float = 1800
+    session_absolute_seconds: float = 12 * 3600
     cookie_secure: bool = False
     login_max_failures: int = 5
-    login_window_seconds: int = 900
-    stuck_pending_seconds: int = 900
+    login_window_seconds: float = 900
+    stuck_pending_seconds: float = 900
+    # `ledger scheduler`: per-job period overrides (seconds) and a factor on every period.
+    scheduler_periods: Mapping[str, float] = field(default_factory=dict)
+    scheduler_period_scale: float = 1.0
+    demo_admin_password: str | None = None
+
+    @property
+    def production(self) -> bool:
+        """Tell whether this is a production process (LEDGER_ENV=production)."""
+        return self.environment == "production"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Build settings from environment variables (os.environ by default)."""
-        env = os.environ if env is None else env
-        retention = _int(env, "LEDGER_RETENTION_SECONDS", DEFAULT_RETENTION_SECONDS, 1)
+    def from_env(cls, env: Mapping[str, str] | None = None, *,
+                 overrides: Mapping[str, object] | None = None) -> Settings:
+        """Build settings from environment variables (os.environ by default).
+
+        `overrides` replaces variables by name (create_app's test_config).
+        """
+        env = {**_environ(env), **{k: str(v) for k, v in (overrides or {}).items()}}
+        environment = _choice(env, "LEDGER_ENV", "development", ENVIRONMENTS, upper=False)
+        if environment == "production":
+            _refuse_production_without_keys(env)
+        retention = _seconds(env, "LEDGER_RETENTION_SECONDS", DEFAULT_RETENTION_SECONDS, 1)
         modules = tuple(m.strip() for m in env.get("LEDGER_HANDLER_MODULES", "").split(",")
                         if m.strip())
         return cls(
             database_url=database_url_from_env(env),
-            var_dir=Path(env.get("LEDGER_VAR_DIR", "var")).resolve(),
-            master_key=env.get("LEDGER_MASTER_KEY") or None,
-            revocation_bound_seconds=_int(env, "LEDGER_REVOCATION_BOUND_SECONDS", 30),
+            environment=environment,
+            var_dir=_var_dir(env),
+            master_key=_raw(env, "LEDGER_MASTER_KEY"),
+            revocation_bound_seconds=_seconds(env, "LEDGER_REVOCATION_BOUND_SECONDS", 30, 1),
             retention_seconds=retention,
             review_window_seconds=min(
-                _int(env, "LEDGER_REVIEW_WINDOW_SECONDS", DEFAULT_REVIEW_WINDOW_SECONDS, 1),
+                _seconds(env, "LEDGER_REVIEW_WINDOW_SECONDS", DEFAULT_REVIEW_WINDOW_SECONDS, 1),
                 retention),
             purge_duty_cycle=_duty_cycle(env, "LEDGER_PURGE_DUTY_CYCLE"),
             max_body_bytes=_int(env, "LEDGER_MAX_BODY_BYTES", 1024 * 1024, 1),
             max_attempts=_int(env, "LEDGER_MAX_ATTEMPTS", 8, 1),
-            retry_base_seconds=_int(env, "LEDGER_RETRY_BASE_SECONDS", 10),
-            retry_cap_seconds=_int(env, "LEDGER_RETRY_CAP_SECONDS", 3600),
-            max_event_age_seconds=_int(env, "LEDGER_MAX_EVENT_AGE_SECONDS", 259200, 1),
-            lease_seconds=_int(env, "LEDGER_LEASE_SECONDS", 60, 1),
-            demo_handlers=env.get("LEDGER_DEMO_HANDLERS", "") in ("1", "true", "yes"),
+            retry_base_seconds=_seconds(env, "LEDGER_RETRY_BASE_SECONDS", 10),
+            retry_cap_seconds=_seconds(env, "LEDGER_RETRY_CAP_SECONDS", 3600),
+            max_event_age_seconds=_seconds(env, "LEDGER_MAX_EVENT_AGE_SECONDS", 259200, 1),
+            lease_seconds=_seconds(env, "LEDGER_LEASE_SECONDS", 60, 1),
+            demo_handlers=_bool(env, "LEDGER_DEMO_HANDLERS", False),
             handler_modules=modules,
             pool_size=_int(env, "LEDGER_DB_POOL_SIZE", 5, 1),
-            pool_timeout_seconds=float(_int(env, "LEDGER_DB_POOL_TIMEOUT_MS", 2000, 1)) / 1000,
+            pool_timeout_seconds=_int(env, "LEDGER_DB_POOL_TIMEOUT_MS", 2000, 1) / 1000,
             statement_timeout_ms=_int(env, "LEDGER_DB_STATEMENT_TIMEOUT_MS", 5000, 1),
             lock_timeout_ms=_int(env, "LEDGER_DB_LOCK_TIMEOUT_MS", 2000, 1),
-            db_pgbouncer=env.get("LEDGER_DB_PGBOUNCER", "") in ("1", "true", "yes"),
-            sqlite_synchronous=env.get("LEDGER_SQLITE_SYNCHRONOUS", "FULL").upper(),
-            secret_key=env.get("LEDGER_SECRET_KEY") or None,
-            event_id_hash_key=env.get("LEDGER_LOG_HASH_KEY") or None,
-            session_idle_seconds=_int(env, "LEDGER_SESSION_IDLE_SECONDS", 1800, 60),
-            session_absolute_seconds=_int(env, "LEDGER_SESSION_ABSOLUTE_SECONDS", 43200, 60),
-            cookie_secure=env.get("LEDGER_COOKIE_SECURE", "") in ("1", "true", "yes"),
+            db_pgbouncer=_bool(env, "LEDGER_DB_PGBOUNCER", False),
+            sqlite_synchronous=_choice(env, "LEDGER_SQLITE_SYNCHRONOUS", "FULL",
+                                       SQLITE_SYNCHRONOUS_MODES, upper=True),
+            secret_key=_raw(env, "LEDGER_SECRET_KEY"),
+            event_id_hash_key=_raw(env, "LEDGER_LOG_HASH_KEY"),
+            log_level=log_level(env),
+            session_idle_seconds=_seconds(env, "LEDGER_SESSION_IDLE_SECONDS", 1800, 60),
+            session_absolute_seconds=_seconds(env, "LEDGER_SESSION_ABSOLUTE_SECONDS", 43200, 60),
+            cookie_secure=_bool(env, "LEDGER_COOKIE_SECURE", False),
             login_max_failures=_int(env, "LEDGER_LOGIN_MAX_FAILURES", 5, 1),
-            login_window_seconds=_int(env, "LEDGER_LOGIN_WINDOW_SECONDS", 900, 1),
-            stuck_pending_seconds=_int(env, "LEDGER_STUCK_PENDING_SECONDS", 900, 1),
+            login_window_seconds=_seconds(env, "LEDGER_LOGIN_WINDOW_SECONDS", 900, 1),
+            stuck_pending_seconds=_seconds(env, "LEDGER_STUCK_PENDING_SECONDS", 900, 1),
+            scheduler_periods=_periods(env, "LEDGER_SCHEDULER_PERIODS"),
+            scheduler_period_scale=_scale(env, "LEDGER_SCHEDULER_PERIOD_SCALE"),
+            demo_admin_password=_raw(env, "LEDGER_DEMO_ADMIN_PASSWORD"),
         )
 
-    def with_(self, **changes: Any) -> Settings:
+    def with_(self, **changes: object) -> Settings:
         """Return a copy with some fields changed (tests, the drill)."""
-        return replace(self, **changes)
+        return replace(self, **changes)  # type: ignore[arg-type]

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 import sys
 from typing import Any
 
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
+from ledger.config import SettingsError, log_level
+
 _configured = False
+# The key of event_ref, installed once per process by build_services (LEDGER_LOG_HASH_KEY).
+_event_ref_key: list[bytes] = []
 # Keys whose values must never be logged, whatever a caller passes.
 FORBIDDEN_KEYS = frozenset({"secret", "signature", "body", "payload", "password", "token"})
 
@@ -38,7 +41,7 @@ def configure_logging(level: str | None = None) -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    level_name = (level or os.environ.get("LEDGER_LOG_LEVEL", "INFO")).upper()
+    level_name = (level or _level_from_env()).upper()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     root = logging.getLogger("ledger")
@@ -63,13 +66,32 @@ def configure_logging(level: str | None = None) -> None:
     )
 
 
+def _level_from_env() -> str:
+    """Return LEDGER_LOG_LEVEL; a bad one is refused by Settings.from_env, so INFO till then."""
+    try:
+        return log_level()
+    except SettingsError:
+        return "INFO"  # logging starts at import; create_app stops the process, naming it
+
+
 def get_logger(name: str) -> Any:
     """Return a structlog logger writing under `name`."""
     configure_logging()
     return structlog.get_logger(name)
 
 
+def use_event_ref_key(key: str) -> None:
+    """Install the process's event_ref key (configured, or generated into var/ in development)."""
+    _event_ref_key[:] = [key.encode()]
+
+
 def event_ref(scope: str, event_id: str, key: str | None = None) -> str:
     """Return a keyed hash that correlates log lines without exposing the event id."""
-    secret = (key or os.environ.get("LEDGER_LOG_HASH_KEY") or "replay-ledger").encode()
+    if key is not None:
+        secret = key.encode()
+    elif _event_ref_key:
+        secret = _event_ref_key[0]
+    else:  # never a public fallback key: a known key would let anyone test event ids
+        raise RuntimeError("no event_ref key installed: build_services() installs "
+                           "LEDGER_LOG_HASH_KEY (or the key generated into var/)")
     return "ev_" + hmac.digest(secret, f"{scope}\x00{event_id}".encode(), "sha256").hex()[:16]

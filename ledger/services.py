@@ -8,10 +8,11 @@ from sqlalchemy import Engine
 
 from ledger.access.secrets_box import SecretBox, load_box
 from ledger.clock import Clock, SystemClock
-from ledger.config import Settings
+from ledger.config import Settings, log_hash_key
 from ledger.db.engine import make_engine
 from ledger.intake.credential_view import CredentialView, ttl_for_bound
 from ledger.intake.pipeline import Intake
+from ledger.logs import use_event_ref_key
 from ledger.scheduling.instances import InstanceHeartbeat, beat_interval
 
 
@@ -39,7 +40,8 @@ def build_services(settings: Settings, clock: Clock | None = None,
     """Wire the process's services; opens no connection yet."""
     clock = clock or SystemClock()
     engine = engine or make_engine(settings)
-    box = load_box(settings.master_key, settings.var_dir)
+    box = load_box(settings.master_key, settings.var_dir, production=settings.production)
+    use_event_ref_key(log_hash_key(settings))
     bound = settings.revocation_bound_seconds
     # The heartbeat starts only when the process serves HTTP (app.py), never for a CLI run.
     heartbeat = InstanceHeartbeat(engine, clock, interval=beat_interval(bound))

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from ledger.config import MASTER_KEY_FILE, development_key
 from ledger.errors import LedgerError
 from ledger.logs import get_logger
-
-DEV_KEY_FILE = "master.key"
 
 
 class MasterKeyError(LedgerError):
@@ -62,7 +60,7 @@ def fingerprint(secret: str) -> str:
     return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:16]
 
 
-def load_box(master_key: str | None, var_dir: Path) -> SecretBox:
+def load_box(master_key: str | None, var_dir: Path, *, production: bool = False) -> SecretBox:
     """Build the box from LEDGER_MASTER_KEY (comma-separated, newest first).
 
     Without a configured key, and outside production, a key is generated into
@@ -70,14 +68,10 @@ def load_box(master_key: str | None, var_dir: Path) -> SecretBox:
     """
     if master_key:
         return SecretBox([k.strip() for k in master_key.split(",") if k.strip()])
-    if os.environ.get("LEDGER_ENV") == "production":
+    if production:
         raise MasterKeyError("LEDGER_MASTER_KEY must be set in production")
-    path = var_dir / DEV_KEY_FILE
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(Fernet.generate_key().decode())
-    get_logger("ledger.secrets").warning("master_key.development", path=str(path),
+    key = development_key(var_dir, MASTER_KEY_FILE, lambda: Fernet.generate_key().decode())
+    get_logger("ledger.secrets").warning("master_key.development",
+                                         path=str(Path(var_dir) / MASTER_KEY_FILE),
                                          hint="set LEDGER_MASTER_KEY outside development")
-    return SecretBox([path.read_text().strip()])
+    return SecretBox([key])

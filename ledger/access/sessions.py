@@ -21,8 +21,8 @@ TOUCH_SECONDS = 60
 class SessionPolicy:
     """How long a session lives without use, and at most."""
 
-    idle_seconds: int
-    absolute_seconds: int
+    idle_seconds: float
+    absolute_seconds: float
 
 
 def _digest(session_id: str) -> bytes:
@@ -75,7 +75,7 @@ def login_key(username: str, address: str) -> str:
     return f"{username.strip().lower()[:64]}|{address}"
 
 
-def recent_failures(conn: Connection, key: str, now: datetime, window_seconds: int) -> int:
+def recent_failures(conn: Connection, key: str, now: datetime, window_seconds: float) -> int:
     """Count failed logins for the key within the window."""
     since = now - timedelta(seconds=window_seconds)
     return int(conn.execute(
@@ -84,7 +84,7 @@ def recent_failures(conn: Connection, key: str, now: datetime, window_seconds: i
     ).scalar_one())
 
 
-def retry_after(conn: Connection, key: str, now: datetime, window_seconds: int,
+def retry_after(conn: Connection, key: str, now: datetime, window_seconds: float,
                 max_failures: int) -> int:
     """Return seconds until the key may try again (0 when it may now)."""
     since = now - timedelta(seconds=window_seconds)
@@ -100,7 +100,7 @@ def retry_after(conn: Connection, key: str, now: datetime, window_seconds: int,
     return max(1, int((oldest + timedelta(seconds=window_seconds) - now).total_seconds()) + 1)
 
 
-def record_failure(conn: Connection, key: str, now: datetime, window_seconds: int) -> None:
+def record_failure(conn: Connection, key: str, now: datetime, window_seconds: float) -> None:
     """Remember one failed login and forget this key's failures older than the window."""
     conn.execute(delete(login_failures).where(
         login_failures.c.key == key,

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import sys
 
+import click
+from flask import Flask
 from flask.cli import AppGroup, ScriptInfo
 
+from ledger.config import SettingsError
+
 ledger_cli = AppGroup("ledger", help="Replay Ledger administration.")
+
+
+class SettingsRefused(click.ClickException):
+    """A setting is malformed or missing: the command stops before it starts, exit 2."""
+
+    exit_code = 2
 
 
 def _register() -> None:
@@ -34,6 +44,12 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the `ledger` console script."""
     from app import create_app
 
-    info = ScriptInfo(create_app=create_app, set_debug_flag=False)
+    def create_checked_app() -> Flask:
+        try:
+            return create_app()
+        except SettingsError as error:
+            raise SettingsRefused(str(error)) from None
+
+    info = ScriptInfo(create_app=create_checked_app, set_debug_flag=False)
     ledger_cli.main(args=argv if argv is not None else sys.argv[1:], obj=info,
                     prog_name="ledger")

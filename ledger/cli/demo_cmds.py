@@ -40,7 +40,7 @@ def _seed_dashboard() -> None:
     """Create the dashboard's demo admin (password printed once) and compute the rollups."""
     svc = services()
     with svc.engine.begin() as conn:
-        password = seed_admin(conn, svc.clock.now())
+        password = seed_admin(conn, svc.clock.now(), svc.settings.demo_admin_password)
     try:
         from jobs.rollups import refresh
 

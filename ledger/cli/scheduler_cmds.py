@@ -15,15 +15,11 @@ from ledger.db.engine import storage_guard
 def scheduler_command(instance_id: str | None) -> None:
     """Run the scheduled jobs until stopped (any number of instances; each job runs once
     per period across all of them)."""
-    from ledger.scheduling.runner import period_scale_from_env, periods_from_env, run_scheduler
+    from ledger.scheduling.runner import run_scheduler
 
-    try:
-        overrides, scale = periods_from_env(), period_scale_from_env()
-    except ValueError as error:
-        raise click.UsageError(str(error)) from None
+    svc = services()  # periods: LEDGER_SCHEDULER_PERIODS / _PERIOD_SCALE, read at start
     click.echo("scheduler running; stop with Ctrl-C or SIGTERM", err=True)
-    run_scheduler(services(), instance_id=instance_id, period_overrides=overrides,
-                  period_scale=scale)
+    run_scheduler(svc, instance_id=instance_id)
 
 
 @ledger_cli.command("purge")

@@ -9,7 +9,6 @@ Demo only: nothing else writes receipts outside the intake and the worker.
 from __future__ import annotations
 
 import json
-import os
 import random
 import secrets
 from datetime import datetime, timedelta
@@ -32,14 +31,15 @@ DEMO_ERRORS = (
 )
 
 
-def seed_admin(conn: Connection, now: datetime) -> str | None:
-    """Create the demo admin once; return its password when it was just created."""
+def seed_admin(conn: Connection, now: datetime, password: str | None = None) -> str | None:
+    """Create the demo admin once (LEDGER_DEMO_ADMIN_PASSWORD, or a random password);
+    return its password when it was just created."""
     try:
         get_operator(conn, DEMO_ADMIN)
         return None
     except NotFound:
         pass
-    password = os.environ.get("LEDGER_DEMO_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+    password = password or secrets.token_urlsafe(12)
     create_operator(conn, audit.Actor(name="demo-seed", role="cli"), username=DEMO_ADMIN,
                     role="admin", password=password, now=now)
     return password

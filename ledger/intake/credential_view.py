@@ -59,7 +59,7 @@ class IntegrationAuth:
 RELOAD_INTERVAL = 1.0
 
 
-def ttl_for_bound(bound_seconds: int) -> float:
+def ttl_for_bound(bound_seconds: float) -> float:
     """Cache for half the declared bound: the other half absorbs a slow refresh."""
     return bound_seconds / 2
 

@@ -6,10 +6,12 @@ import os
 
 from prometheus_client import Counter, Histogram
 
+from ledger.config import metrics_multiproc_dir
+
 # In multiprocess mode the unlabelled metrics below open their files as they are
 # defined: make sure the directory exists (a worker may start before gunicorn).
-if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+if (_MULTIPROC_DIR := metrics_multiproc_dir()) is not None:
+    os.makedirs(_MULTIPROC_DIR, exist_ok=True)
 
 DELIVERIES = Counter(
     "ledger_deliveries_total", "Deliveries answered by the intake, by outcome",

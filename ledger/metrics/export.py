@@ -18,7 +18,6 @@ Two sources make one page:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -30,10 +29,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func, select
 
 from ledger.clock import Clock
+from ledger.config import metrics_multiproc_dir
 from ledger.db.schema import findings, instances, receipts, scheduler_runs, scope_counts
 from ledger.domain import ReceiptState
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Family names the state collector owns; copies from process files are dropped.
 STATE_FAMILIES = frozenset({
     "ledger_receipts", "ledger_oldest_pending_seconds", "ledger_credential_view_age_seconds",
@@ -59,7 +58,7 @@ class _Without(Collector):
 class LedgerStateCollector(Collector):
     """Gauges computed from the database at scrape time (cheap, indexed queries)."""
 
-    def __init__(self, engine: Engine, clock: Clock, *, revocation_bound_seconds: int) -> None:
+    def __init__(self, engine: Engine, clock: Clock, *, revocation_bound_seconds: float) -> None:
         self._engine = engine
         self._clock = clock
         self._bound = revocation_bound_seconds
@@ -162,7 +161,7 @@ def _age(now: datetime, moment: datetime | str | None) -> float:
 
 def process_source() -> Any:
     """Return the collector of this server's process metrics (multiprocess when configured)."""
-    path = os.environ.get(MULTIPROC_ENV)
+    path = metrics_multiproc_dir()
     if path:
         from prometheus_client import multiprocess
 
@@ -171,7 +170,7 @@ def process_source() -> Any:
 
 
 def render_metrics(engine: Engine, clock: Clock, *,
-                   revocation_bound_seconds: int) -> tuple[bytes, str]:
+                   revocation_bound_seconds: float) -> tuple[bytes, str]:
     """Return the exposition text and its content type."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Without(process_source(), STATE_FAMILIES))

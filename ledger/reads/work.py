@@ -85,7 +85,8 @@ def failures_chunk(conn: Connection, f: ReceiptFilter, after: tuple[datetime, in
     return [(r.accepted_at, r.scope_id, r.event_id) for r in rows]
 
 
-def stuck_pending(conn: Connection, now: datetime, threshold_seconds: int) -> list[dict[str, Any]]:
+def stuck_pending(conn: Connection, now: datetime,
+                  threshold_seconds: float) -> list[dict[str, Any]]:
     """Return the oldest receipts still pending past the threshold (partial index)."""
     cutoff = now - timedelta(seconds=threshold_seconds)
     rows = conn.execute(

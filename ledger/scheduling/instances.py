@@ -84,7 +84,7 @@ def live_instances(conn: Connection, *, now: datetime, within_seconds: float,
                      credentials_refreshed_at=r.credentials_refreshed_at) for r in rows]
 
 
-def beat_interval(bound_seconds: int) -> float:
+def beat_interval(bound_seconds: float) -> float:
     """Beat four times per bound: twice per view ttl."""
     return max(bound_seconds / 4, MIN_BEAT_SECONDS)
 

@@ -89,30 +89,6 @@ def _credential_jobs(settings: Settings) -> list[ScheduledJob]:
     ]
 
 
-def periods_from_env(env: Mapping[str, str] | None = None) -> dict[str, float]:
-    """Read LEDGER_SCHEDULER_PERIODS ("sweep=5,rollups=30") into period overrides."""
-    env = os.environ if env is None else env
-    overrides: dict[str, float] = {}
-    for item in filter(None, (p.strip() for p in env.get("LEDGER_SCHEDULER_PERIODS", "")
-                              .split(","))):
-        name, _, value = item.partition("=")
-        try:
-            overrides[name.strip()] = float(value)
-        except ValueError:
-            raise ValueError(f"LEDGER_SCHEDULER_PERIODS: bad period in {item!r}") from None
-    return overrides
-
-
-def period_scale_from_env(env: Mapping[str, str] | None = None) -> float:
-    """Read LEDGER_SCHEDULER_PERIOD_SCALE, a factor applied to every period (default 1)."""
-    env = os.environ if env is None else env
-    raw = env.get("LEDGER_SCHEDULER_PERIOD_SCALE", "") or "1"
-    scale = float(raw)
-    if not scale > 0:
-        raise ValueError("LEDGER_SCHEDULER_PERIOD_SCALE must be > 0")
-    return scale
-
-
 def period_start(now: datetime, period_seconds: float) -> datetime:
     """Return the start of the period holding `now`: floor(now / period) * period."""
     floor = math.floor(now.timestamp() / period_seconds) * period_seconds
@@ -218,13 +194,16 @@ def run_scheduler(services: Services, stop: threading.Event | None = None, *,
                   jobs: list[ScheduledJob] | None = None) -> None:
     """Run the scheduled jobs until SIGTERM/SIGINT, or until `stop` is set.
 
-    Periods not given come from LEDGER_SCHEDULER_PERIODS / _PERIOD_SCALE (so
-    `ledger dev` honours them too).
+    Periods not given come from the settings (LEDGER_SCHEDULER_PERIODS /
+    _PERIOD_SCALE), so `ledger dev` honours them too.
     """
+    settings = services.settings
     options: dict[str, Any] = {
         "instance_id": instance_id, "jobs": jobs,
-        "period_overrides": periods_from_env() if period_overrides is None else period_overrides,
-        "period_scale": period_scale_from_env() if period_scale is None else period_scale}
+        "period_overrides": (settings.scheduler_periods if period_overrides is None
+                             else period_overrides),
+        "period_scale": (settings.scheduler_period_scale if period_scale is None
+                         else period_scale)}
     if stop is not None:
         scheduler = build_scheduler(services, background=True, **options)
         scheduler.start()

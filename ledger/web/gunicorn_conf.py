@@ -1,8 +1,10 @@
 """Production gunicorn settings for `gunicorn 'app:create_app()'` (README "Production layout").
 
 Every value can be overridden on the command line or through the environment
-variables named below. From an installed package (a wheel), pass
-`-c python:ledger.web.gunicorn_conf`; in the project directory gunicorn reads
+variables read by ledger.config.WebServerSettings (LEDGER_BIND, WEB_CONCURRENCY,
+LEDGER_WEB_THREADS, LEDGER_WEB_PRELOAD, LEDGER_ACCESS_LOG); a bad one stops
+gunicorn before it boots, naming the variable. From an installed package (a wheel),
+pass `-c python:ledger.web.gunicorn_conf`; in the project directory gunicorn reads
 ./gunicorn.conf.py by default, which imports this module.
 
 Metrics: prometheus-client decides at import time whether it writes to shared
@@ -13,7 +15,6 @@ directory is made and removed at exit.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
 import shutil
@@ -21,12 +22,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-bind = os.environ.get("LEDGER_BIND", "127.0.0.1:8000")
-# CPU, not the database, bounds a Python intake (MEASUREMENTS.md): a few
-# processes per core, each with a few threads for requests waiting on commits.
-workers = int(os.environ.get("WEB_CONCURRENCY", max(2, multiprocessing.cpu_count() * 2)))
+from ledger.config import WebServerSettings, metrics_multiproc_dir
+
+_web = WebServerSettings.from_env()
+bind = _web.bind
+workers = _web.workers
 worker_class = "gthread"
-threads = int(os.environ.get("LEDGER_WEB_THREADS", "4"))  # keep LEDGER_DB_POOL_SIZE > threads
+threads = _web.threads  # keep LEDGER_DB_POOL_SIZE > threads
 # A request is bounded by the pool timeout (2 s) and statement_timeout (5 s);
 # a worker silent for 30 s is stuck and gets replaced.
 timeout = 30
@@ -46,8 +48,8 @@ max_requests_jitter = 500
 # "Intake CPU"). Safe here: building the app opens no connection (pools fill in
 # each worker), the heartbeat thread starts in each worker on its first request,
 # and prometheus-client resets its per-process files after a fork.
-preload_app = os.environ.get("LEDGER_WEB_PRELOAD", "1") != "0"
-accesslog = os.environ.get("LEDGER_ACCESS_LOG") or None  # the app logs JSON lines itself
+preload_app = _web.preload
+accesslog = _web.access_log  # the app logs JSON lines itself
 errorlog = "-"
 proc_name = "ledger-web"
 
@@ -72,10 +74,11 @@ def prepare_metrics_dir() -> str:
     Files of live processes stay: `ledger worker` and `ledger scheduler` on this
     host may share the directory and be running already.
     """
-    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    path = metrics_multiproc_dir()
     if not path:
         path = tempfile.mkdtemp(prefix="ledger-metrics-")
         _PRIVATE_DIR.append(path)
+        # prometheus-client reads it from the environment in every forked worker.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
     Path(path).mkdir(parents=True, exist_ok=True)
     for file in Path(path).glob("*.db"):

@@ -18,7 +18,7 @@ log = get_logger("ledger.receipts")
 
 
 def requeue_receipt(conn: Connection, actor: audit.Actor, *, scope: str, event_id: str,
-                    reason: str, now: datetime, review_window_seconds: int | None = None
+                    reason: str, now: datetime, review_window_seconds: float | None = None
                     ) -> None:
     """Queue a failed receipt's job again, due now; audited. History is kept, never erased.
 

@@ -172,7 +172,7 @@ class ClaimRequest:
 
     worker_id: str
     now: datetime
-    lease_seconds: int
+    lease_seconds: float
     limits: ClaimLimits
 
     @property
@@ -237,7 +237,7 @@ def _claimed(due: DueJob, *, number: int, accepted_at: datetime, leased_until: d
 
 
 def lease_job(conn: Connection, due: DueJob, *, worker_id: str, now: datetime,
-              lease_seconds: int) -> ClaimedJob | None:
+              lease_seconds: float) -> ClaimedJob | None:
     """Lease the job with a new fencing token and open its attempt row.
 
     The attempt is counted here, before the handler runs, so a job that keeps

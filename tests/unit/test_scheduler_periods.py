@@ -7,13 +7,8 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from ledger.scheduling.runner import (
-    advisory_key,
-    describe_error,
-    period_scale_from_env,
-    period_start,
-    periods_from_env,
-)
+from ledger.config import Settings, SettingsError
+from ledger.scheduling.runner import advisory_key, describe_error, period_start
 
 NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
 
@@ -27,15 +22,18 @@ def test_period_start_is_the_floor_of_now_over_the_period():
     assert period_start(datetime(2026, 6, 1, 12, 1, tzinfo=UTC), 60) != period_start(NOW, 60)
 
 
-def test_periods_from_env_reads_overrides_and_refuses_garbage():
-    assert periods_from_env({"LEDGER_SCHEDULER_PERIODS": "sweep=1, rollups=2.5"}) == {
+def test_period_settings_read_overrides_and_refuse_garbage():
+    def settings(**env: str) -> Settings:
+        return Settings.from_env({"DATABASE_URL": "sqlite://", **env})
+
+    assert settings(LEDGER_SCHEDULER_PERIODS="sweep=1, rollups=2.5").scheduler_periods == {
         "sweep": 1.0, "rollups": 2.5}
-    assert periods_from_env({}) == {}
-    with pytest.raises(ValueError, match="LEDGER_SCHEDULER_PERIODS"):
-        periods_from_env({"LEDGER_SCHEDULER_PERIODS": "sweep=soon"})
-    assert period_scale_from_env({"LEDGER_SCHEDULER_PERIOD_SCALE": "0.01"}) == 0.01
-    with pytest.raises(ValueError, match="PERIOD_SCALE"):
-        period_scale_from_env({"LEDGER_SCHEDULER_PERIOD_SCALE": "-1"})
+    assert settings().scheduler_periods == {}
+    with pytest.raises(SettingsError, match="LEDGER_SCHEDULER_PERIODS"):
+        settings(LEDGER_SCHEDULER_PERIODS="sweep=soon")
+    assert settings(LEDGER_SCHEDULER_PERIOD_SCALE="0.01").scheduler_period_scale == 0.01
+    with pytest.raises(SettingsError, match="PERIOD_SCALE"):
+        settings(LEDGER_SCHEDULER_PERIOD_SCALE="-1")
 
 
 def test_advisory_keys_are_stable_distinct_signed_64_bit():
