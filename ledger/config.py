@@ -110,6 +110,8 @@ class Settings:
     login_max_failures: int = 5
     login_window_seconds: int = 900
     stuck_pending_seconds: int = 900
+    # Reverse proxies in front that set X-Forwarded-For (README "Behind a proxy").
+    trusted_proxies: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -150,6 +152,7 @@ class Settings:
             login_max_failures=_int(env, "LEDGER_LOGIN_MAX_FAILURES", 5, 1),
             login_window_seconds=_int(env, "LEDGER_LOGIN_WINDOW_SECONDS", 900, 1),
             stuck_pending_seconds=_int(env, "LEDGER_STUCK_PENDING_SECONDS", 900, 1),
+            trusted_proxies=_int(env, "LEDGER_TRUSTED_PROXIES", 0),
         )
 
     def with_(self, **changes: object) -> Settings:

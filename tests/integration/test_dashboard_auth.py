@@ -246,6 +246,7 @@ def test_api_token_authenticates_and_revocation_by_disable_stops_it(app) -> None
     assert client.get("/api/v1/me", headers={"Authorization": "Bearer rlt_nope"}
                       ).status_code == 401
     admin = logged_in(app, "admin")
-    assert post(admin, "/operators/robot/disable", {"reason": "left"}).status_code == 200
+    assert post(admin, "/operators/robot/disable", {"reason": "left",
+                                                     "password": PASSWORD}).status_code == 200
     assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}
                       ).status_code == 401
