@@ -43,6 +43,7 @@ from ledger.web.errors import wants_json
 bp = Blueprint("auth", __name__)
 csrf = CSRFProtect()
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+READ_METHODS = frozenset({"GET", "HEAD"})
 WRONG_PASSWORD = "Your password did not match; nothing was changed."
 TOO_MANY_REENTRIES = ("Too many wrong passwords in this session: it has ended, sign in "
                       "again. Nothing was changed.")
@@ -70,20 +71,22 @@ def init_security(app: Flask) -> None:
 
 def _csrf_guard() -> Response | None:
     """Check every state-changing request: CSRF for sessions, the write scope for tokens."""
-    if request.method not in UNSAFE_METHODS:
-        return None
     if request.blueprint == "ingest" or request.path.startswith("/hooks/"):
         return None  # senders authenticate by signature and carry no cookie
     if _bearer_token() is not None:
         # A token in a header is not sent by a browser on its own, so it needs no CSRF
-        # token; but only a live token with the write scope may change anything.
+        # token; but only a live token with the write scope may use any method but
+        # GET and HEAD.
+        if request.method in READ_METHODS:
+            return None
         operator = authenticate()
         if operator is None:
             return unauthenticated()
         if "write" not in (operator.token_scopes or ()):
             return token_forbidden()
         return None
-    csrf.protect()
+    if request.method in UNSAFE_METHODS:
+        csrf.protect()
     return None
 
 

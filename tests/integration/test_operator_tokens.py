@@ -106,7 +106,7 @@ def test_read_token_gets_403_for_every_method_but_get_and_head(app) -> None:  # 
     assert client.get("/api/v1/me", headers=headers).status_code == 200
     assert client.head("/api/v1/me", headers=headers).status_code == 200
     form = {"scope": sender.scope, "event_id": "evt_failed", "reason": "retry"}
-    for method in ("post", "put", "patch", "delete"):
+    for method in ("post", "put", "patch", "delete", "options"):
         answer = getattr(client, method)("/failures/requeue", data=form, headers=headers)
         assert answer.status_code == 403, method
         assert answer.get_json() == TOKEN_ONLY_FORBIDDEN, method
@@ -149,6 +149,13 @@ def test_cli_token_is_read_only_and_expires_in_90_days_by_default(app, runner) -
     assert written["scopes"] == ["read", "write"]
     assert datetime.fromisoformat(written["expires_at"]) <= datetime.now(UTC) + timedelta(
         seconds=3600)
+    with app.extensions["ledger"].engine.connect() as conn:
+        details = [json.loads(d) for d in conn.execute(
+            select(audit_log.c.detail).where(audit_log.c.action == "operator.token")
+            .order_by(audit_log.c.id)).scalars()]
+    assert [(d["token_id"], d["scopes"]) for d in details] == [
+        (body["token_id"], ["read"]), (written["token_id"], ["read", "write"])]
+    assert body["token"] not in json.dumps(details)
     for bad in ("0", "-5", "soon", str(366 * 86400)):
         usage = runner.invoke(args=["ledger", "operator", "token", "--username", "robot",
                                     "--expires-in", bad, "--json"])
