@@ -199,7 +199,7 @@ def client_address() -> str:
 def confirm_password(password: str) -> str | None:
     """Re-check the session operator's password; None when it matched, else why not.
 
-    Counted per session (README "Sessions"), never against login failures: those are
+    Counted per session (README "Login limits"), never against login failures: those are
     made by anyone, and must not keep a logged-in operator from revoking a key.
     """
     svc = services()

@@ -33,7 +33,8 @@ ACTIONS = ["/failures/requeue", "/failures/requeue-all/preview", "/failures/requ
            "/conflicts/1/ack", "/credentials/in_0000000000000000000000/add",
            "/credentials/in_0000000000000000000000/rotate",
            "/credentials/in_0000000000000000000000/revoke", "/operators",
-           "/operators/x/role", "/operators/x/disable", "/operators/x/token"]
+           "/operators/x/role", "/operators/x/disable", "/operators/x/token",
+           "/tokens/tok_0000000000000000000000/revoke"]
 
 
 def _clocked_app(test_env: dict[str, str], clock: FixedClock):  # type: ignore[no-untyped-def]
