@@ -334,3 +334,37 @@ def test_revoking_a_key_that_is_not_the_last_needs_no_extra_confirmation(app) ->
                   htmx=True)
     assert answer.status_code == 200 and "last live key" not in answer.get_data(as_text=True)
     assert _credential_states(app, sender.scope_id)[sender.key_id] == "revoked"
+
+
+def test_the_reported_forgery_fails_over_http_on_a_multi_process_server(test_env) -> None:  # type: ignore[no-untyped-def]
+    """A security operator's token, read or write, gets no signing secret out of gunicorn."""
+    import requests
+
+    from app import create_app
+    from tests.helpers import event_body, signed_headers
+    from tests.servers import gunicorn_server
+
+    app = create_app(test_env)
+    sender = make_sender(app)
+    make_operator(app, "sec", "security")
+    tokens = [make_token(app, "sec"), make_token(app, "sec", write=True)]
+    app.extensions["ledger"].close()
+    with gunicorn_server({**test_env, "LEDGER_LOG_LEVEL": "WARNING"}, workers=2) as (base, _):
+        for token in tokens:
+            answer = requests.post(f"{base}/credentials/{sender.public_id}/add",
+                                   data={"reason": "mine now", "password": ""},
+                                   headers=_bearer(token), timeout=10)
+            assert answer.status_code == 403 and answer.json() == TOKEN_ONLY_FORBIDDEN
+            assert requests.get(f"{base}/api/v1/me", headers=_bearer(token),
+                                timeout=10).status_code == 200
+        # Without the secret nothing signs: a forged credit is refused and nothing lands.
+        body = event_body("stripe", "evt_forged", data={"amount": 1_000_000})
+        forged = requests.post(f"{base}/hooks/{sender.public_id}", data=body, timeout=10,
+                               headers=signed_headers(sender, body, "evt_forged",
+                                                      secret="whsec_guess"))
+        assert forged.status_code == 401
+    app = create_app(test_env)
+    try:
+        assert _count(app, credentials) == 1 and _count(app, receipts) == 0
+    finally:
+        app.extensions["ledger"].close()
