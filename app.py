@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import Flask
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from ledger.clock import Clock
 from ledger.config import SECRET_KEY_FILE, Settings, development_key
@@ -57,6 +58,10 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     request_log.init_app(app)
     register_error_handlers(app)
     ingest.init_app(app)  # the intake's WSGI fast path goes in front of Flask
+    if settings.trusted_proxies:
+        # Outermost, so the intake fast path sees the same client address as Flask.
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=settings.trusted_proxies)
     app.register_blueprint(ops.bp)
     register_dashboard(app)  # sessions, CSRF, dashboard pages, /api/v1
     app.cli.add_command(ledger_cli)

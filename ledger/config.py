@@ -296,6 +296,8 @@ class Settings:
     scheduler_periods: Mapping[str, float] = field(default_factory=dict)
     scheduler_period_scale: float = 1.0
     demo_admin_password: str | None = None
+    # Reverse proxies in front that set X-Forwarded-For (README "Behind a proxy").
+    trusted_proxies: int = 0
 
     @property
     def production(self) -> bool:
@@ -354,8 +356,9 @@ class Settings:
             scheduler_periods=_periods(env, "LEDGER_SCHEDULER_PERIODS"),
             scheduler_period_scale=_scale(env, "LEDGER_SCHEDULER_PERIOD_SCALE"),
             demo_admin_password=_raw(env, "LEDGER_DEMO_ADMIN_PASSWORD"),
+            trusted_proxies=_int(env, "LEDGER_TRUSTED_PROXIES", 0),
         )
 
-    def with_(self, **changes: object) -> Settings:
+    def with_(self, **changes: Any) -> Settings:
         """Return a copy with some fields changed (tests, the drill)."""
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return replace(self, **changes)

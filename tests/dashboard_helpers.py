@@ -36,12 +36,13 @@ def make_operator(app: Flask, username: str, role: str, password: str = PASSWORD
                                role=role, password=password, now=svc.clock.now())
 
 
-def make_token(app: Flask, username: str) -> str:
-    """Issue an API token for an operator."""
+def make_token(app: Flask, username: str, *, write: bool = False,
+               expires_in: int = 90 * 86400) -> str:
+    """Issue an API token for an operator (read-only unless `write`)."""
     svc = app.extensions["ledger"]
     with svc.engine.begin() as conn:
         return issue_token(conn, audit.Actor(name="test", role="admin"), username,
-                           now=svc.clock.now())
+                           now=svc.clock.now(), write=write, expires_in=expires_in).token
 
 
 def csrf_token(client: Any, path: str = "/login") -> str:

@@ -125,6 +125,12 @@ def _live_rows(conn: Connection, integration_id: int,
     return [r for r in rows if r.expires_at is None or now < r.expires_at]
 
 
+def is_last_live_key(conn: Connection, integration_id: int, key_id: str,
+                     now: datetime) -> bool:
+    """Tell whether `key_id` is the only credential of the integration that still verifies."""
+    return [r.key_id for r in _live_rows(conn, integration_id, now)] == [key_id]
+
+
 def rotate_credential(
     conn: Connection, box: SecretBox, actor: audit.Actor, integration: Integration, *,
     now: datetime, overlap_seconds: int = DEFAULT_OVERLAP_SECONDS, secret: str | None = None,

@@ -12,12 +12,13 @@ from typing import Any
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ledger.access import audit
 from ledger.db.schema import api_tokens, operator_sessions, operators
 from ledger.errors import NotFound, Refused
+from ledger.ids import new_token_id
 
 # Each role includes every power of the roles before it.
 ROLES = ("viewer", "oncall", "security", "admin")
@@ -25,6 +26,10 @@ USERNAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 MIN_PASSWORD_LENGTH = 12
 MAX_PASSWORD_LENGTH = 1024
 TOKEN_PREFIX = "rlt_"
+TOKEN_SCOPES = ("read", "write")
+DEFAULT_TOKEN_SECONDS = 90 * 86400
+MIN_TOKEN_SECONDS = 1
+MAX_TOKEN_SECONDS = 365 * 86400
 # Touching last_used_at on every API call would make each read a write.
 TOKEN_TOUCH_SECONDS = 60
 
@@ -48,6 +53,8 @@ class Operator:
     id: int
     username: str
     role: str
+    # None for a browser session; the scopes of the API token that authenticated otherwise.
+    token_scopes: tuple[str, ...] | None = None
 
     def can(self, needed: str) -> bool:
         """Tell whether this operator's role includes `needed`."""
@@ -178,48 +185,94 @@ def token_digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-def issue_token(conn: Connection, actor: audit.Actor, username: str, *,
-                now: datetime) -> str:
-    """Create an API token for the operator; audited. The token is returned once."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IssuedToken:
+    """A new API token: the secret value is here once and stored only as a hash."""
+
+    token_id: str
+    token: str
+    scopes: tuple[str, ...]
+    expires_at: datetime
+
+
+def _scopes(stored: str) -> tuple[str, ...]:
+    """Return the scopes of a stored token, in TOKEN_SCOPES order."""
+    given = set(stored.split())
+    return tuple(s for s in TOKEN_SCOPES if s in given)
+
+
+def issue_token(conn: Connection, actor: audit.Actor, username: str, *, now: datetime,
+                write: bool = False,
+                expires_in: int = DEFAULT_TOKEN_SECONDS) -> IssuedToken:
+    """Create an API token for the operator (read-only unless `write`); audited."""
+    if not MIN_TOKEN_SECONDS <= expires_in <= MAX_TOKEN_SECONDS:
+        raise Refused(f"a token expires in {MIN_TOKEN_SECONDS}-{MAX_TOKEN_SECONDS} seconds")
     target = get_operator(conn, username)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token_id = conn.execute(
-        insert(api_tokens).values(operator_id=target.id, token_sha256=token_digest(token),
-                                  created_at=now).returning(api_tokens.c.id)
-    ).scalar_one()
+    scopes = ("read", "write") if write else ("read",)
+    issued = IssuedToken(token_id=new_token_id(), token=token, scopes=scopes,
+                         expires_at=now + timedelta(seconds=expires_in))
+    conn.execute(insert(api_tokens).values(
+        operator_id=target.id, token_sha256=token_digest(token), created_at=now,
+        public_id=issued.token_id, scopes=" ".join(scopes), expires_at=issued.expires_at))
     audit.record(conn, actor, "operator.token", username, at=now,
+                 detail={"token_id": issued.token_id, "scopes": list(scopes),
+                         "expires_at": issued.expires_at.isoformat()})
+    return issued
+
+
+def list_tokens(conn: Connection, username: str | None = None) -> list[dict[str, Any]]:
+    """Return the tokens of one operator (or of all), newest first; never a token value."""
+    query = (select(operators.c.username, api_tokens.c.public_id.label("token_id"),
+                    api_tokens.c.scopes, api_tokens.c.created_at, api_tokens.c.expires_at,
+                    api_tokens.c.last_used_at, api_tokens.c.revoked_at)
+             .join(operators, operators.c.id == api_tokens.c.operator_id)
+             .order_by(api_tokens.c.created_at.desc(), api_tokens.c.id.desc()))
+    if username is not None:
+        query = query.where(operators.c.id == get_operator(conn, username).id)
+    return [{**dict(row._mapping), "scopes": list(_scopes(row.scopes))}
+            for row in conn.execute(query).all()]
+
+
+def revoke_token(conn: Connection, actor: audit.Actor, token_id: str, *,
+                 now: datetime) -> datetime:
+    """Revoke one API token by its public id; audited. Returns when it was revoked."""
+    row = conn.execute(
+        select(api_tokens.c.id, api_tokens.c.revoked_at, operators.c.username)
+        .join(operators, operators.c.id == api_tokens.c.operator_id)
+        .where(api_tokens.c.public_id == token_id)
+    ).first()
+    if row is None:
+        raise NotFound("token", token_id)
+    if row.revoked_at is not None:
+        raise Refused(f"token {token_id} was already revoked at {row.revoked_at.isoformat()}")
+    conn.execute(update(api_tokens).where(api_tokens.c.id == row.id).values(revoked_at=now))
+    audit.record(conn, actor, "operator.token_revoke", row.username, at=now,
                  detail={"token_id": token_id})
-    return token
-
-
-def revoke_tokens(conn: Connection, actor: audit.Actor, username: str, *, reason: str,
-                  now: datetime) -> int:
-    """Revoke every live API token of the operator; audited. Returns how many."""
-    target = get_operator(conn, username)
-    count = conn.execute(
-        update(api_tokens).where(api_tokens.c.operator_id == target.id,
-                                 api_tokens.c.revoked_at.is_(None)).values(revoked_at=now)
-    ).rowcount
-    audit.record(conn, actor, "operator.token_revoke", username, at=now, reason=reason,
-                 detail={"revoked": count})
-    return int(count)
+    return now
 
 
 def operator_for_token(conn: Connection, token: str, now: datetime) -> Operator | None:
-    """Return the operator owning a live API token, or None."""
+    """Return the operator owning a live, unexpired API token (with its scopes), or None."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
     row = conn.execute(
         select(operators.c.id, operators.c.username, operators.c.role,
-               api_tokens.c.id.label("token_id"), api_tokens.c.last_used_at)
+               api_tokens.c.id.label("token_row"), api_tokens.c.scopes,
+               api_tokens.c.expires_at, api_tokens.c.last_used_at)
         .join(api_tokens, api_tokens.c.operator_id == operators.c.id)
         .where(api_tokens.c.token_sha256 == token_digest(token),
                api_tokens.c.revoked_at.is_(None), operators.c.disabled_at.is_(None))
     ).first()
-    if row is None:
+    if row is None or row.expires_at <= now:
         return None
-    if row.last_used_at is None or now - row.last_used_at > timedelta(
-            seconds=TOKEN_TOUCH_SECONDS):
-        conn.execute(update(api_tokens).where(api_tokens.c.id == row.token_id)
+    stale = now - timedelta(seconds=TOKEN_TOUCH_SECONDS)
+    if row.last_used_at is None or row.last_used_at < stale:
+        # Conditional, so processes that race here write the row once, not each.
+        conn.execute(update(api_tokens)
+                     .where(api_tokens.c.id == row.token_row,
+                            or_(api_tokens.c.last_used_at.is_(None),
+                                api_tokens.c.last_used_at < stale))
                      .values(last_used_at=now))
-    return Operator.from_row(row)
+    return Operator(id=row.id, username=row.username, role=row.role,
+                    token_scopes=_scopes(row.scopes))

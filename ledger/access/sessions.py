@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, delete, func, insert, select, text, update
 
 from ledger.access.operators import Operator, get_operator_by_id
 from ledger.db.schema import login_failures, operator_sessions
@@ -15,6 +15,9 @@ from ledger.db.schema import login_failures, operator_sessions
 # Writing last_seen_at on every page view would turn reads into writes; a
 # minute of slack on a 30-minute idle timeout is harmless.
 TOUCH_SECONDS = 60
+# First key of the two-key PostgreSQL advisory lock that serializes login attempts of one
+# rate-limit key (the second is hashtext(key)); the one-key space is the scheduler's.
+LOGIN_LOCK_CLASS = 0x4C4F47  # "LOG"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +111,60 @@ def record_failure(conn: Connection, key: str, now: datetime, window_seconds: fl
     conn.execute(insert(login_failures).values(key=key, at=now))
 
 
+def reserve_login_attempt(conn: Connection, key: str, now: datetime, window_seconds: float,
+                          max_failures: int) -> int:
+    """Check the limit and count this attempt as a failure in one atomic step.
+
+    Returns 0 when the attempt may go on (it counts as failed until `clear_failures`
+    proves otherwise), else the seconds to wait. Checking first and recording after the
+    slow password check let parallel guesses all pass the check (16 evaluated against a
+    limit of 5); here each attempt takes its slot before any password is looked at.
+    SQLite serializes the whole transaction (BEGIN IMMEDIATE); PostgreSQL takes a
+    transaction-scoped advisory lock on the key.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:cls, hashtext(:key))"),
+                     {"cls": LOGIN_LOCK_CLASS, "key": key})
+    wait = retry_after(conn, key, now, window_seconds, max_failures)
+    if not wait:
+        record_failure(conn, key, now, window_seconds)
+    return wait
+
+
 def clear_failures(conn: Connection, key: str) -> None:
     """Forget the key's failures after a successful login."""
     conn.execute(delete(login_failures).where(login_failures.c.key == key))
+
+
+def reserve_reentry(conn: Connection, session_id: str, max_failures: int) -> bool:
+    """Take a password re-entry slot of this session; False once it used up its tries.
+
+    Only this session's own wrong re-entries count, never login failures made
+    elsewhere: an attacker guessing at the login form cannot stop a logged-in operator
+    from confirming a revocation. The conditional UPDATE is atomic on both databases.
+    """
+    return conn.execute(
+        update(operator_sessions)
+        .where(operator_sessions.c.id_sha256 == _digest(session_id),
+               operator_sessions.c.ended_at.is_(None),
+               operator_sessions.c.reauth_failures < max_failures)
+        .values(reauth_failures=operator_sessions.c.reauth_failures + 1)
+    ).rowcount == 1
+
+
+def settle_reentry(conn: Connection, session_id: str, ok: bool, now: datetime,
+                   max_failures: int) -> bool:
+    """Settle a reserved re-entry: reset on success; end the session at the limit.
+
+    Returns True when the session ended (too many wrong passwords in it).
+    """
+    where = operator_sessions.c.id_sha256 == _digest(session_id)
+    if ok:
+        conn.execute(update(operator_sessions).where(where).values(reauth_failures=0))
+        return False
+    failures = conn.execute(select(operator_sessions.c.reauth_failures).where(where)
+                            ).scalar_one_or_none()
+    if failures is not None and failures >= max_failures:
+        end_session(conn, session_id, now)
+        return True
+    return False

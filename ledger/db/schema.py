@@ -264,6 +264,11 @@ api_tokens = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("revoked_at", UTCDateTime),
     Column("last_used_at", UTCDateTime),
+    # Public, non-secret name of the token (`tok_…`): listing and revocation use it.
+    Column("public_id", Text, nullable=False, unique=True),
+    # Space-separated: "read" or "read write".
+    Column("scopes", Text, nullable=False, server_default="read"),
+    Column("expires_at", UTCDateTime, nullable=False),
 )
 
 # Dashboard sessions: the cookie holds a random id, the server keeps only its
@@ -276,6 +281,8 @@ operator_sessions = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("last_seen_at", UTCDateTime, nullable=False),
     Column("ended_at", UTCDateTime),
+    # Wrong password re-entries (rotate, revoke, …) in a row in this session only.
+    Column("reauth_failures", Integer, nullable=False, server_default="0"),
 )
 
 # Failed dashboard logins per (username, client address), shared by every process.

@@ -33,8 +33,9 @@ from ledger.access.sessions import (
     end_session,
     load_session,
     login_key,
-    record_failure,
-    retry_after,
+    reserve_login_attempt,
+    reserve_reentry,
+    settle_reentry,
     start_session,
 )
 from ledger.services import Services
@@ -43,6 +44,11 @@ from ledger.web.errors import wants_json
 bp = Blueprint("auth", __name__)
 csrf = CSRFProtect()
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+READ_METHODS = frozenset({"GET", "HEAD"})
+WRONG_PASSWORD = "Your password did not match; nothing was changed."
+TOO_MANY_REENTRIES = ("Too many wrong passwords in this session: it has ended, sign in "
+                      "again. Nothing was changed.")
+NEEDS_SESSION = "This action needs a signed-in session and your password."
 
 
 def services() -> Services:
@@ -65,15 +71,25 @@ def init_security(app: Flask) -> None:
     app.register_blueprint(bp)
 
 
-def _csrf_guard() -> None:
-    """Check the CSRF token of every state-changing request but sender intake and Bearer calls."""
-    if request.method not in UNSAFE_METHODS:
-        return
+def _csrf_guard() -> BaseResponse | None:
+    """Check every state-changing request: CSRF for sessions, the write scope for tokens."""
     if request.blueprint == "ingest" or request.path.startswith("/hooks/"):
-        return  # senders authenticate by signature and carry no cookie
+        return None  # senders authenticate by signature and carry no cookie
     if _bearer_token() is not None:
-        return  # a token in a header is not sent by a browser on its own
-    csrf.protect()
+        # A token in a header is not sent by a browser on its own, so it needs no CSRF
+        # token; but only a live token with the write scope may use any method but
+        # GET and HEAD.
+        if request.method in READ_METHODS:
+            return None
+        operator = authenticate()
+        if operator is None:
+            return unauthenticated()
+        if "write" not in (operator.token_scopes or ()):
+            return token_forbidden()
+        return None
+    if request.method in UNSAFE_METHODS:
+        csrf.protect()
+    return None
 
 
 def _bearer_token() -> str | None:
@@ -111,7 +127,7 @@ def authenticate() -> Operator | None:
 
 def unauthenticated() -> BaseResponse:
     """Answer a request without a valid session or token: 401 JSON or a redirect to login."""
-    if wants_json():
+    if wants_json() or _bearer_token() is not None:
         response = jsonify({"error": "unauthenticated"})
         response.status_code = 401
         response.headers["WWW-Authenticate"] = 'Bearer realm="ledger"'
@@ -124,9 +140,16 @@ def unauthenticated() -> BaseResponse:
     return redirect(target, code=302)
 
 
+def token_forbidden() -> Response:
+    """Answer what no API token may do (CONTRACT section 7): 403, nothing changes."""
+    response = jsonify({"error": "forbidden"})
+    response.status_code = 403
+    return response
+
+
 def forbidden(needed: str) -> Response:
     """Answer an action the caller's role does not allow."""
-    if wants_json():
+    if wants_json() or _bearer_token() is not None:
         response = jsonify({"error": "forbidden", "needed_role": needed})
         response.status_code = 403
         return response
@@ -140,8 +163,13 @@ def require_login() -> BaseResponse | None:
     return unauthenticated() if authenticate() is None else None
 
 
-def requires(role: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a view so it runs only for operators holding `role` or higher."""
+def requires(role: str, *, session_only: bool = False
+             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a view so it runs only for operators holding `role` or higher.
+
+    `session_only`: no API token, whatever its scopes, reaches the view (credentials,
+    operators and tokens are managed from a session with the password, or the CLI).
+    """
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(view)
@@ -149,6 +177,8 @@ def requires(role: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             operator = authenticate()
             if operator is None:
                 return unauthenticated()
+            if session_only and operator.token_scopes is not None:
+                return token_forbidden()
             if not operator.can(role):
                 return forbidden(role)
             return view(*args, **kwargs)
@@ -165,26 +195,33 @@ def actor() -> audit.Actor:
 
 
 def client_address() -> str:
-    """Return the client address (the proxy's view; configure ProxyFix behind one)."""
+    """Return the client address (ProxyFix has applied LEDGER_TRUSTED_PROXIES to it)."""
     return request.remote_addr or "unknown"
 
 
-def password_matches(operator: Operator, password: str) -> bool:
-    """Re-check the current operator's password (rotate, revoke); failures count as logins."""
+def confirm_password(password: str) -> str | None:
+    """Re-check the session operator's password; None when it matched, else why not.
+
+    Counted per session (README "Login limits"), never against login failures: those are
+    made by anyone, and must not keep a logged-in operator from revoking a key.
+    """
     svc = services()
-    key = login_key(operator.username, client_address())
+    operator: Operator = g.operator
+    session_id = session.get("sid")
+    if not session_id or operator.token_scopes is not None:
+        return NEEDS_SESSION
+    limit = svc.settings.login_max_failures
     with svc.engine.begin() as conn:
-        if retry_after(conn, key, svc.clock.now(), svc.settings.login_window_seconds,
-                       svc.settings.login_max_failures):
-            return False
+        reserved = reserve_reentry(conn, session_id, limit)
         _, stored = password_hash_of(conn, operator.username)
-    ok = verify_password(stored, password)
+    if not reserved:
+        return TOO_MANY_REENTRIES
+    ok = bool(password) and verify_password(stored, password)
     with svc.engine.begin() as conn:
-        if ok:
-            clear_failures(conn, key)
-        else:
-            record_failure(conn, key, svc.clock.now(), svc.settings.login_window_seconds)
-    return ok
+        ended = settle_reentry(conn, session_id, ok, svc.clock.now(), limit)
+    if ok:
+        return None
+    return TOO_MANY_REENTRIES if ended else WRONG_PASSWORD
 
 
 def _safe_next(target: str | None) -> str:
@@ -212,7 +249,8 @@ def login_submit() -> BaseResponse:
     key = login_key(username, client_address())
     window, limit = svc.settings.login_window_seconds, svc.settings.login_max_failures
     with svc.engine.begin() as conn:
-        wait = retry_after(conn, key, svc.clock.now(), window, limit)
+        # Counts as a failure from here until the password proves right (atomic).
+        wait = reserve_login_attempt(conn, key, svc.clock.now(), window, limit)
         operator, stored = password_hash_of(conn, username)
     if wait:
         minutes = max(1, (wait + 59) // 60)
@@ -220,16 +258,13 @@ def login_submit() -> BaseResponse:
                                  f"address. Try again in {minutes} minute"
                                  f"{'s' if minutes != 1 else ''}.", retry_after=wait)
     ok = verify_password(stored, password) and operator is not None and bool(password)
-    with svc.engine.begin() as conn:
-        if not ok or operator is None:  # ok implies an operator; this tells the type checker
-            record_failure(conn, key, svc.clock.now(), window)
-        else:
-            clear_failures(conn, key)
-            if session.get("sid"):  # logging in again replaces the old session
-                end_session(conn, session["sid"], svc.clock.now())
-            session_id = start_session(conn, operator, svc.clock.now())
-    if not ok:
+    if not ok or operator is None:  # the failure was recorded with the reservation above
         return _login_error(401, "Wrong username or password.")
+    with svc.engine.begin() as conn:
+        clear_failures(conn, key)
+        if session.get("sid"):  # logging in again replaces the old session
+            end_session(conn, session["sid"], svc.clock.now())
+        session_id = start_session(conn, operator, svc.clock.now())
     # A fresh cookie: nothing from before login (including its CSRF token) survives.
     session.clear()
     session.permanent = True

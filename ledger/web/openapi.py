@@ -181,7 +181,9 @@ def document() -> dict[str, Any]:
                      "description": "Authenticated, scoped, exactly-once webhook intake."},
             "components": {"securitySchemes": {
                 "token": {"type": "http", "scheme": "bearer",
-                          "description": "`ledger operator token --username U --json`"},
+                          "description": "`ledger operator token --username U [--write] "
+                                         "--json`: read-only unless --write; expires "
+                                         "(90 days by default)"},
                 "session": {"type": "apiKey", "in": "cookie", "name": "ledger_session"}}},
             "security": [{"token": []}, {"session": []}],
             "paths": {"/hooks/{integration}": _intake(), **_ops(), **_api()}}

@@ -149,21 +149,27 @@ def test_operator_journey(page: Any, live: Live) -> None:
     row.locator("button", has_text="Requeue").click()
     expect(row).to_contain_text("Requeued acme/stripe-prod:evt_broken")
 
-    # Revoke a credential: the password is asked again.
+    # Revoke a credential: it is the integration's last live key, so that is said and
+    # confirmed first, and the password is asked again.
     page.goto(f"{live.url}/credentials/{live.sender.public_id}")
     page.on("dialog", lambda dialog: dialog.accept())
     cred = page.locator("tr", has_text=live.sender.key_id)
     cred.locator("input[name=reason]").fill("leaked in CI logs")
-    cred.locator("input[name=password]").fill("wrong password")
-    cred.locator("button", has_text="Revoke").click()
-    expect(page.locator("#credentials")).to_contain_text("did not match")
-    # The refused attempt answered 403 on purpose; the browser logs that, nothing else.
-    assert [e for e in page.console_errors if "403" not in e] == []
-    page.console_errors.clear()
-    cred = page.locator("tr", has_text=live.sender.key_id)
-    cred.locator("input[name=reason]").fill("leaked in CI logs")
     cred.locator("input[name=password]").fill(PASSWORD)
     cred.locator("button", has_text="Revoke").click()
+    confirm = page.locator("form.confirm-last")
+    expect(confirm).to_contain_text("last live key")
+    expect(page.locator("tr", has_text=live.sender.key_id)).to_contain_text("active")
+    confirm.locator("input[name=password]").fill("wrong password")
+    confirm.locator("button", has_text="Revoke the last key").click()
+    expect(page.locator("#credentials")).to_contain_text("did not match")
+    # The refused attempts answered 409 and 403 on purpose; the browser logs those only.
+    assert [e for e in page.console_errors if "403" not in e and "409" not in e] == []
+    page.console_errors.clear()
+    confirm = page.locator("form.confirm-last")
+    expect(confirm.locator("input[name=reason]")).to_have_value("leaked in CI logs")
+    confirm.locator("input[name=password]").fill(PASSWORD)
+    confirm.locator("button", has_text="Revoke the last key").click()
     expect(page.locator("#credentials")).to_contain_text(f"Revoked {live.sender.key_id}")
     expect(page.locator("tr", has_text=live.sender.key_id)).to_contain_text("revoked")
     _shot(page, "07-credentials")

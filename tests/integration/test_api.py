@@ -83,7 +83,8 @@ def test_operator_cli_creates_an_account_and_a_token(app, runner) -> None:  # ty
                                     "--json"])
     assert token_run.exit_code == 0
     body = json.loads(token_run.output)
-    assert set(body) == {"username", "token"} and body["username"] == "dana"
+    assert set(body) == {"username", "token", "token_id", "scopes", "expires_at"}
+    assert body["username"] == "dana" and body["scopes"] == ["read"]
     me = app.test_client().get("/api/v1/me", headers=_bearer(body["token"]))
     assert me.get_json() == {"username": "dana", "role": "security"}
     with app.extensions["ledger"].engine.connect() as conn:

@@ -8,6 +8,7 @@ from sqlalchemy import func, select
 
 from ledger.db.schema import audit_log, conflicts, credentials, receipts
 from tests.dashboard_helpers import (
+    PASSWORD,
     add_conflict,
     add_receipt,
     fast_hashes,  # noqa: F401  (autouse fixture)
@@ -122,7 +123,7 @@ def _credential_states(app, integration_id: int) -> dict[str, str]:  # type: ign
 def test_revoke_needs_security_and_the_password_again(app) -> None:  # type: ignore[no-untyped-def]
     sender = make_sender(app)
     path = f"/credentials/{sender.public_id}/revoke"
-    form = {"key_id": sender.key_id, "reason": "leaked in a log",
+    form = {"key_id": sender.key_id, "reason": "leaked in a log", "confirm_last": "1",
             "password": "correct horse battery staple"}
     assert post(logged_in(app, "oncall"), path, form).status_code == 403
     security = logged_in(app, "security", "sam")
@@ -144,7 +145,7 @@ def test_revoke_refuses_a_key_of_another_integration(app) -> None:  # type: igno
     other = make_sender(app, account="globex")
     security = logged_in(app, "security")
     answer = post(security, f"/credentials/{sender.public_id}/revoke",
-                  {"key_id": other.key_id, "reason": "x",
+                  {"key_id": other.key_id, "reason": "x", "confirm_last": "1",
                    "password": "correct horse battery staple"})
     assert answer.status_code == 404
     assert _credential_states(app, other.scope_id)[other.key_id] == "active"
@@ -166,20 +167,24 @@ def test_rotate_shows_the_new_secret_once_and_retires_the_old_key(app) -> None: 
     assert states[sender.key_id] == "retiring" and list(states.values()).count("active") == 1
     assert secret not in security.get(f"/credentials/{sender.public_id}").get_data(as_text=True)
     assert [r.reason for r in _audit(app, "credential.rotate")] == ["scheduled"]
-    added = post(security, f"/credentials/{sender.public_id}/add", {"reason": "second sender"})
+    added = post(security, f"/credentials/{sender.public_id}/add",
+                 {"reason": "second sender", "password": "correct horse battery staple"})
     assert added.status_code == 200 and 'class="secret"' in added.get_data(as_text=True)
     assert [r.reason for r in _audit(app, "credential.add")][-1] == "second sender"
 
 
 def test_admin_creates_operators_and_tokens(app) -> None:  # type: ignore[no-untyped-def]
     admin = logged_in(app, "admin", "root")
-    answer = post(admin, "/operators", {"username": "newbie", "role": "oncall"}, htmx=True)
+    answer = post(admin, "/operators", {"username": "newbie", "role": "oncall",
+                                        "password": PASSWORD}, htmx=True)
     assert answer.status_code == 200 and 'class="secret"' in answer.get_data(as_text=True)
-    token_page = post(admin, "/operators/newbie/token", htmx=True).get_data(as_text=True)
+    token_page = post(admin, "/operators/newbie/token", {"password": PASSWORD},
+                      htmx=True).get_data(as_text=True)
     token = re.search(r'<pre class="secret">(rlt_[^<]+)</pre>', token_page).group(1)  # type: ignore[union-attr]
     me = app.test_client().get("/api/v1/me", headers={"Authorization": f"Bearer {token}"})
     assert me.get_json() == {"username": "newbie", "role": "oncall"}
-    assert post(admin, "/operators/root/disable", {"reason": "x"}).status_code == 409
+    assert post(admin, "/operators/root/disable", {"reason": "x", "password": PASSWORD}
+                ).status_code == 409
     with app.extensions["ledger"].engine.connect() as conn:
         actions = conn.execute(select(audit_log.c.action, func.count())
                                .where(audit_log.c.actor == "root")

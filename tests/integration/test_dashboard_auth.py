@@ -33,7 +33,8 @@ ACTIONS = ["/failures/requeue", "/failures/requeue-all/preview", "/failures/requ
            "/conflicts/1/ack", "/credentials/in_0000000000000000000000/add",
            "/credentials/in_0000000000000000000000/rotate",
            "/credentials/in_0000000000000000000000/revoke", "/operators",
-           "/operators/x/role", "/operators/x/disable", "/operators/x/token"]
+           "/operators/x/role", "/operators/x/disable", "/operators/x/token",
+           "/tokens/tok_0000000000000000000000/revoke"]
 
 
 def _clocked_app(test_env: dict[str, str], clock: FixedClock):  # type: ignore[no-untyped-def]
@@ -246,6 +247,7 @@ def test_api_token_authenticates_and_revocation_by_disable_stops_it(app) -> None
     assert client.get("/api/v1/me", headers={"Authorization": "Bearer rlt_nope"}
                       ).status_code == 401
     admin = logged_in(app, "admin")
-    assert post(admin, "/operators/robot/disable", {"reason": "left"}).status_code == 200
+    assert post(admin, "/operators/robot/disable", {"reason": "left",
+                                                     "password": PASSWORD}).status_code == 200
     assert client.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"}
                       ).status_code == 401

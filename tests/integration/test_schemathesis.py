@@ -76,7 +76,7 @@ def _seed(app) -> tuple[Sender, str]:  # type: ignore[no-untyped-def]
     with app.extensions["ledger"].engine.begin() as conn:
         create_operator(conn, actor, username="fuzzer", role="viewer",
                         password="fuzzer-password-123", now=datetime.now(UTC))
-        return sender, issue_token(conn, actor, "fuzzer", now=datetime.now(UTC))
+        return sender, issue_token(conn, actor, "fuzzer", now=datetime.now(UTC)).token
 
 
 def test_the_served_document_is_the_one_fuzzed(live):  # type: ignore[no-untyped-def]

@@ -10,24 +10,23 @@ from flask import Response, abort, request
 from ledger.access.credentials import (
     add_credential,
     get_credential,
+    is_last_live_key,
     revoke_credential,
     rotate_credential,
 )
 from ledger.access.integrations import get_integration
-from ledger.access.operators import Operator
 from ledger.errors import LedgerError, NotFound
 from ledger.intake.conflict_review import acknowledge_conflict
 from ledger.reads.admin import credential_rows, list_conflicts
 from ledger.reads.receipts import scope_names
 from ledger.reads.work import count_failures, failures_chunk
-from ledger.web.auth import actor, password_matches, requires, services
+from ledger.web.auth import actor, confirm_password, requires, services
 from ledger.web.dashboard import bp, render
 from ledger.web.filters import BadFilter, receipt_filter
 from ledger.worker.requeue import requeue_receipt
 
 BATCH_SIZE = 100
 OVERLAP_CHOICES = (0, 3600, 86400, 7 * 86400)
-WRONG_PASSWORD = "Your password did not match; nothing was changed."
 
 
 def _status_of(error: LedgerError) -> int:
@@ -166,22 +165,26 @@ def acknowledge(conflict_id: int) -> Response:
 
 
 def _credentials_answer(public_id: str, *, status: int = 200, secret: dict[str, Any] | None = None,
-                        message: str | None = None, error: str | None = None) -> Response:
-    """Re-render an integration's credentials with a one-time secret or a message."""
+                        message: str | None = None, error: str | None = None,
+                        confirm_last: dict[str, str] | None = None) -> Response:
+    """Re-render an integration's credentials with a one-time secret, a message or a question."""
     svc = services()
     with svc.engine.connect() as conn:
         integration = get_integration(conn, public_id)
         rows = credential_rows(conn, integration.id)
     return render("credentials.html", "partials/_credentials.html", status=status,
                   integration=integration, credentials=rows, secret=secret, message=message,
-                  error=error)
+                  error=error, confirm_last=confirm_last)
 
 
 @bp.post("/credentials/<public_id>/add")
-@requires("security")
+@requires("security", session_only=True)
 def credential_add(public_id: str) -> Response:
-    """Add an active credential; its secret is shown once in this answer."""
+    """Add an active credential after re-entering the password; its secret is shown once."""
     svc = services()
+    refused = confirm_password(request.form.get("password", ""))
+    if refused:
+        return _credentials_answer(public_id, status=403, error=refused)
     try:
         with svc.engine.begin() as conn:
             integration = get_integration(conn, public_id)
@@ -196,12 +199,13 @@ def credential_add(public_id: str) -> Response:
 
 
 @bp.post("/credentials/<public_id>/rotate")
-@requires("security")
+@requires("security", session_only=True)
 def credential_rotate(public_id: str) -> Response:
     """Rotate with a chosen overlap after re-entering the password."""
     svc = services()
-    if not password_matches(_operator(), request.form.get("password", "")):
-        return _credentials_answer(public_id, status=403, error=WRONG_PASSWORD)
+    refused = confirm_password(request.form.get("password", ""))
+    if refused:
+        return _credentials_answer(public_id, status=403, error=refused)
     reason = request.form.get("reason", "").strip()
     if not reason:
         return _credentials_answer(public_id, status=400, error="a reason is required")
@@ -224,13 +228,31 @@ def credential_rotate(public_id: str) -> Response:
 
 
 @bp.post("/credentials/<public_id>/revoke")
-@requires("security")
+@requires("security", session_only=True)
 def credential_revoke(public_id: str) -> Response:
-    """Revoke one key of this integration with a reason, after re-entering the password."""
+    """Revoke one key of this integration with a reason, after re-entering the password.
+
+    Revoking the integration's last live key stops all its deliveries, so that is said
+    and confirmed first (`confirm_last=1`), before the password is even looked at.
+    """
     svc = services()
     key_id = request.form.get("key_id", "")
-    if not password_matches(_operator(), request.form.get("password", "")):
-        return _credentials_answer(public_id, status=403, error=WRONG_PASSWORD)
+    confirmed = request.form.get("confirm_last") == "1"
+    question = {"key_id": key_id, "reason": request.form.get("reason", "")}
+    try:
+        with svc.engine.begin() as conn:
+            integration = get_integration(conn, public_id)
+            if get_credential(conn, key_id).integration_id != integration.id:
+                raise NotFound("credential", key_id)
+            last = is_last_live_key(conn, integration.id, key_id, svc.clock.now())
+    except LedgerError as error:
+        return _credentials_or_404(public_id, error)
+    if last and not confirmed:
+        return _credentials_answer(public_id, status=409, confirm_last=question)
+    refused = confirm_password(request.form.get("password", ""))
+    if refused:
+        return _credentials_answer(public_id, status=403, error=refused,
+                                   confirm_last=question if last else None)
     try:
         with svc.engine.begin() as conn:
             integration = get_integration(conn, public_id)
@@ -252,10 +274,3 @@ def _credentials_or_404(public_id: str, error: LedgerError) -> Response:
         abort(404)
     return _credentials_answer(public_id, status=_status_of(error), error=str(error))
 
-
-def _operator() -> Operator:
-    """Return the current operator."""
-    from flask import g
-
-    operator: Operator = g.operator
-    return operator

@@ -1,4 +1,8 @@
-"""Operator administration (admin role): accounts, roles, API tokens."""
+"""Operator administration (admin role): accounts, roles, API tokens.
+
+Every form here needs a session and the admin's password again: no API token,
+whatever its scopes, manages operators or tokens (CONTRACT section 7).
+"""
 
 from __future__ import annotations
 
@@ -8,40 +12,56 @@ from typing import Any
 from flask import Response, request
 
 from ledger.access.operators import (
+    DEFAULT_TOKEN_SECONDS,
     ROLES,
     create_operator,
     disable_operator,
     issue_token,
     list_operators,
+    list_tokens,
+    revoke_token,
     set_role,
 )
 from ledger.errors import LedgerError, NotFound
-from ledger.web.auth import actor, requires, services
+from ledger.web.auth import actor, confirm_password, requires, services
 from ledger.web.dashboard import bp, render
+
+TOKEN_LIFETIMES = ((86400, "1 day"), (7 * 86400, "7 days"), (30 * 86400, "30 days"),
+                   (DEFAULT_TOKEN_SECONDS, "90 days"), (365 * 86400, "365 days"))
 
 
 def _answer(*, status: int = 200, shown_once: dict[str, Any] | None = None,
             message: str | None = None, error: str | None = None) -> Response:
-    """Render the operators list with a one-time secret or a message."""
+    """Render the operators and tokens lists with a one-time secret or a message."""
     with services().engine.connect() as conn:
         rows = list_operators(conn)
+        tokens = list_tokens(conn)
     return render("operators.html", "partials/_operators.html", status=status,
-                  operators=rows, roles=ROLES, shown_once=shown_once, message=message,
-                  error=error)
+                  operators=rows, roles=ROLES, tokens=tokens, lifetimes=TOKEN_LIFETIMES,
+                  default_lifetime=DEFAULT_TOKEN_SECONDS, shown_once=shown_once,
+                  message=message, error=error)
+
+
+def _refused(error: LedgerError) -> Response:
+    """Answer a refused or missing record."""
+    return _answer(status=404 if isinstance(error, NotFound) else 409, error=str(error))
 
 
 @bp.get("/operators")
 @requires("admin")
 def operators_page() -> Response:
-    """Operators and their roles."""
+    """Operators, their roles and their API tokens."""
     return _answer()
 
 
 @bp.post("/operators")
-@requires("admin")
+@requires("admin", session_only=True)
 def operator_create() -> Response:
     """Create an operator with a generated password, shown once."""
     svc = services()
+    refused = confirm_password(request.form.get("password", ""))
+    if refused:
+        return _answer(status=403, error=refused)
     username, role = request.form.get("username", "").strip(), request.form.get("role", "")
     password = secrets.token_urlsafe(18)
     try:
@@ -55,44 +75,76 @@ def operator_create() -> Response:
 
 
 @bp.post("/operators/<username>/role")
-@requires("admin")
+@requires("admin", session_only=True)
 def operator_role(username: str) -> Response:
     """Change an operator's role (their sessions end)."""
     svc = services()
+    refused = confirm_password(request.form.get("password", ""))
+    if refused:
+        return _answer(status=403, error=refused)
     try:
         with svc.engine.begin() as conn:
             set_role(conn, actor(), username, request.form.get("role", ""),
                      reason=request.form.get("reason", "").strip() or "role change",
                      now=svc.clock.now())
     except LedgerError as error:
-        return _answer(status=404 if isinstance(error, NotFound) else 409, error=str(error))
+        return _refused(error)
     return _answer(message=f"{username} is now {request.form.get('role')}.")
 
 
 @bp.post("/operators/<username>/disable")
-@requires("admin")
+@requires("admin", session_only=True)
 def operator_disable(username: str) -> Response:
     """Disable an operator: sessions end, tokens stop working."""
     svc = services()
+    refused = confirm_password(request.form.get("password", ""))
+    if refused:
+        return _answer(status=403, error=refused)
     try:
         with svc.engine.begin() as conn:
             disable_operator(conn, actor(), username,
                              reason=request.form.get("reason", "").strip() or "disabled",
                              now=svc.clock.now())
     except LedgerError as error:
-        return _answer(status=404 if isinstance(error, NotFound) else 409, error=str(error))
+        return _refused(error)
     return _answer(message=f"{username} is disabled.")
 
 
 @bp.post("/operators/<username>/token")
-@requires("admin")
+@requires("admin", session_only=True)
 def operator_token(username: str) -> Response:
-    """Issue an API token for an operator, shown once."""
+    """Issue an API token for an operator (read-only unless `write`), shown once."""
     svc = services()
+    refused = confirm_password(request.form.get("password", ""))
+    if refused:
+        return _answer(status=403, error=refused)
+    try:
+        expires_in = int(request.form.get("expires_in", DEFAULT_TOKEN_SECONDS))
+        with svc.engine.begin() as conn:
+            issued = issue_token(conn, actor(), username, now=svc.clock.now(),
+                                 write=request.form.get("write") == "1",
+                                 expires_in=expires_in)
+    except ValueError:
+        return _answer(status=400, error="expires_in must be seconds")
+    except LedgerError as error:
+        return _refused(error)
+    return _answer(shown_once={"label": f"API token of {username} ({issued.token_id}, "
+                                        f"{' '.join(issued.scopes)})", "value": issued.token},
+                   message=f"Issued {issued.token_id} for {username}, expiring "
+                           f"{issued.expires_at:%Y-%m-%d %H:%M}Z.")
+
+
+@bp.post("/tokens/<token_id>/revoke")
+@requires("admin", session_only=True)
+def token_revoke(token_id: str) -> Response:
+    """Revoke one API token: it answers 401 from then on."""
+    svc = services()
+    refused = confirm_password(request.form.get("password", ""))
+    if refused:
+        return _answer(status=403, error=refused)
     try:
         with svc.engine.begin() as conn:
-            token = issue_token(conn, actor(), username, now=svc.clock.now())
+            revoke_token(conn, actor(), token_id, now=svc.clock.now())
     except LedgerError as error:
-        return _answer(status=404 if isinstance(error, NotFound) else 409, error=str(error))
-    return _answer(shown_once={"label": f"API token of {username}", "value": token},
-                   message=f"Issued an API token for {username}.")
+        return _refused(error)
+    return _answer(message=f"Revoked {token_id}.")

@@ -1,0 +1,84 @@
+"""Migration 0002_tokens: tokens issued before it keep working, read-only, for 90 more days."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from alembic import command
+from sqlalchemy import create_engine, insert, select, text
+from sqlalchemy.engine import make_url
+
+from ledger.access.operators import operator_for_token, token_digest
+from ledger.config import Settings
+from ledger.db.engine import alembic_config, make_engine
+from ledger.db.schema import api_tokens, operators
+from tests.conftest import TEST_MASTER_KEY
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with no tables at all, on both engines."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+        return
+    admin_url = request.getfixturevalue("pg_admin_url")
+    if admin_url is None:
+        pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
+    name = f"ledger_m_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _migrate(engine, revision: str) -> None:  # type: ignore[no-untyped-def]
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def test_existing_tokens_become_read_only_and_expire_90_days_after_migration(
+        empty_db_url: str, tmp_path: Path) -> None:
+    engine = make_engine(Settings(database_url=empty_db_url, var_dir=tmp_path,
+                                  master_key=TEST_MASTER_KEY))
+    try:
+        _migrate(engine, "0001")
+        created = datetime(2026, 1, 1, tzinfo=UTC)
+        with engine.begin() as conn:
+            # Only the columns 0001 has: the rows look exactly like pre-0002 tokens.
+            conn.execute(insert(operators).values(username="robot", role="admin",
+                                                  password_hash="x", created_at=created))
+            for n in range(2):
+                conn.execute(insert(api_tokens).values(
+                    operator_id=1, token_sha256=token_digest(f"rlt_old{n}"),
+                    created_at=created))
+        before = datetime.now(UTC)
+        _migrate(engine, "head")
+        after = datetime.now(UTC)
+        with engine.connect() as conn:
+            rows = conn.execute(select(api_tokens)).all()
+        assert len(rows) == 2
+        assert {r.scopes for r in rows} == {"read"}
+        assert len({r.public_id for r in rows}) == 2
+        assert all(r.public_id.startswith("tok_") and len(r.public_id) == 26 for r in rows)
+        for row in rows:
+            assert before + timedelta(days=90) - timedelta(seconds=1) <= row.expires_at
+            assert row.expires_at <= after + timedelta(days=90)
+        with engine.begin() as conn:
+            operator = operator_for_token(conn, "rlt_old0", datetime.now(UTC))
+            expired = operator_for_token(conn, "rlt_old0", after + timedelta(days=91))
+        # The migrated token still authenticates, read-only, until its new expiry.
+        assert operator is not None and operator.token_scopes == ("read",)
+        assert expired is None
+    finally:
+        engine.dispose()
