@@ -82,11 +82,13 @@ class Settings:
     database_url: str
     var_dir: Path = field(default_factory=lambda: Path("var").resolve())
     master_key: str | None = None
+    audit_key: str | None = None
     revocation_bound_seconds: int = 30
     retention_seconds: int = DEFAULT_RETENTION_SECONDS
     review_window_seconds: int = DEFAULT_REVIEW_WINDOW_SECONDS
     purge_duty_cycle: float = DEFAULT_DUTY_CYCLE
     max_body_bytes: int = 1024 * 1024
+    max_json_depth: int = 64
     max_attempts: int = 8
     retry_base_seconds: int = 10
     retry_cap_seconds: int = 3600
@@ -122,6 +124,7 @@ class Settings:
             database_url=database_url_from_env(env),
             var_dir=Path(env.get("LEDGER_VAR_DIR", "var")).resolve(),
             master_key=env.get("LEDGER_MASTER_KEY") or None,
+            audit_key=env.get("LEDGER_AUDIT_KEY") or None,
             revocation_bound_seconds=_int(env, "LEDGER_REVOCATION_BOUND_SECONDS", 30),
             retention_seconds=retention,
             review_window_seconds=min(
@@ -129,6 +132,7 @@ class Settings:
                 retention),
             purge_duty_cycle=_duty_cycle(env, "LEDGER_PURGE_DUTY_CYCLE"),
             max_body_bytes=_int(env, "LEDGER_MAX_BODY_BYTES", 1024 * 1024, 1),
+            max_json_depth=_int(env, "LEDGER_MAX_JSON_DEPTH", 64, 1),
             max_attempts=_int(env, "LEDGER_MAX_ATTEMPTS", 8, 1),
             retry_base_seconds=_int(env, "LEDGER_RETRY_BASE_SECONDS", 10),
             retry_cap_seconds=_int(env, "LEDGER_RETRY_CAP_SECONDS", 3600),

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ledger.access import audit
-from ledger.access.secrets_box import SecretBox, fingerprint
+from ledger.access.secrets_box import FINGERPRINT_PREFIX, SecretBox, fingerprint
 from ledger.db.schema import credentials, integrations
 from ledger.domain import Credential, CredentialState, Integration
 from ledger.errors import NotFound, Refused
@@ -104,17 +104,30 @@ def add_credential(
         secret = profile.generate_secret()
     _check_secret(integration.profile, secret)
     key_id = new_key_id()
+    print_hmac = fingerprint(secret, audit.key_of(conn))
     conn.execute(
         insert(credentials).values(
             key_id=key_id, integration_id=integration.id, secret_enc=box.encrypt(secret),
-            fingerprint=fingerprint(secret), state=CredentialState.ACTIVE.value,
+            fingerprint=print_hmac, state=CredentialState.ACTIVE.value,
             created_at=now,
         )
     )
     audit.record(conn, actor, action, key_id, at=now, scope=integration.scope, reason=reason,
                  detail={"integration": integration.public_id,
-                         "fingerprint": fingerprint(secret), **(detail or {})})
+                         "fingerprint": print_hmac, **(detail or {})})
     return NewCredential(key_id=key_id, secret=secret)
+
+
+def refresh_fingerprints(conn: Connection, box: SecretBox) -> int:
+    """Recompute fingerprints made before they were keyed; return how many changed."""
+    key = audit.key_of(conn)
+    rows = conn.execute(select(credentials.c.id, credentials.c.secret_enc)
+                        .where(credentials.c.fingerprint.not_like(FINGERPRINT_PREFIX + "%"))
+                        ).all()
+    for row in rows:
+        conn.execute(update(credentials).where(credentials.c.id == row.id)
+                     .values(fingerprint=fingerprint(box.decrypt(row.secret_enc), key)))
+    return len(rows)
 
 
 def _check_secret(profile: str, secret: str) -> None:
