@@ -25,13 +25,15 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, insert, select, text
 
 from ledger.db.schema import audit_log
-from ledger.errors import LedgerError, Refused
+from ledger.errors import LedgerError, Refused, TooLong
 from ledger.logs import get_logger
 
 GENESIS = "0" * 64
 # Any constant works; it only has to be the same in every process.
 AUDIT_LOCK_KEY = 0x4C454447  # "LEDG"
 KEYED_PREFIX = "hmac-sha256:"
+# Reasons and notes land in a log nobody can delete: keep them to a few sentences.
+MAX_REASON_LENGTH = 500
 DEV_KEY_FILE = "audit.key"
 # The key travels with the engine (an execution option), so every transaction that
 # appends to the log chains with it without each caller passing it along.
@@ -118,10 +120,17 @@ def _fields(row: Any) -> dict[str, Any]:
                       "request_id", "detail")}
 
 
+def check_reason(reason: str | None, what: str = "reason") -> None:
+    """Refuse a reason or note longer than MAX_REASON_LENGTH (TooLong)."""
+    if reason is not None and len(reason) > MAX_REASON_LENGTH:
+        raise TooLong(what, MAX_REASON_LENGTH)
+
+
 def record(conn: Connection, actor: Actor, action: str, target: str, *, at: datetime,
            scope: str | None = None, reason: str | None = None,
            detail: dict[str, Any] | None = None) -> int:
     """Append one audit row in the caller's transaction and return its id."""
+    check_reason(reason)
     key = key_of(conn)
     if conn.dialect.name == "postgresql":
         # Serialise appenders so that two transactions never chain to the same row.

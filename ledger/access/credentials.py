@@ -27,7 +27,6 @@ from ledger.ids import KEY_ID
 
 DEFAULT_OVERLAP_SECONDS = 86400
 MAX_OVERLAP_SECONDS = 30 * 86400
-MAX_REASON_LENGTH = 500
 LIVE_STATES = (CredentialState.ACTIVE.value, CredentialState.RETIRING.value)
 SCHEDULER = audit.Actor(name="scheduler", role="system")
 
@@ -105,8 +104,7 @@ def revoke_credential(conn: Connection, actor: audit.Actor, key_id: str, *, reas
     reason = (reason or "").strip()
     if not reason:
         raise Refused("a reason is required to revoke a credential")
-    if len(reason) > MAX_REASON_LENGTH:
-        raise Refused(f"reason must be at most {MAX_REASON_LENGTH} characters")
+    audit.check_reason(reason)
     current = get_credential(conn, key_id)
     changed = conn.execute(
         update(credentials)

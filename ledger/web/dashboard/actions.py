@@ -7,9 +7,10 @@ from typing import Any
 
 from flask import abort, request
 
+from ledger.access import audit
 from ledger.access.credentials import get_credential, revoke_credential, rotate_credential
 from ledger.access.integrations import add_credential, get_integration
-from ledger.errors import LedgerError, NotFound
+from ledger.errors import LedgerError, NotFound, TooLong
 from ledger.intake.conflict_review import acknowledge_conflict
 from ledger.reads.admin import credential_rows, list_conflicts
 from ledger.reads.receipts import scope_names
@@ -25,7 +26,9 @@ WRONG_PASSWORD = "Your password did not match; nothing was changed."
 
 
 def _status_of(error: LedgerError) -> int:
-    """Return the HTTP status of a refused or missing record."""
+    """Return the HTTP status of a refused or missing record (400: the input was too long)."""
+    if isinstance(error, TooLong):
+        return 400
     return 404 if isinstance(error, NotFound) else 409
 
 
@@ -65,6 +68,8 @@ def requeue_all_preview():  # type: ignore[no-untyped-def]
         return render("action.html", "partials/_requeue_confirm.html", status=400,
                       error=str(error), total=0, capped=False, args=args, reason=reason)
     error = None if reason else "A reason is required."
+    if len(reason) > audit.MAX_REASON_LENGTH:
+        error = f"A reason must be at most {audit.MAX_REASON_LENGTH} characters."
     return render("action.html", "partials/_requeue_confirm.html", status=400 if error else 200,
                   error=error, total=total, capped=capped, args=args, reason=reason)
 
@@ -78,7 +83,7 @@ def requeue_all_step():  # type: ignore[no-untyped-def]
     done, skipped = _int_field("done"), _int_field("skipped")
     total = _int_field("total")
     after = _after_key(request.form.get("after", ""))
-    if not reason:
+    if not reason or len(reason) > audit.MAX_REASON_LENGTH:
         abort(400)
     try:
         with svc.engine.begin() as conn:
@@ -164,7 +169,10 @@ def _credentials_answer(public_id: str, *, status: int = 200, secret: dict[str, 
     """Re-render an integration's credentials with a one-time secret or a message."""
     svc = services()
     with svc.engine.connect() as conn:
-        integration = get_integration(conn, public_id)
+        try:
+            integration = get_integration(conn, public_id)
+        except NotFound:  # e.g. a wrong password on an unknown integration
+            abort(404)
         rows = credential_rows(conn, integration.id)
     return render("credentials.html", "partials/_credentials.html", status=status,
                   integration=integration, credentials=rows, secret=secret, message=message,
