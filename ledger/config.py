@@ -83,6 +83,7 @@ class Settings:
     var_dir: Path = field(default_factory=lambda: Path("var").resolve())
     master_key: str | None = None
     audit_key: str | None = None
+    metrics_token: str | None = None  # unset: /metrics answers loopback clients only
     revocation_bound_seconds: int = 30
     retention_seconds: int = DEFAULT_RETENTION_SECONDS
     review_window_seconds: int = DEFAULT_REVIEW_WINDOW_SECONDS
@@ -125,6 +126,7 @@ class Settings:
             var_dir=Path(env.get("LEDGER_VAR_DIR", "var")).resolve(),
             master_key=env.get("LEDGER_MASTER_KEY") or None,
             audit_key=env.get("LEDGER_AUDIT_KEY") or None,
+            metrics_token=env.get("LEDGER_METRICS_TOKEN") or None,
             revocation_bound_seconds=_int(env, "LEDGER_REVOCATION_BOUND_SECONDS", 30),
             retention_seconds=retention,
             review_window_seconds=min(

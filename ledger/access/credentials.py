@@ -90,7 +90,7 @@ def rotate_credential(
 
 def get_credential(conn: Connection, key_id: str) -> Credential:
     """Return the credential with this key id (without its secret), or raise NotFound."""
-    if not KEY_ID.match(key_id):
+    if not KEY_ID.fullmatch(key_id):
         raise NotFound("credential", key_id)
     row = conn.execute(select(credentials).where(credentials.c.key_id == key_id)).first()
     if row is None:

@@ -16,8 +16,8 @@ from ledger.reads.admin import AuditFilter
 from ledger.reads.cursor import EARLIEST_INSTANT, LATEST_INSTANT, in_instant_range
 from ledger.reads.receipts import ReceiptFilter
 
-EVENT_ID_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}$")
-EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+EVENT_ID_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}")
+EVENT_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
 MAX_FIELD = 200
 
 
@@ -46,7 +46,7 @@ def scope_id_of(conn: Connection, raw: str | None) -> int | None:
         return None
     raw = raw.strip()[:MAX_FIELD]
     try:
-        if INTEGRATION_ID.match(raw):
+        if INTEGRATION_ID.fullmatch(raw):
             return get_integration(conn, raw).id
         return get_integration_by_scope(conn, raw).id
     except NotFound:
@@ -67,10 +67,10 @@ def receipt_filter(conn: Connection, args: Mapping[str, str]) -> ReceiptFilter:
     if state and state not in {s.value for s in ReceiptState}:
         raise BadFilter("state must be pending, complete or failed")
     event_type = (args.get("event_type") or "").strip()
-    if event_type and not EVENT_TYPE.match(event_type):
+    if event_type and not EVENT_TYPE.fullmatch(event_type):
         raise BadFilter("event type has characters no event type can have")
     prefix = (args.get("prefix") or "").strip()
-    if prefix and not EVENT_ID_PREFIX.match(prefix):
+    if prefix and not EVENT_ID_PREFIX.fullmatch(prefix):
         raise BadFilter("event id prefix has characters no event id can have")
     since, until = parse_time(args.get("since"), "since"), parse_time(args.get("until"), "until")
     if since and until and since >= until:

@@ -154,10 +154,15 @@ def _ops() -> dict[str, Any]:
                             "responses": {"200": _json(status, "ready"),
                                           "503": _json(status, "unready, with detail")}}},
         "/metrics": {"get": {**public, "summary": "Prometheus text exposition",
+                             "description": "For the monitoring path only: a loopback client "
+                                            "not behind a proxy, or with LEDGER_METRICS_TOKEN "
+                                            "set, `Authorization: Bearer <token>`.",
                              "operationId": "metrics", "responses": {"200": {
                                  "description": "metrics of every process of this server",
                                  "headers": _REQUEST_ID,
-                                 "content": {"text/plain": {"schema": _STRING}}}}}},
+                                 "content": {"text/plain": {"schema": _STRING}}},
+                                 "401": _error("unauthenticated", "token missing or wrong"),
+                                 "403": _error("forbidden", "not the monitoring path")}}},
         "/openapi.json": {"get": {**public, "summary": "This document",
                                   "operationId": "openapi",
                                   "responses": {"200": _json(_OBJECT, "OpenAPI 3")}}},
