@@ -35,13 +35,19 @@ class Services:
         self.engine.dispose()
 
 
+def ledger_engine(settings: Settings, **overrides: object) -> Engine:
+    """Return an engine for `settings` whose transactions chain audit rows with the audit key."""
+    return keyed(make_engine(settings, **overrides),
+                 load_audit_key(settings.audit_key, settings.var_dir))
+
+
 def build_services(settings: Settings, clock: Clock | None = None,
                    engine: Engine | None = None) -> Services:
     """Wire the process's services; opens no connection yet."""
     clock = clock or SystemClock()
     box = load_box(settings.master_key, settings.var_dir)
-    engine = keyed(engine or make_engine(settings),
-                   load_audit_key(settings.audit_key, settings.var_dir))
+    engine = (keyed(engine, load_audit_key(settings.audit_key, settings.var_dir))
+              if engine is not None else ledger_engine(settings))
     bound = settings.revocation_bound_seconds
     # The heartbeat starts only when the process serves HTTP (app.py), never for a CLI run.
     heartbeat = InstanceHeartbeat(engine, clock, interval=beat_interval(bound))

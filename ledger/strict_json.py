@@ -39,6 +39,7 @@ def _constant(name: str) -> Any:
     raise StrictJsonError(f"body is not valid JSON ({name} is not a JSON value)")
 
 
+_CONTAINERS = (dict, list)
 # Built once: json.loads(text, **hooks) builds a new decoder on every call.
 _DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_float=_finite,
                             parse_constant=_constant)
@@ -46,14 +47,15 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_float=_finite,
 
 def nesting(value: Any, limit: int) -> int:
     """Return how deeply arrays and objects nest in `value` (stops counting past `limit`)."""
-    deepest, stack = 0, [(value, 1)] if isinstance(value, dict | list) else []
-    while stack and deepest <= limit:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        for child in node.values() if isinstance(node, dict) else node:
-            if isinstance(child, dict | list):
-                stack.append((child, depth + 1))
-    return deepest
+    depth, level = 0, [value] if type(value) in _CONTAINERS else []
+    while level and depth <= limit:
+        depth += 1  # one level at a time: a comprehension per node, no per-child push
+        below: list[Any] = []
+        for node in level:
+            below += [c for c in (node.values() if type(node) is dict else node)
+                      if type(c) in _CONTAINERS]
+        level = below
+    return depth
 
 
 def loads(text: str, max_depth: int) -> Any:

@@ -70,17 +70,28 @@ def load_audit_key(configured: str | None, var_dir: Path) -> bytes:
         raise AuditKeyError("LEDGER_AUDIT_KEY must be set in production")
     path = var_dir / DEV_KEY_FILE
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another process of this server made it meanwhile
-            pass
-        else:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(secrets.token_urlsafe(32))
+        _publish_new_key(path)
     get_logger("ledger.audit").warning("audit_key.development", path=str(path),
                                        hint="set LEDGER_AUDIT_KEY outside development")
-    return path.read_text().strip().encode()
+    key = path.read_text().strip().encode()
+    if not key:
+        raise AuditKeyError(f"{path} is empty; delete it or set LEDGER_AUDIT_KEY")
+    return key
+
+
+def _publish_new_key(path: Path) -> None:
+    """Write a fresh key beside `path`, then link it into place: no process reads half a key."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_urlsafe(32))
+    try:
+        os.link(draft, path)
+    except FileExistsError:  # another process of this server published one first: use it
+        pass
+    finally:
+        draft.unlink()
 
 
 def keyed(engine: Engine, key: bytes) -> Engine:
