@@ -160,6 +160,30 @@ def test_rechain_seals_a_log_written_before_the_key_with_a_recorded_row(app, run
     assert (code, result) == (1, {"ok": False, "rows": 4, "first_bad": seal.id})
 
 
+def test_the_first_action_after_the_upgrade_seals_the_old_rows_too(app, runner):
+    ids = _legacy_log(app, 2)
+    assert _cli(runner, "verify")[0] == 1
+    new = _append(app, 1)[0]
+    assert _cli(runner, "verify") == (0, {"ok": True, "rows": 3, "first_bad": None})
+    with app.extensions["ledger"].engine.connect() as conn:
+        assert conn.execute(select(audit_log.c.prev_hash).where(audit_log.c.id == new)
+                            ).scalar_one() == conn.execute(
+            select(audit_log.c.row_hash).where(audit_log.c.id == ids[-1])).scalar_one()
+
+
+def test_an_unkeyed_row_after_a_keyed_one_fails(app, runner):
+    ids = _append(app, 2)
+    with app.extensions["ledger"].engine.begin() as conn:
+        head = conn.execute(select(audit_log.c.row_hash).where(audit_log.c.id == ids[-1])
+                            ).scalar_one()
+        row = {"at": AT, "actor": "mallory", "role": "cli", "action": "forged", "target": "t",
+               "scope": None, "reason": None, "request_id": None, "detail": None}
+        forged = conn.execute(insert(audit_log).values(
+            **row, prev_hash=head, row_hash=_plain_hash(head, row))
+            .returning(audit_log.c.id)).scalar_one()
+    assert _cli(runner, "verify") == (1, {"ok": False, "rows": 3, "first_bad": forged})
+
+
 def test_rechain_refuses_to_bless_a_broken_chain(app, runner):
     ids = _append(app, 2)
     with app.extensions["ledger"].engine.begin() as conn:
@@ -176,8 +200,11 @@ def test_fingerprints_are_keyed(app, test_env):
     sender = make_sender(app)
     with app.extensions["ledger"].engine.connect() as conn:
         shown = conn.execute(select(credentials.c.fingerprint)).scalar_one()
+        added = json.loads(conn.execute(select(audit_log.c.detail).where(
+            audit_log.c.action == "credential.add")).scalar_one())
     plain = hashlib.sha256(sender.secret.encode()).hexdigest()[:16]
     assert shown.startswith("hmac:") and plain not in shown
+    assert added["fingerprint"] == shown
     other = create_app({**test_env, "LEDGER_AUDIT_KEY": "a-different-key"})
     try:
         from ledger.access.secrets_box import fingerprint

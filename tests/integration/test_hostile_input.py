@@ -144,11 +144,14 @@ def test_api_cursors_and_dates_out_of_range_answer_400(app, served):
 
 
 @pytest.mark.parametrize("page", ["/receipts", "/failures", "/audit"])
-def test_dashboard_pages_answer_400_for_a_date_out_of_range(app, page):
+def test_dashboard_pages_answer_400_for_a_date_or_cursor_out_of_range(app, page):
     client = logged_in(app, "viewer")
     response = client.get(page + "?since=0001-01-01T00:00:00%2B01:00")
     assert response.status_code == 400, response.get_data(as_text=True)[:300]
     assert "between 1970 and 9000" in response.get_data(as_text=True)
+    far = _cursor(b'[{"t":"0001-01-01T00:00:00+01:00"},1,"e"]') if page != "/audit" \
+        else _cursor(b"[100000000000000000000000000]")
+    assert client.get(f"{page}?cursor={far}").status_code == 400
 
 
 def test_rotating_an_unknown_integration_with_a_wrong_password_is_404(app):
