@@ -35,7 +35,7 @@ from ledger.access import audit
 from ledger.access.operators import create_operator
 from ledger.access.secrets_box import load_box
 from ledger.clock import SystemClock
-from ledger.db.engine import make_engine
+from ledger.services import ledger_engine
 
 PASSWORD = "bench admin password"
 
@@ -46,7 +46,7 @@ def load(e: benv.BenchEnv, receipts: int, scopes: int) -> tuple[str, Any]:
 
     url = e.migrated_pg("big")
     settings = e.settings(url).with_(statement_timeout_ms=600_000)
-    engine = make_engine(settings)
+    engine = ledger_engine(settings)
     try:
         made = generate(engine, load_box(settings.master_key, settings.var_dir),
                         DataSpec(receipts=receipts, scopes=scopes, end=datetime.now(UTC)))
@@ -63,7 +63,7 @@ def load(e: benv.BenchEnv, receipts: int, scopes: int) -> tuple[str, Any]:
 
 def bytes_and_raw_purge(e: benv.BenchEnv, url: str) -> dict[str, Any]:
     """Measure bytes per receipt (as loaded and after REINDEX), then the raw purge."""
-    engine = make_engine(e.settings(url).with_(statement_timeout_ms=600_000))
+    engine = ledger_engine(e.settings(url).with_(statement_timeout_ms=600_000))
     try:
         sizes = storage.measure_bytes(engine)
         sizes["packed"] = storage.packed(engine)
@@ -106,7 +106,7 @@ def copy_ledger(e: benv.BenchEnv, url: str, name: str) -> str:
 def purge_unloaded(e: benv.BenchEnv, url: str) -> dict[str, Any]:
     """Purge every finished receipt at full speed with nothing else running."""
     settings = e.settings(url).with_(retention_seconds=60, statement_timeout_ms=600_000)
-    engine = make_engine(settings)
+    engine = ledger_engine(settings)
     try:
         wal, cpu, client = _wal_bytes(engine), _postgres_cpu_seconds(), time.process_time()
         started = time.perf_counter()
@@ -137,7 +137,7 @@ def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
     public_id = ours_app(e, url)
     files = signed_files(e.tmp, "purge", public_id, 60)
     settings = e.settings(url).with_(retention_seconds=60, statement_timeout_ms=600_000)
-    engine = make_engine(settings)
+    engine = ledger_engine(settings)
     marks: dict[str, datetime] = {}
     busy: dict[str, float] = {}
     with benv.gunicorn("app:create_app()", e.app_env(url), shape, cwd=benv.ROOT,

@@ -29,7 +29,7 @@ from ledger.access import audit
 from ledger.access.operators import create_operator
 from ledger.access.secrets_box import load_box
 from ledger.clock import SystemClock
-from ledger.db.engine import make_engine
+from ledger.services import ledger_engine
 
 RESULTS = Path(__file__).parent / "results" / "dashboard.jsonl"
 PASSWORD = "bench admin password"
@@ -56,7 +56,7 @@ def _load(env: BenchEnv, receipts: int, scopes: int) -> tuple[str, Any]:
     """Create a database with the data, rollups and an admin; return its URL and a sample."""
     url = env.migrated_pg("dashboard")
     settings = env.settings(url)
-    engine = make_engine(settings.with_(statement_timeout_ms=600_000))
+    engine = ledger_engine(settings.with_(statement_timeout_ms=600_000))
     box = load_box(settings.master_key, settings.var_dir)
     generated = generate(engine, box, DataSpec(receipts=receipts, scopes=scopes,
                                                end=datetime.now(UTC)))

@@ -27,7 +27,8 @@ from ledger.access import audit
 from ledger.access.integrations import create_integration
 from ledger.access.secrets_box import SecretBox
 from ledger.config import Settings
-from ledger.db.engine import make_engine, upgrade
+from ledger.db.engine import upgrade
+from ledger.services import ledger_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -60,7 +61,7 @@ class BenchEnv:
         template = f"ledger_bench_{self.run_id}_template"
         if template not in self.databases:
             url = self.pg_url("template")
-            engine = make_engine(self.settings(url))
+            engine = ledger_engine(self.settings(url))
             upgrade(engine)
             engine.dispose()
         return self.pg_url(name, template=template)
@@ -69,7 +70,7 @@ class BenchEnv:
         """Return a SQLite file URL in the temp dir, migrated unless told otherwise."""
         url = f"sqlite:///{self.tmp / (name + '.sqlite3')}"
         if migrated:
-            engine = make_engine(self.settings(url))
+            engine = ledger_engine(self.settings(url))
             upgrade(engine)
             engine.dispose()
         return url

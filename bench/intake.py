@@ -19,7 +19,7 @@ from bench import env as benv
 from bench.loadgen import WrkResult, presign, run_wrk
 from bench.schemas import create_thin_pg, create_thin_sqlite
 from ledger.access.secrets_box import load_box
-from ledger.db.engine import make_engine
+from ledger.services import ledger_engine
 
 THREADS = 2
 CONNECTIONS = 16
@@ -84,7 +84,7 @@ def signed_files(tmp: Path, tag: str, public_id: str, seconds: float) -> Path:
 def ours_app(e: benv.BenchEnv, url: str) -> str:
     """Prepare the ledger's database on `url`; return the bench integration's public id."""
     settings = e.settings(url)
-    engine = make_engine(settings)
+    engine = ledger_engine(settings)
     try:
         return benv.bench_integration(engine, load_box(settings.master_key, settings.var_dir))
     finally:

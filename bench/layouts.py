@@ -21,7 +21,7 @@ from bench.datagen import NO_HANDLER, DataSpec, generate
 from bench.env import BenchEnv
 from bench.storage import sizes, vacuum
 from ledger.access.secrets_box import SecretBox
-from ledger.db.engine import make_engine
+from ledger.services import ledger_engine
 
 HEAD = ("accepted_at timestamptz NOT NULL, completed_at timestamptz, scope_id int NOT NULL,"
         " state smallint NOT NULL, attempts smallint NOT NULL")
@@ -62,7 +62,7 @@ def measure(receipts: int, scopes: int) -> dict[str, dict[str, float]]:
     try:
         url = env.migrated_pg("layouts")
         # No statement timeout: the copies below are single long statements.
-        engine = make_engine(env.settings(url), connect_args={})
+        engine = ledger_engine(env.settings(url), connect_args={})
         generate(engine, SecretBox([env.master_key]),
                  DataSpec(receipts=receipts, scopes=scopes, history=False))
         vacuum(engine, "receipts")

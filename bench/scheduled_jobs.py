@@ -28,8 +28,9 @@ from jobs import rollups
 from jobs.retention import purge
 from ledger.clock import SystemClock
 from ledger.config import Settings
-from ledger.db.engine import make_engine, upgrade
+from ledger.db.engine import upgrade
 from ledger.intake.store import NewEvent, claim_receipt, enqueue_job
+from ledger.services import ledger_engine
 
 PG_ADMIN_URL = os.environ.get("LEDGER_BENCH_PG_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -97,7 +98,7 @@ def bench_purge(url: str, rows: int) -> dict[str, Any]:
     """Purge `rows` expired receipts while the intake runs; compare with the intake alone."""
     settings = Settings(database_url=url, master_key="x", pool_size=4,
                         statement_timeout_ms=60_000)
-    engine = make_engine(settings)
+    engine = ledger_engine(settings)
     old = datetime.now(UTC) - timedelta(seconds=settings.retention_seconds + 3600)
     _load(engine, rows, old)
     baseline = _measure_intake(engine, 5)
@@ -126,7 +127,7 @@ def bench_purge(url: str, rows: int) -> dict[str, Any]:
 def bench_rollups(url: str, rows: int) -> dict[str, Any]:
     """Time the scope_counts and hourly_series refresh on `rows` receipts (recent ones)."""
     settings = Settings(database_url=url, master_key="x", statement_timeout_ms=60_000)
-    engine = make_engine(settings)
+    engine = ledger_engine(settings)
     _load(engine, rows, datetime.now(UTC))
     timings: dict[str, Any] = {"bench": "rollups", "rows": rows}
     with engine.begin() as conn:
@@ -156,7 +157,7 @@ def _database() -> tuple[str, Any]:
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    engine = make_engine(Settings(database_url=url, master_key="x"))
+    engine = ledger_engine(Settings(database_url=url, master_key="x"))
     upgrade(engine)
     engine.dispose()
     return url, admin

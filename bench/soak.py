@@ -41,9 +41,9 @@ from sqlalchemy import Engine, func, select
 from bench.env import BIN, ROOT, SECRET, BenchEnv, ServerShape, bench_integration, gunicorn, stop
 from ledger.access.secrets_box import load_box
 from ledger.config import Settings
-from ledger.db.engine import make_engine
 from ledger.db.schema import demo_balances, jobs, receipts
 from ledger.intake.signatures import get_profile
+from ledger.services import ledger_engine
 
 MIX = (("new", 70), ("duplicate", 15), ("conflict", 5), ("bad_signature", 10))
 EXPECTED = {"new": {202}, "duplicate": {200, 202}, "conflict": {409}, "bad_signature": {401}}
@@ -205,7 +205,7 @@ def soak(minutes: float, clients: int, web_workers: int, worker_threads: int) ->
         stack.callback(bench.drop_all)
         url = bench.migrated_pg("soak")
         settings = Settings(database_url=url, var_dir=Path(tmp), master_key=bench.master_key)
-        engine = make_engine(settings)
+        engine = ledger_engine(settings)
         stack.callback(engine.dispose)
         box = load_box(bench.master_key, Path(tmp))
         public_ids = [bench_integration(engine, box, name=f"soak-{n}") for n in range(2)]

@@ -39,11 +39,13 @@ ENVIRONMENTS = ("development", "production")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 SQLITE_SYNCHRONOUS_MODES = ("FULL", "NORMAL", "EXTRA")
 # Without these a production process refuses to start (no key is generated there).
-PRODUCTION_KEYS = ("LEDGER_SECRET_KEY", "LEDGER_MASTER_KEY", "LEDGER_LOG_HASH_KEY")
+PRODUCTION_KEYS = ("LEDGER_SECRET_KEY", "LEDGER_MASTER_KEY", "LEDGER_LOG_HASH_KEY",
+                   "LEDGER_AUDIT_KEY")
 # Files under var/ that hold the keys generated for development.
 SECRET_KEY_FILE = "flask-secret.key"
 MASTER_KEY_FILE = "master.key"
 LOG_HASH_KEY_FILE = "log-hash.key"
+AUDIT_KEY_FILE = "audit.key"
 DEFAULT_BIND = "127.0.0.1:8000"
 
 
@@ -263,11 +265,14 @@ class Settings:
     environment: str = "development"
     var_dir: Path = field(default_factory=lambda: Path("var").resolve())
     master_key: str | None = None
+    audit_key: str | None = None
+    metrics_token: str | None = None  # unset: /metrics answers loopback clients only
     revocation_bound_seconds: float = 30
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
     review_window_seconds: float = DEFAULT_REVIEW_WINDOW_SECONDS
     purge_duty_cycle: float = DEFAULT_DUTY_CYCLE
     max_body_bytes: int = 1024 * 1024
+    max_json_depth: int = 64
     max_attempts: int = 8
     retry_base_seconds: float = 10
     retry_cap_seconds: float = 3600
@@ -323,6 +328,8 @@ class Settings:
             environment=environment,
             var_dir=_var_dir(env),
             master_key=_raw(env, "LEDGER_MASTER_KEY"),
+            audit_key=_raw(env, "LEDGER_AUDIT_KEY"),
+            metrics_token=_raw(env, "LEDGER_METRICS_TOKEN"),
             revocation_bound_seconds=_seconds(env, "LEDGER_REVOCATION_BOUND_SECONDS", 30, 1),
             retention_seconds=retention,
             review_window_seconds=min(
@@ -330,6 +337,7 @@ class Settings:
                 retention),
             purge_duty_cycle=_duty_cycle(env, "LEDGER_PURGE_DUTY_CYCLE"),
             max_body_bytes=_int(env, "LEDGER_MAX_BODY_BYTES", 1024 * 1024, 1),
+            max_json_depth=_int(env, "LEDGER_MAX_JSON_DEPTH", 64, 1),
             max_attempts=_int(env, "LEDGER_MAX_ATTEMPTS", 8, 1),
             retry_base_seconds=_seconds(env, "LEDGER_RETRY_BASE_SECONDS", 10),
             retry_cap_seconds=_seconds(env, "LEDGER_RETRY_CAP_SECONDS", 3600),

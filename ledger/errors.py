@@ -20,6 +20,15 @@ class Refused(LedgerError):
     """An action is not allowed in the record's current state."""
 
 
+class TooLong(Refused):
+    """A reason or note longer than the audit log keeps."""
+
+    def __init__(self, what: str, limit: int) -> None:
+        super().__init__(f"{what} must be at most {limit} characters")
+        self.what = what
+        self.limit = limit
+
+
 class BodyTooLarge(LedgerError):
     """The delivery body exceeds the configured limit."""
 
@@ -47,6 +56,10 @@ class InvalidEvent(LedgerError):
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
         self.detail = detail
+
+
+class UnreadableBody(InvalidEvent):
+    """The server could not read the body (malformed chunked encoding, a cut-off upload)."""
 
 
 class StorageUnavailable(LedgerError):

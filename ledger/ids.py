@@ -1,4 +1,7 @@
-"""Public identifiers: prefix + 22 base62 characters from the OS CSPRNG."""
+"""Public identifiers: prefix + 22 base62 characters from the OS CSPRNG.
+
+Check them with `fullmatch`: with `match`, `$` would let a trailing newline through.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,10 @@ import re
 import secrets
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-INTEGRATION_ID = re.compile(r"^in_[0-9A-Za-z]{22}$")
-KEY_ID = re.compile(r"^key_[0-9A-Za-z]{22}$")
-TOKEN_ID = re.compile(r"^tok_[0-9A-Za-z]{22}$")
-SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+INTEGRATION_ID = re.compile(r"in_[0-9A-Za-z]{22}")
+KEY_ID = re.compile(r"key_[0-9A-Za-z]{22}")
+TOKEN_ID = re.compile(r"tok_[0-9A-Za-z]{22}")
+SLUG = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
 
 def random_base62(length: int) -> str:

@@ -33,13 +33,14 @@ def configure_logging(level: str | None = None) -> None:
         return
     _configured = True
     # The documented logging optimisations ("Logging HOWTO", Optimization): no
-    # caller lookup (a stack walk), thread, process or multiprocessing lookups
-    # per record. Our lines carry their context as fields, the formatter prints
-    # only the JSON message, and these lookups cost the worker and the intake a
-    # few percent of their CPU (bench/README.md, "Workers").
+    # caller lookup (a stack walk), thread or multiprocessing lookups per record.
+    # Our lines carry their context as fields, the formatter prints only the JSON
+    # message, and these lookups cost the worker and the intake a few percent of
+    # their CPU (bench/README.md, "Workers"). The process id stays (one getpid):
+    # gunicorn's own format prints `[%(process)d]`, and without it every one of
+    # its lines (boot, worker exits, bad requests) failed with "Logging error".
     logging._srcfile = None
     logging.logThreads = False
-    logging.logProcesses = False
     logging.logMultiprocessing = False
     level_name = (level or _level_from_env()).upper()
     handler = logging.StreamHandler(sys.stderr)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from ledger.access.audit import keyed, load_audit_key
 from ledger.access.secrets_box import SecretBox, load_box
 from ledger.clock import Clock, SystemClock
 from ledger.config import Settings, log_hash_key
@@ -21,7 +22,7 @@ class Services:
     """Settings, engine, secret box, clock, credential view and intake of one process."""
 
     settings: Settings
-    engine: Engine
+    engine: Engine  # carries the audit key (ledger.access.audit.keyed)
     box: SecretBox
     clock: Clock
     view: CredentialView
@@ -35,13 +36,19 @@ class Services:
         self.engine.dispose()
 
 
+def ledger_engine(settings: Settings, **overrides: object) -> Engine:
+    """Return an engine for `settings` whose transactions chain audit rows with the audit key."""
+    return keyed(make_engine(settings, **overrides), load_audit_key(settings))
+
+
 def build_services(settings: Settings, clock: Clock | None = None,
                    engine: Engine | None = None) -> Services:
     """Wire the process's services; opens no connection yet."""
     clock = clock or SystemClock()
-    engine = engine or make_engine(settings)
     box = load_box(settings.master_key, settings.var_dir, production=settings.production)
     use_event_ref_key(log_hash_key(settings))
+    engine = (keyed(engine, load_audit_key(settings)) if engine is not None
+              else ledger_engine(settings))
     bound = settings.revocation_bound_seconds
     # The heartbeat starts only when the process serves HTTP (app.py), never for a CLI run.
     heartbeat = InstanceHeartbeat(engine, clock, interval=beat_interval(bound))
@@ -49,4 +56,5 @@ def build_services(settings: Settings, clock: Clock | None = None,
                           on_refresh=heartbeat.on_refresh)
     heartbeat.attach(view)
     return Services(settings=settings, engine=engine, box=box, clock=clock, view=view,
-                    intake=Intake(engine, view, clock), heartbeat=heartbeat)
+                    intake=Intake(engine, view, clock, max_json_depth=settings.max_json_depth),
+                    heartbeat=heartbeat)

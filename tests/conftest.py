@@ -21,6 +21,7 @@ PG_ADMIN_URL = os.environ.get(
     "LEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TEST_MASTER_KEY = Fernet.generate_key().decode()
+TEST_AUDIT_KEY = "test-audit-key-" + uuid.uuid4().hex
 
 
 def _pg_reachable(url: str) -> str | None:
@@ -159,6 +160,7 @@ def test_env(db_url: str, tmp_path: Path) -> dict[str, str]:
     """Environment overrides for an app or CLI on the test database."""
     return {
         "DATABASE_URL": db_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
+        "LEDGER_AUDIT_KEY": TEST_AUDIT_KEY,
         "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_SECRET_KEY": "test-secret-key",
         "LEDGER_DEMO_HANDLERS": "1",
     }

@@ -46,15 +46,18 @@ def wait_until_up(base_url: str, process: subprocess.Popen | None = None,
 
 
 @contextmanager
-def gunicorn_server(env: dict[str, str], *, workers: int = 4,
-                    extra_args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Run `gunicorn 'app:create_app()'` on a free loopback port; stop it afterwards."""
+def gunicorn_server(env: dict[str, str], *, workers: int = 4, extra_args: tuple[str, ...] = (),
+                    log_path: Path | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run `gunicorn 'app:create_app()'` on a free loopback port; stop it afterwards.
+
+    Its stderr goes to `log_path` when given (a test reads it), else to a temporary file.
+    """
     port = free_port()
     full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     # A file, not a pipe: nobody reads a pipe while the server runs, and once its
     # buffer fills (many warning lines while a test stops the database) every
     # worker blocks writing its log and requests hang.
-    with tempfile.TemporaryFile() as log:
+    with (open(log_path, "wb") if log_path else tempfile.TemporaryFile()) as log:
         process = subprocess.Popen(
             [str(BIN / "gunicorn"), "app:create_app()", "--bind", f"127.0.0.1:{port}",
              "--workers", str(workers), "--log-level", "warning", *extra_args],

@@ -1,21 +1,46 @@
-"""Append-only, hash-chained audit log of every administrative action."""
+"""Append-only audit log of every administrative action, chained by HMAC-SHA256.
+
+Each row's `row_hash` is an HMAC, keyed by LEDGER_AUDIT_KEY, over the row and
+its predecessor's hash: someone who can write to the database but does not
+hold the key cannot edit a row and recompute the chain so that it verifies.
+Rows written before the chain was keyed carry a plain SHA-256 (`legacy`);
+they may only form the start of the log, and the first keyed row after them
+commits to their head, so that a rewrite of any of them breaks that link
+(README "Audit log").
+"""
 
 from __future__ import annotations
 
 import getpass
 import hashlib
+import hmac
 import json
+import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, text
+from sqlalchemy import Connection, Engine, func, insert, select, text
 
+from ledger.config import AUDIT_KEY_FILE, Settings, development_key
 from ledger.db.schema import audit_log
+from ledger.errors import LedgerError, Refused, TooLong
+from ledger.logs import get_logger
 
 GENESIS = "0" * 64
 # Any constant works; it only has to be the same in every process.
 AUDIT_LOCK_KEY = 0x4C454447  # "LEDG"
+KEYED_PREFIX = "hmac-sha256:"
+# Reasons and notes land in a log nobody can delete: keep them to a few sentences.
+MAX_REASON_LENGTH = 500
+# The key travels with the engine (an execution option), so every transaction that
+# appends to the log chains with it without each caller passing it along.
+KEY_OPTION = "ledger_audit_key"
+
+
+class AuditKeyError(LedgerError):
+    """The audit key is missing where the chain needs it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,10 +61,49 @@ class Actor:
         return cls(name=f"cli:{user}", role="cli", request_id=None)
 
 
-def _row_hash(prev_hash: str, fields: dict[str, Any]) -> str:
-    """Hash a row's content together with its predecessor's hash."""
+def load_audit_key(settings: Settings) -> bytes:
+    """Return LEDGER_AUDIT_KEY; outside production, generate one into var/ with a warning."""
+    if settings.audit_key:
+        return settings.audit_key.encode()
+    if settings.production:
+        raise AuditKeyError("LEDGER_AUDIT_KEY must be set in production")
+    key = development_key(settings.var_dir, AUDIT_KEY_FILE, lambda: secrets.token_urlsafe(32))
+    get_logger("ledger.audit").warning("audit_key.development",
+                                       path=str(Path(settings.var_dir) / AUDIT_KEY_FILE),
+                                       hint="set LEDGER_AUDIT_KEY outside development")
+    if not key:
+        raise AuditKeyError(f"{Path(settings.var_dir) / AUDIT_KEY_FILE} is empty; delete it "
+                            "or set LEDGER_AUDIT_KEY")
+    return key.encode()
+
+
+def keyed(engine: Engine, key: bytes) -> Engine:
+    """Return the engine (same pool) whose connections chain audit rows with `key`."""
+    return engine.execution_options(**{KEY_OPTION: key})
+
+
+def key_of(conn: Connection) -> bytes:
+    """Return the audit key bound to this connection's engine."""
+    key = conn.get_execution_options().get(KEY_OPTION)
+    if not key:
+        raise AuditKeyError("this engine carries no audit key (build it with audit.keyed)")
+    return bytes(key)
+
+
+def _canonical(prev_hash: str, fields: dict[str, Any]) -> bytes:
+    """Return the bytes a row's hash covers: its predecessor's hash and its content."""
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(f"{prev_hash}\n{canonical}".encode()).hexdigest()
+    return f"{prev_hash}\n{canonical}".encode()
+
+
+def _row_hash(prev_hash: str, fields: dict[str, Any], key: bytes) -> str:
+    """HMAC a row's content together with its predecessor's hash."""
+    return KEYED_PREFIX + hmac.new(key, _canonical(prev_hash, fields), "sha256").hexdigest()
+
+
+def _legacy_hash(prev_hash: str, fields: dict[str, Any]) -> str:
+    """The plain SHA-256 of rows written before the chain was keyed."""
+    return hashlib.sha256(_canonical(prev_hash, fields)).hexdigest()
 
 
 def _fields(row: Any) -> dict[str, Any]:
@@ -50,10 +114,18 @@ def _fields(row: Any) -> dict[str, Any]:
                       "request_id", "detail")}
 
 
+def check_reason(reason: str | None, what: str = "reason") -> None:
+    """Refuse a reason or note longer than MAX_REASON_LENGTH (TooLong)."""
+    if reason is not None and len(reason) > MAX_REASON_LENGTH:
+        raise TooLong(what, MAX_REASON_LENGTH)
+
+
 def record(conn: Connection, actor: Actor, action: str, target: str, *, at: datetime,
            scope: str | None = None, reason: str | None = None,
            detail: dict[str, Any] | None = None) -> int:
     """Append one audit row in the caller's transaction and return its id."""
+    check_reason(reason)
+    key = key_of(conn)
     if conn.dialect.name == "postgresql":
         # Serialise appenders so that two transactions never chain to the same row.
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": AUDIT_LOCK_KEY})
@@ -68,7 +140,7 @@ def record(conn: Connection, actor: Actor, action: str, target: str, *, at: date
         "detail": json.dumps(detail, sort_keys=True) if detail else None,
     }
     prev_hash = prev or GENESIS
-    row_hash = _row_hash(prev_hash, _fields(values))
+    row_hash = _row_hash(prev_hash, _fields(values), key)
     result = conn.execute(
         insert(audit_log).values(**values, prev_hash=prev_hash, row_hash=row_hash)
         .returning(audit_log.c.id)
@@ -76,22 +148,88 @@ def record(conn: Connection, actor: Actor, action: str, target: str, *, at: date
     return int(result.scalar_one())
 
 
-def verify_chain(conn: Connection, batch: int = 5000) -> dict[str, Any]:
-    """Walk the chain in id order; report the first row whose links do not hold."""
-    total = int(conn.execute(select(func.count()).select_from(audit_log)).scalar_one())
-    expected_prev = GENESIS
+def _rows(conn: Connection, batch: int) -> Any:
+    """Yield every audit row in id order, a batch at a time."""
     last_id = 0
     while True:
-        chunk = conn.execute(
-            select(audit_log).where(audit_log.c.id > last_id)
-            .order_by(audit_log.c.id).limit(batch)
-        ).all()
+        chunk = conn.execute(select(audit_log).where(audit_log.c.id > last_id)
+                             .order_by(audit_log.c.id).limit(batch)).all()
         if not chunk:
-            return {"ok": True, "rows": total, "first_bad": None}
-        for row in chunk:
-            if row.prev_hash != expected_prev or row.row_hash != _row_hash(
-                row.prev_hash, _fields(row)
-            ):
-                return {"ok": False, "rows": total, "first_bad": row.id}
-            expected_prev = row.row_hash
-            last_id = row.id
+            return
+        yield from chunk
+        last_id = chunk[-1].id
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Walk:
+    """What walking the chain found."""
+
+    first_bad: int | None
+    first_id: int | None
+    legacy_rows: int
+    head: Any  # the last row, when the chain holds
+
+
+def _walk(conn: Connection, key: bytes, batch: int) -> _Walk:
+    """Check every link in id order; stop at the first row that does not hold."""
+    expected_prev, legacy, keyed_seen = GENESIS, 0, False
+    first_id, head = None, None
+    for row in _rows(conn, batch):
+        first_id = row.id if first_id is None else first_id
+        if row.row_hash.startswith(KEYED_PREFIX):
+            good = row.row_hash == _row_hash(row.prev_hash, _fields(row), key)
+            keyed_seen = True
+        else:
+            # Unkeyed rows may only open the log: none may follow a keyed one.
+            good = not keyed_seen and row.row_hash == _legacy_hash(row.prev_hash, _fields(row))
+            legacy += 1
+        if row.prev_hash != expected_prev or not good:
+            return _Walk(first_bad=row.id, first_id=first_id, legacy_rows=legacy, head=None)
+        expected_prev, head = row.row_hash, row
+    return _Walk(first_bad=None, first_id=first_id, legacy_rows=legacy, head=head)
+
+
+def _unsealed(walk: _Walk) -> bool:
+    """Tell whether the log ends in unkeyed rows (nothing keyed commits to them yet)."""
+    return walk.head is not None and not walk.head.row_hash.startswith(KEYED_PREFIX)
+
+
+def verify_chain(conn: Connection, batch: int = 5000) -> dict[str, Any]:
+    """Walk the chain in id order; report the first row whose links do not hold.
+
+    A log that ends in unkeyed rows does not verify either: anyone could have
+    rewritten them (`ledger audit rechain` seals them).
+    """
+    total = int(conn.execute(select(func.count()).select_from(audit_log)).scalar_one())
+    walk = _walk(conn, key_of(conn), batch)
+    if walk.first_bad is not None:
+        return {"ok": False, "rows": total, "first_bad": walk.first_bad}
+    if _unsealed(walk):
+        return {"ok": False, "rows": total, "first_bad": walk.first_id}
+    return {"ok": True, "rows": total, "first_bad": None}
+
+
+def head(conn: Connection) -> dict[str, Any]:
+    """Return the newest row's id and hash, to be anchored outside the database."""
+    row = conn.execute(select(audit_log.c.id, audit_log.c.at, audit_log.c.row_hash)
+                       .order_by(audit_log.c.id.desc()).limit(1)).first()
+    if row is None:
+        return {"id": None, "hash": None, "at": None}
+    return {"id": row.id, "hash": row.row_hash, "at": row.at.astimezone(UTC).isoformat()}
+
+
+def rechain(conn: Connection, actor: Actor, *, at: datetime, fingerprints: int = 0,
+            batch: int = 5000) -> dict[str, Any]:
+    """Seal unkeyed rows under the key with one recorded row; refuse a broken chain."""
+    walk = _walk(conn, key_of(conn), batch)
+    if walk.first_bad is not None:
+        raise Refused(f"the audit chain is broken at row {walk.first_bad}; "
+                      "re-chaining would hide that")
+    sealed = walk.legacy_rows if _unsealed(walk) else 0
+    if not sealed and not fingerprints:
+        return {"rechained": 0, "fingerprints": 0, "audit_id": None}
+    detail: dict[str, Any] = {"legacy_rows": sealed, "fingerprints": fingerprints}
+    if sealed:
+        detail["legacy_head"] = {"id": walk.head.id, "hash": walk.head.row_hash}
+    audit_id = record(conn, actor, "audit.rechain", "audit_log", at=at, detail=detail)
+    return {"rechained": sealed, "fingerprints": fingerprints, "audit_id": audit_id}

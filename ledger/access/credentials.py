@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Row, insert, select, update
 
 from ledger.access import audit
 from ledger.access.integrations import get_integration_by_id
-from ledger.access.secrets_box import SecretBox, fingerprint
+from ledger.access.secrets_box import FINGERPRINT_PREFIX, SecretBox, fingerprint
 from ledger.db.schema import credentials
 from ledger.domain import Credential, CredentialState, Integration
 from ledger.errors import NotFound, Refused
@@ -29,7 +29,6 @@ from ledger.intake.signatures import get_profile
 
 DEFAULT_OVERLAP_SECONDS = 86400
 MAX_OVERLAP_SECONDS = 30 * 86400
-MAX_REASON_LENGTH = 500
 LIVE_STATES = (CredentialState.ACTIVE.value, CredentialState.RETIRING.value)
 SCHEDULER = audit.Actor(name="scheduler", role="system")
 MAX_SECRET_LENGTH = 512
@@ -54,17 +53,30 @@ def add_credential(
         secret = profile.generate_secret()
     _check_secret(integration.profile, secret)
     key_id = new_key_id()
+    print_hmac = fingerprint(secret, audit.key_of(conn))
     conn.execute(
         insert(credentials).values(
             key_id=key_id, integration_id=integration.id, secret_enc=box.encrypt(secret),
-            fingerprint=fingerprint(secret), state=CredentialState.ACTIVE.value,
+            fingerprint=print_hmac, state=CredentialState.ACTIVE.value,
             created_at=now,
         )
     )
     audit.record(conn, actor, action, key_id, at=now, scope=integration.scope, reason=reason,
                  detail={"integration": integration.public_id,
-                         "fingerprint": fingerprint(secret), **(detail or {})})
+                         "fingerprint": print_hmac, **(detail or {})})
     return NewCredential(key_id=key_id, secret=secret)
+
+
+def refresh_fingerprints(conn: Connection, box: SecretBox) -> int:
+    """Recompute fingerprints made before they were keyed; return how many changed."""
+    key = audit.key_of(conn)
+    rows = conn.execute(select(credentials.c.id, credentials.c.secret_enc)
+                        .where(credentials.c.fingerprint.not_like(FINGERPRINT_PREFIX + "%"))
+                        ).all()
+    for row in rows:
+        conn.execute(update(credentials).where(credentials.c.id == row.id)
+                     .values(fingerprint=fingerprint(box.decrypt(row.secret_enc), key)))
+    return len(rows)
 
 
 def _check_secret(profile: str, secret: str) -> None:
@@ -159,7 +171,7 @@ def rotate_credential(
 
 def get_credential(conn: Connection, key_id: str) -> Credential:
     """Return the credential with this key id (without its secret), or raise NotFound."""
-    if not KEY_ID.match(key_id):
+    if not KEY_ID.fullmatch(key_id):
         raise NotFound("credential", key_id)
     row = conn.execute(select(credentials).where(credentials.c.key_id == key_id)).first()
     if row is None:
@@ -173,8 +185,7 @@ def revoke_credential(conn: Connection, actor: audit.Actor, key_id: str, *, reas
     reason = (reason or "").strip()
     if not reason:
         raise Refused("a reason is required to revoke a credential")
-    if len(reason) > MAX_REASON_LENGTH:
-        raise Refused(f"reason must be at most {MAX_REASON_LENGTH} characters")
+    audit.check_reason(reason)
     current = get_credential(conn, key_id)
     changed = conn.execute(
         update(credentials)

@@ -26,7 +26,7 @@ def create_integration(
 ) -> tuple[Integration, NewCredential]:
     """Create an integration with its first active credential; audited."""
     for label, slug in (("account", account), ("name", name)):
-        if not SLUG.match(slug):
+        if not SLUG.fullmatch(slug):
             raise Refused(f"{label} {slug!r} must match [a-z0-9][a-z0-9_-]{{0,62}}")
     if profile not in PROFILES:
         raise Refused(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
@@ -57,7 +57,7 @@ def create_integration(
 
 def get_integration(conn: Connection, public_id: str) -> Integration:
     """Return the integration with this public id, or raise NotFound."""
-    if not INTEGRATION_ID.match(public_id):
+    if not INTEGRATION_ID.fullmatch(public_id):
         raise NotFound("integration", public_id)
     row = conn.execute(select(integrations).where(integrations.c.public_id == public_id)).first()
     if row is None:
@@ -76,7 +76,7 @@ def get_integration_by_id(conn: Connection, integration_id: int) -> Integration:
 def get_integration_by_scope(conn: Connection, scope: str) -> Integration:
     """Return the integration named by `account/name`, or raise NotFound."""
     account, _, name = scope.partition("/")
-    if not (SLUG.match(account) and SLUG.match(name)):
+    if not (SLUG.fullmatch(account) and SLUG.fullmatch(name)):
         raise NotFound("scope", scope)  # no query for what no scope can be (NUL, spaces…)
     row = conn.execute(
         select(integrations).where(integrations.c.account == account,

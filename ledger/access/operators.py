@@ -22,7 +22,7 @@ from ledger.ids import new_token_id
 
 # Each role includes every power of the roles before it.
 ROLES = ("viewer", "oncall", "security", "admin")
-USERNAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+USERNAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # fullmatch: no trailing newline
 MIN_PASSWORD_LENGTH = 12
 MAX_PASSWORD_LENGTH = 1024
 TOKEN_PREFIX = "rlt_"
@@ -73,7 +73,7 @@ def role_rank(role: str) -> int:
 
 def _check(username: str, role: str, password: str) -> None:
     """Refuse usernames, roles and passwords nobody should have."""
-    if not USERNAME.match(username):
+    if not USERNAME.fullmatch(username):
         raise Refused("username must match [a-z0-9][a-z0-9._-]{0,62}")
     if role not in ROLES:
         raise Refused(f"role must be one of {', '.join(ROLES)}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
+import hmac
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -55,9 +55,16 @@ class SecretBox:
             raise MasterKeyError("stored secret does not decrypt under any master key") from None
 
 
-def fingerprint(secret: str) -> str:
-    """Return a non-reversible short fingerprint that identifies a secret in listings."""
-    return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:16]
+FINGERPRINT_PREFIX = "hmac:"
+
+
+def fingerprint(secret: str, key: bytes) -> str:
+    """Return a short fingerprint that names a secret in listings, keyed by the audit key.
+
+    Keyed, so that someone who can read listings cannot test guessed secrets offline.
+    """
+    subkey = hmac.digest(key, b"ledger credential fingerprint", "sha256")
+    return FINGERPRINT_PREFIX + hmac.digest(subkey, secret.encode(), "sha256").hex()[:16]
 
 
 def load_box(master_key: str | None, var_dir: Path, *, production: bool = False) -> SecretBox:

@@ -11,8 +11,6 @@ from ledger.access.integrations import get_integration_by_id
 from ledger.db.schema import conflicts
 from ledger.errors import NotFound, Refused
 
-MAX_NOTE_LENGTH = 500
-
 
 def acknowledge_conflict(conn: Connection, actor: audit.Actor, conflict_id: int, *,
                          note: str, now: datetime) -> None:
@@ -20,8 +18,7 @@ def acknowledge_conflict(conn: Connection, actor: audit.Actor, conflict_id: int,
     note = (note or "").strip()
     if not note:
         raise Refused("a note is required to acknowledge a conflict")
-    if len(note) > MAX_NOTE_LENGTH:
-        raise Refused(f"note must be at most {MAX_NOTE_LENGTH} characters")
+    audit.check_reason(note, "note")
     row = conn.execute(select(conflicts).where(conflicts.c.id == conflict_id)).first()
     if row is None:
         raise NotFound("conflict", str(conflict_id))

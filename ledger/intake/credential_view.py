@@ -81,7 +81,7 @@ class CredentialView:
 
     def lookup(self, public_id: str) -> IntegrationAuth | None:
         """Return the integration and keys for `public_id`, or None if unknown."""
-        if not INTEGRATION_ID.match(public_id):
+        if not INTEGRATION_ID.fullmatch(public_id):
             return None
         self._expire_if_stale()
         entry = self._entries.get(public_id)

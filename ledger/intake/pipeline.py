@@ -8,7 +8,6 @@ written before the claim transaction, and the answer exists only after commit.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,7 @@ from ledger.intake.store import (
     record_conflict,
     recorded_outcome,
 )
+from ledger.strict_json import StrictJsonError, loads
 
 EVENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}")
 EVENT_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
@@ -60,8 +60,10 @@ class _ReplayedBody(Exception):
 class Intake:
     """Accepts deliveries for every integration, against one database."""
 
-    def __init__(self, engine: Engine, view: CredentialView, clock: Clock) -> None:
+    def __init__(self, engine: Engine, view: CredentialView, clock: Clock, *,
+                 max_json_depth: int = 64) -> None:
         self._engine = engine
+        self._max_json_depth = max_json_depth
         self._driver_claim = DriverClaim(engine)
         self._view = view
         self._clock = clock
@@ -79,7 +81,7 @@ class Intake:
         profile = get_profile(integration.profile)
         now = self._clock.now()
         self._authenticate_fresh(auth, headers, body)
-        payload = parse_json_object(body)
+        payload = parse_json_object(body, self._max_json_depth)
         identity = profile.identity(headers, payload)
         event_id = validate_event_id(identity.event_id)
         event_type = validate_event_type(identity.event_type)
@@ -205,12 +207,7 @@ def duplicate_answer(event_id: str, existing: RecordedOutcome) -> tuple[int, dic
     return 202, body
 
 
-def _refuse_constant(name: str) -> Any:
-    """Refuse NaN and Infinity, which are not JSON."""
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def parse_json_object(body: bytes) -> dict[str, Any]:
+def parse_json_object(body: bytes, max_depth: int = 64) -> dict[str, Any]:
     """Decode a strict UTF-8 JSON object, refusing anything else with a clear detail."""
     if not body:
         raise InvalidEvent("body is empty; a JSON object is required")
@@ -219,11 +216,9 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise InvalidEvent("body is not valid UTF-8") from None
     try:
-        payload = json.loads(text, parse_constant=_refuse_constant)
-    except RecursionError:
-        raise InvalidEvent("body nests too deeply") from None
-    except ValueError:
-        raise InvalidEvent("body is not valid JSON") from None
+        payload = loads(text, max_depth)
+    except StrictJsonError as error:
+        raise InvalidEvent(str(error)) from None
     if not isinstance(payload, dict):
         raise InvalidEvent("body must be a JSON object")
     return payload

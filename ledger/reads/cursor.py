@@ -6,10 +6,17 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 MAX_CURSOR_LENGTH = 2048
+# Instants the ledger can hold and do arithmetic on (windows, timezone shifts)
+# without overflowing datetime; a cursor or filter outside them is refused.
+EARLIEST_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
+# Every integer in a cursor is a database id or count: it fits a signed 64-bit column.
+MAX_CURSOR_INT = 2**63 - 1
+MAX_CURSOR_TEXT = 512
 
 
 class BadCursor(ValueError):
@@ -48,18 +55,39 @@ def decode_cursor(cursor: str, kinds: tuple[type, ...]) -> tuple[Any, ...]:
     return tuple(values)
 
 
+def in_instant_range(moment: datetime) -> bool:
+    """Tell whether an aware instant lies where the ledger can compute with it."""
+    try:
+        return EARLIEST_INSTANT <= moment.astimezone(UTC) < LATEST_INSTANT
+    except OverflowError:  # 0001-01-01T00:00+01:00 has no UTC instant
+        return False
+
+
+def storable_text(value: str) -> bool:
+    """Tell whether both databases can compare against this text (no NUL, no lone surrogate)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _typed(kind: type, value: Any) -> Any:
-    """Check one decoded cursor value against its expected type."""
+    """Check one decoded cursor value against its expected type and range."""
     if kind is datetime:
         try:
             moment = datetime.fromisoformat(value["t"])
         except (TypeError, KeyError, ValueError):
             raise BadCursor("cursor is not valid") from None
-        if moment.tzinfo is None:
+        if moment.tzinfo is None or not in_instant_range(moment):
             raise BadCursor("cursor is not valid")
         return moment
-    if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
+    if kind is int and (not isinstance(value, int) or isinstance(value, bool)
+                        or not 0 <= value <= MAX_CURSOR_INT):
         raise BadCursor("cursor is not valid")
-    if kind is str and not isinstance(value, str):
+    if kind is str and (not isinstance(value, str) or len(value) > MAX_CURSOR_TEXT
+                        or not storable_text(value)):
         raise BadCursor("cursor is not valid")
     return value

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
+from ledger import strict_json
 from ledger.access.integrations import get_integration_by_scope
 from ledger.db.schema import attempts, audit_log, conflicts, integrations, jobs, receipts
 from ledger.domain import Receipt, ReceiptState
@@ -17,6 +18,8 @@ from ledger.errors import NotFound
 from ledger.reads.cursor import BadCursor, Page, decode_cursor, encode_cursor
 
 DEFAULT_LIMIT = 50
+# Deeper stored payloads are shown as text: the pretty-printer recurses per level.
+DISPLAY_MAX_DEPTH = 128
 MAX_LIMIT = 200
 # Time windows start small and grow: the first page of a busy ledger reads one
 # minute of receipts through the BRIN index, a quiet one widens until it fills.
@@ -227,12 +230,26 @@ def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, 
     return item
 
 
-def pretty_payload(raw: str) -> str:
-    """Pretty-print a stored JSON payload (left as is when it is not JSON)."""
+def payload_value(raw: str) -> Any:
+    """Return a stored payload as a JSON value, or as its text when it is not strict JSON.
+
+    Bodies stored before the intake was strict may nest ~1000 deep or hold 1e400:
+    they are shown as text rather than breaking the page (RecursionError) or
+    the API (an `Infinity` token).
+    """
     try:
-        return json.dumps(json.loads(raw), indent=2, sort_keys=True, ensure_ascii=False)
-    except ValueError:
+        return strict_json.loads(raw, DISPLAY_MAX_DEPTH)
+    except strict_json.StrictJsonError:
         return raw
+
+
+def pretty_payload(raw: str) -> str:
+    """Pretty-print a stored JSON payload (left as is when it is not strict JSON)."""
+    try:
+        value = strict_json.loads(raw, DISPLAY_MAX_DEPTH)
+    except strict_json.StrictJsonError:
+        return raw
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
 def conflict_item(row: Any) -> dict[str, Any]:

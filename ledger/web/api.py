@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -14,7 +13,7 @@ from ledger.errors import NotFound
 from ledger.reads import BadCursor, Page
 from ledger.reads.admin import credential_rows, list_audit, list_conflicts, list_integrations
 from ledger.reads.overview import headline, instance_rows, last_runs, scope_rows
-from ledger.reads.receipts import list_receipts, receipt_detail
+from ledger.reads.receipts import list_receipts, payload_value, receipt_detail
 from ledger.reads.work import (
     count_failures,
     list_failures,
@@ -23,7 +22,14 @@ from ledger.reads.work import (
     stuck_pending,
 )
 from ledger.web.auth import require_login, services
-from ledger.web.filters import BadFilter, audit_filter, page_size, receipt_filter, scope_id_of
+from ledger.web.filters import (
+    BadFilter,
+    account_of,
+    audit_filter,
+    page_size,
+    receipt_filter,
+    scope_id_of,
+)
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 bp.before_request(require_login)
@@ -123,18 +129,8 @@ def receipt(public_id: str, event_id: str) -> Response:
     if not g.operator.can("oncall"):
         item.pop("payload", None)
     elif item.get("payload") is not None:
-        item["payload"] = json.loads(item["payload"]) if _is_json(item["payload"]) \
-            else item["payload"]
+        item["payload"] = payload_value(item["payload"])
     return jsonify(plain(item))
-
-
-def _is_json(text: str) -> bool:
-    """Tell whether a text parses as JSON."""
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 @bp.get("/stuck")
@@ -178,7 +174,7 @@ def integrations() -> Response:
     """Integrations by scope."""
     svc = services()
     with svc.engine.connect() as conn:
-        page = list_integrations(conn, account=request.args.get("account") or None,
+        page = list_integrations(conn, account=account_of(request.args.get("account")),
                                  cursor=request.args.get("cursor") or None,
                                  limit=page_size(request.args))
     return _page(page)

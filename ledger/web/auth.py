@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -121,7 +120,6 @@ def authenticate() -> Operator | None:
     if operator is None and token is None:
         session.pop("sid", None)
     g.operator = operator
-    g.request_id = request.headers.get("X-Request-ID", "")[:64] or uuid.uuid4().hex
     return operator
 
 
@@ -191,6 +189,7 @@ def requires(role: str, *, session_only: bool = False
 def actor() -> audit.Actor:
     """Return the audit actor of the current operator."""
     operator: Operator = g.operator
+    # The request id request_log bound for this request: sanitised, the one in the logs.
     return audit.Actor(name=operator.username, role=operator.role, request_id=g.request_id)
 
 

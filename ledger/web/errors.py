@@ -23,6 +23,11 @@ def wants_json() -> bool:
     return best == "application/json"
 
 
+def _route() -> str:
+    """Return the matched route pattern: the path itself can carry an event id."""
+    return request.url_rule.rule if request.url_rule is not None else "unmatched"
+
+
 def _json(status: int, body: dict[str, object]) -> Response:
     """Return a JSON response with the given status."""
     response = jsonify(body)
@@ -36,7 +41,7 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(StorageUnavailable)
     def _unavailable(e: StorageUnavailable) -> Response:
         metrics.DELIVERIES.labels("unavailable").inc()
-        log.warning("storage.unavailable", error=str(e), path=request.path)
+        log.warning("storage.unavailable", error=str(e), route=_route())
         response = _json(503, {"error": "unavailable"})
         response.headers["Retry-After"] = RETRY_AFTER_SECONDS
         return response
@@ -57,7 +62,7 @@ def register_error_handlers(app: Flask) -> None:
         if is_unavailable(e):
             return _unavailable(StorageUnavailable(type(e).__name__))
         # Log the class only: messages of driver errors can quote bound parameters.
-        log.error("request.failed", error_class=type(e).__name__, path=request.path)
+        log.error("request.failed", error_class=type(e).__name__, route=_route())
         if wants_json():
             return _json(500, {"error": "internal"})
         return "Internal error", 500

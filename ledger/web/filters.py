@@ -11,12 +11,13 @@ from sqlalchemy import Connection
 from ledger.access.integrations import get_integration, get_integration_by_scope
 from ledger.domain import ReceiptState
 from ledger.errors import NotFound
-from ledger.ids import INTEGRATION_ID
+from ledger.ids import INTEGRATION_ID, SLUG
 from ledger.reads.admin import AuditFilter
+from ledger.reads.cursor import EARLIEST_INSTANT, LATEST_INSTANT, in_instant_range
 from ledger.reads.receipts import ReceiptFilter
 
-EVENT_ID_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}$")
-EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+EVENT_ID_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}")
+EVENT_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
 MAX_FIELD = 200
 
 
@@ -32,7 +33,11 @@ def parse_time(raw: str | None, label: str) -> datetime | None:
         moment = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
     except ValueError:
         raise BadFilter(f"{label}: use a time like 2026-11-30T09:00 (UTC)") from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+    if not in_instant_range(moment):
+        raise BadFilter(f"{label}: use a time between {EARLIEST_INSTANT.year} "
+                        f"and {LATEST_INSTANT.year}")
+    return moment.astimezone(UTC)
 
 
 def scope_id_of(conn: Connection, raw: str | None) -> int | None:
@@ -41,11 +46,19 @@ def scope_id_of(conn: Connection, raw: str | None) -> int | None:
         return None
     raw = raw.strip()[:MAX_FIELD]
     try:
-        if INTEGRATION_ID.match(raw):
+        if INTEGRATION_ID.fullmatch(raw):
             return get_integration(conn, raw).id
         return get_integration_by_scope(conn, raw).id
     except NotFound:
         raise BadFilter(f"no such scope: {raw}") from None
+
+
+def account_of(raw: str | None) -> str | None:
+    """Return an account slug filter, or raise BadFilter for what no account can be."""
+    raw = (raw or "").strip()
+    if raw and not SLUG.fullmatch(raw):
+        raise BadFilter("account must match [a-z0-9][a-z0-9_-]{0,62}")
+    return raw or None
 
 
 def receipt_filter(conn: Connection, args: Mapping[str, str]) -> ReceiptFilter:
@@ -54,10 +67,10 @@ def receipt_filter(conn: Connection, args: Mapping[str, str]) -> ReceiptFilter:
     if state and state not in {s.value for s in ReceiptState}:
         raise BadFilter("state must be pending, complete or failed")
     event_type = (args.get("event_type") or "").strip()
-    if event_type and not EVENT_TYPE.match(event_type):
+    if event_type and not EVENT_TYPE.fullmatch(event_type):
         raise BadFilter("event type has characters no event type can have")
     prefix = (args.get("prefix") or "").strip()
-    if prefix and not EVENT_ID_PREFIX.match(prefix):
+    if prefix and not EVENT_ID_PREFIX.fullmatch(prefix):
         raise BadFilter("event id prefix has characters no event id can have")
     since, until = parse_time(args.get("since"), "since"), parse_time(args.get("until"), "until")
     if since and until and since >= until:

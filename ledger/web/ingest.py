@@ -33,6 +33,7 @@ from ledger.errors import (
     InvalidEvent,
     StorageUnavailable,
     UnknownIntegration,
+    UnreadableBody,
 )
 from ledger.logs import event_ref, get_logger
 from ledger.services import Services
@@ -65,7 +66,12 @@ def read_body_within(stream: IO[bytes], declared: int | None, limit: int) -> byt
     chunks: list[bytes] = []
     size = 0
     while size <= limit:
-        chunk = stream.read(min(READ_CHUNK, limit + 1 - size))
+        try:
+            chunk = stream.read(min(READ_CHUNK, limit + 1 - size))
+        except Exception as error:  # the server's own parser: gunicorn and werkzeug differ
+            raise UnreadableBody(f"body could not be read ({type(error).__name__}): "
+                                 "malformed chunked encoding or an interrupted upload"
+                                 ) from None
         if not chunk:
             break
         chunks.append(chunk)
@@ -102,7 +108,9 @@ def answer_delivery(svc: Services, public_id: str, environ: dict[str, Any]) -> H
         return HookAnswer(401, {"error": "unauthenticated"})
     except InvalidEvent as invalid:
         metrics.DELIVERIES.labels("invalid_event").inc()
-        return HookAnswer(400, {"error": "invalid_event", "detail": invalid.detail})
+        # A body that could not be read leaves the stream in an unknown place.
+        close = [("Connection", "close")] if isinstance(invalid, UnreadableBody) else []
+        return HookAnswer(400, {"error": "invalid_event", "detail": invalid.detail}, close)
     except BodyTooLarge:
         metrics.DELIVERIES.labels("body_too_large").inc()
         # The rest of the body was never read: the connection cannot be reused.

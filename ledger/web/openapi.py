@@ -17,15 +17,62 @@ _ERROR = {"type": "object", "properties": {"error": _STRING, "detail": _STRING},
 _REQUEST_ID = {"X-Request-Id": {
     "description": "The caller's X-Request-Id when sane, else a fresh one; also in the logs",
     "schema": _STRING}}
-_PAGE = {"type": "object", "properties": {
-    "items": {"type": "array", "items": _OBJECT},
-    "next_cursor": {"type": "string", "nullable": True}}, "required": ["items", "next_cursor"]}
-_RECEIPT_PAGE = {"type": "object", "properties": {
-    "items": {"type": "array", "items": {"type": "object", "properties": {
-        "scope": _STRING, "integration": _STRING, "event_id": _STRING,
-        "event_type": _STRING, "state": {"type": "string", "enum": STATES}},
-        "required": ["scope", "event_id", "state"]}},
-    "next_cursor": {"type": "string", "nullable": True}}, "required": ["items", "next_cursor"]}
+_INT = {"type": "integer"}
+_NUMBER = {"type": "number"}
+_BOOL = {"type": "boolean"}
+_OPT_STRING = {"type": "string", "nullable": True}
+_OPT_INT = {"type": "integer", "nullable": True}
+_OPT_NUMBER = {"type": "number", "nullable": True}
+
+
+def _record(*, closed: bool = False, **fields: dict[str, Any]) -> dict[str, Any]:
+    """Return an object schema requiring every field; `closed` also forbids any other key."""
+    schema: dict[str, Any] = {"type": "object", "properties": fields, "required": list(fields)}
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def _list(item: dict[str, Any]) -> dict[str, Any]:
+    """Return an array schema."""
+    return {"type": "array", "items": item}
+
+
+def _page_of(item: dict[str, Any], **extra: dict[str, Any]) -> dict[str, Any]:
+    """Return a keyset page of `item`."""
+    page = _record(items=_list(item), next_cursor=_OPT_STRING)
+    page["properties"].update(extra)
+    page["required"].extend(extra)
+    return page
+
+
+_RECEIPT = _record(
+    scope=_STRING, scope_id=_INT, integration=_STRING, event_id=_STRING, event_type=_STRING,
+    state={"type": "string", "enum": STATES}, attempts=_INT, accepted_at=_STRING,
+    completed_at=_OPT_STRING, result_ref=_OPT_STRING)
+_RECEIPT_PAGE = _page_of(_RECEIPT)
+_FAILURE = {**_RECEIPT, "properties": {**_RECEIPT["properties"], "last_error": _OPT_STRING},
+            "required": [*_RECEIPT["required"], "last_error"]}
+_CONFLICT = _record(
+    id=_INT, scope_id=_INT, event_id=_STRING, kind=_STRING, original_event_id=_STRING,
+    original_sha256=_STRING, incoming_sha256=_STRING, count=_INT, first_seen=_STRING,
+    last_seen=_STRING, acknowledged_at=_OPT_STRING, acknowledged_by=_OPT_STRING,
+    ack_note=_OPT_STRING)
+_INTEGRATION = _record(
+    id=_INT, public_id={"type": "string", "pattern": "^in_[0-9A-Za-z]{22}$"}, account=_STRING,
+    name=_STRING, scope=_STRING, profile=_STRING, tolerance_seconds=_INT,
+    max_body_bytes=_OPT_INT, sandbox=_BOOL, created_at=_STRING)
+_AUDIT_ROW = _record(
+    id=_INT, at=_STRING, actor=_STRING, role=_STRING, action=_STRING, target=_STRING,
+    scope=_OPT_STRING, reason=_OPT_STRING, request_id=_OPT_STRING, detail=_OPT_STRING)
+# Never a secret: the credential rows are closed (no secret_enc, no secret).
+_CREDENTIAL = _record(
+    closed=True, key_id={"type": "string", "pattern": "^key_[0-9A-Za-z]{22}$"},
+    state={"type": "string", "enum": ["active", "retiring", "revoked", "expired"]},
+    created_at=_STRING, expires_at=_OPT_STRING, revoked_at=_OPT_STRING,
+    revoked_reason=_OPT_STRING, fingerprint={"type": "string", "pattern": "^hmac:[0-9a-f]{16}$"},
+    last_used_at=_OPT_STRING)
+_CREDENTIAL["required"] = [k for k in _CREDENTIAL["required"] if k != "last_used_at"]
 _RECEIPT_FILTERS = [
     ("scope", "`account/integration` or an integration id (`in_…`)"),
     ("state", "pending, complete or failed"), ("event_type", "exact event type"),
@@ -110,10 +157,15 @@ def _ops() -> dict[str, Any]:
                             "responses": {"200": _json(status, "ready"),
                                           "503": _json(status, "unready, with detail")}}},
         "/metrics": {"get": {**public, "summary": "Prometheus text exposition",
+                             "description": "For the monitoring path only: a loopback client "
+                                            "not behind a proxy, or with LEDGER_METRICS_TOKEN "
+                                            "set, `Authorization: Bearer <token>`.",
                              "operationId": "metrics", "responses": {"200": {
                                  "description": "metrics of every process of this server",
                                  "headers": _REQUEST_ID,
-                                 "content": {"text/plain": {"schema": _STRING}}}}}},
+                                 "content": {"text/plain": {"schema": _STRING}}},
+                                 "401": _error("unauthenticated", "token missing or wrong"),
+                                 "403": _error("forbidden", "not the monitoring path")}}},
         "/openapi.json": {"get": {**public, "summary": "This document",
                                   "operationId": "openapi",
                                   "responses": {"200": _json(_OBJECT, "OpenAPI 3")}}},
@@ -144,33 +196,75 @@ def _api() -> dict[str, Any]:
         "username": _STRING,
         "role": {"type": "string", "enum": ["viewer", "oncall", "security", "admin"]}},
         "required": ["username", "role"]}
-    verify = {"type": "object", "properties": {
-        "ok": {"type": "boolean"}, "rows": {"type": "integer"},
-        "first_bad": {"type": "integer", "nullable": True}}, "required": ["ok", "rows"]}
+    verify = _record(closed=True, ok=_BOOL, rows=_INT, first_bad=_OPT_INT)
+    instance = _record(id=_STRING, kind=_STRING, hostname=_STRING, pid=_INT,
+                       started_at=_STRING, heartbeat_at=_STRING,
+                       heartbeat_age_seconds=_NUMBER)
+    overview = _record(
+        headline={"type": "object", "properties": {
+            "failures_24h": _INT, "conflicts_24h": _INT, "cap": _INT,
+            "oldest_pending_at": _OPT_STRING, "oldest_pending_age_seconds": _OPT_NUMBER},
+            "required": ["failures_24h", "conflicts_24h"]},
+        rollups_refreshed_at=_OPT_STRING,
+        scopes=_list({**_INTEGRATION, "properties": {**_INTEGRATION["properties"],
+                                                     "counts": _OBJECT}}),
+        next_cursor=_OPT_STRING, instances=_list(instance), scheduler_runs=_list(_record(
+            id=_INT, job=_STRING, period_start=_STRING, instance=_STRING, started_at=_STRING,
+            finished_at=_OPT_STRING, outcome=_STRING, rows_affected=_OPT_INT,
+            error=_OPT_STRING)))
+    attempt = _record(id=_INT, number=_INT, outcome=_STRING, started_at=_STRING,
+                      finished_at=_OPT_STRING, error=_OPT_STRING, worker_id=_OPT_STRING)
+    receipt = {**_RECEIPT, "properties": {
+        **_RECEIPT["properties"], "body_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "attempt_rows": _list(attempt), "last_error": _OPT_STRING,
+        "conflicts": _list(_CONFLICT),
+        "audit": _list(_record(id=_INT, at=_STRING, actor=_STRING, role=_STRING,
+                               action=_STRING, reason=_OPT_STRING)),
+        "job": {**_record(status=_INT, run_at=_STRING, leased_by=_OPT_STRING,
+                          leased_until=_OPT_STRING), "nullable": True},
+        # Any JSON value for oncall and up (text when the stored body is not strict JSON).
+        "payload": {"nullable": True}},
+        "required": [*_RECEIPT["required"], "body_sha256", "attempt_rows", "last_error",
+                     "conflicts", "audit", "job"]}
+    pending = {**_RECEIPT, "properties": {**_RECEIPT["properties"], "age_seconds": _NUMBER},
+               "required": [*_RECEIPT["required"], "age_seconds"]}
+    overdue = _record(scope=_STRING, integration=_STRING, event_id=_STRING,
+                      event_type=_STRING, run_at=_STRING, attempts=_INT)
+    finding = _record(id=_INT, kind=_STRING, subject=_STRING, detail=_OPT_STRING,
+                      first_seen=_STRING, last_seen=_STRING, resolved_at=_OPT_STRING)
+    stuck = _record(pending=_list(pending), overdue_jobs=_list(overdue),
+                    findings=_list(finding), threshold_seconds=_INT)
+    credentials = _record(closed=True, integration=_STRING, scope=_STRING,
+                          credentials=_list(_CREDENTIAL))
+    capacity = _record(receipts=_INT, bytes_per_receipt_measured=_NUMBER,
+                       retention_days=_NUMBER, events_per_day=_NUMBER, projected_bytes=_NUMBER)
     audit_params = [("actor", ""), ("action", ""), ("scope", ""), ("since", ""),
                     ("until", ""), ("limit", ""), ("cursor", "")]
     return {
         "/api/v1/me": _read("The caller's username and role", me),
         "/api/v1/overview": _read("Headline numbers, scopes with rollups, instances, job runs",
-                                  _OBJECT, [("cursor", "")]),
+                                  overview, [("cursor", "")]),
         "/api/v1/receipts": _read("Receipts, keyset paged", _RECEIPT_PAGE, _RECEIPT_FILTERS),
         "/api/v1/receipts/{integration}/{event_id}": _read(
             "One receipt with attempts, conflicts, audit rows; payload for oncall and up",
-            _OBJECT, path_params=("integration", "event_id")),
+            receipt, path_params=("integration", "event_id")),
         "/api/v1/failures": _read("Failed receipts with their last error and a capped total",
-                                  _RECEIPT_PAGE, _RECEIPT_FILTERS),
-        "/api/v1/stuck": _read("Stuck pending receipts, overdue jobs, open findings", _OBJECT),
-        "/api/v1/conflicts": _read("Conflicts, newest first", _PAGE,
+                                  _page_of(_FAILURE, total=_INT, total_capped=_BOOL),
+                                  _RECEIPT_FILTERS),
+        "/api/v1/stuck": _read("Stuck pending receipts, overdue jobs, open findings", stuck),
+        "/api/v1/conflicts": _read("Conflicts, newest first", _page_of(
+            {**_CONFLICT, "properties": {**_CONFLICT["properties"], "scope": _STRING,
+                                         "integration": _STRING}}),
                                    [("scope", ""), ("open", "1: unacknowledged only"),
                                     ("limit", ""), ("cursor", "")]),
-        "/api/v1/integrations": _read("Integrations by scope", _PAGE,
+        "/api/v1/integrations": _read("Integrations by scope", _page_of(_INTEGRATION),
                                       [("account", ""), ("limit", ""), ("cursor", "")]),
         "/api/v1/integrations/{integration}/credentials": _read(
-            "An integration's credentials (never a secret)", _OBJECT,
+            "An integration's credentials (never a secret)", credentials,
             path_params=("integration",)),
-        "/api/v1/audit": _read("Audit rows, newest first", _PAGE, audit_params),
+        "/api/v1/audit": _read("Audit rows, newest first", _page_of(_AUDIT_ROW), audit_params),
         "/api/v1/audit/verify": _read("Hash-chain verification", verify),
-        "/api/v1/capacity": _read("Capacity equation inputs and projection", _OBJECT),
+        "/api/v1/capacity": _read("Capacity equation inputs and projection", capacity),
     }
 
 

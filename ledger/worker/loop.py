@@ -412,7 +412,9 @@ def _engine_for(services: Services, concurrency: int) -> Engine:
     settings = services.settings
     if concurrency <= settings.pool_size or settings.database_url.startswith("sqlite"):
         return services.engine
-    return make_engine(settings.with_(pool_size=concurrency))
+    # Same execution options (the audit key) as the services' engine.
+    return make_engine(settings.with_(pool_size=concurrency)).execution_options(
+        **services.engine.get_execution_options())
 
 
 def run_worker(services: Services, *, burst: bool = False, concurrency: int = 1,

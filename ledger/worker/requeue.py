@@ -28,6 +28,7 @@ def requeue_receipt(conn: Connection, actor: audit.Actor, *, scope: str, event_i
     """
     if not reason or not reason.strip():
         raise Refused("a reason is required to requeue a receipt")
+    audit.check_reason(reason.strip())
     integration = get_integration_by_scope(conn, scope)
     job = lock_job(conn, integration.id, event_id)  # jobs first: the worker's lock order
     receipt = get_receipt(conn, scope, event_id)

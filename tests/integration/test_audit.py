@@ -91,12 +91,13 @@ def test_a_deleted_row_breaks_the_chain_at_its_successor(app):
     assert _verify(app) == {"ok": False, "rows": 4, "first_bad": ids[2]}
 
 
-def test_rehashing_an_edited_row_still_breaks_the_next_link(app):
+def test_rehashing_an_edited_row_with_the_key_still_breaks_the_next_link(app):
     ids = _append(app, 3)
     with app.extensions["ledger"].engine.connect() as conn:
         row = conn.execute(select(audit_log).where(audit_log.c.id == ids[1])).one()
+        key = audit.key_of(conn)
     forged = {**audit._fields(row), "reason": "routine"}
-    forged_hash = audit._row_hash(row.prev_hash, forged)
+    forged_hash = audit._row_hash(row.prev_hash, forged, key)
     _as_tamperer(app, "UPDATE audit_log SET reason = 'routine', row_hash = :h WHERE id = :id",
                  h=forged_hash, id=ids[1])
     assert _verify(app) == {"ok": False, "rows": 3, "first_bad": ids[2]}

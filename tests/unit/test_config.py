@@ -222,10 +222,11 @@ def test_overrides_replace_variables_by_name() -> None:
     assert (s.max_attempts, s.cookie_secure) == (4, True)
 
 
-PRODUCTION_KEYS = {"LEDGER_SECRET_KEY": "s", "LEDGER_MASTER_KEY": "m", "LEDGER_LOG_HASH_KEY": "h"}
+PRODUCTION_KEYS = {"LEDGER_SECRET_KEY": "s", "LEDGER_MASTER_KEY": "m", "LEDGER_LOG_HASH_KEY": "h",
+                   "LEDGER_AUDIT_KEY": "a"}
 
 
-def test_production_starts_with_its_three_keys() -> None:
+def test_production_starts_with_its_four_keys() -> None:
     s = settings(LEDGER_ENV="production", **PRODUCTION_KEYS)
     assert s.production and s.environment == "production"
 
@@ -242,7 +243,7 @@ def test_production_refuses_to_start_without_a_key_naming_it(missing: str) -> No
 
 def test_production_names_every_missing_key_at_once() -> None:
     with pytest.raises(SettingsError, match="requires LEDGER_SECRET_KEY, LEDGER_MASTER_KEY, "
-                                            "LEDGER_LOG_HASH_KEY to be set"):
+                                            "LEDGER_LOG_HASH_KEY, LEDGER_AUDIT_KEY to be set"):
         settings(LEDGER_ENV="production")
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from flask import Response, abort, request
 
+from ledger.access import audit
 from ledger.access.credentials import (
     add_credential,
     get_credential,
@@ -15,7 +16,7 @@ from ledger.access.credentials import (
     rotate_credential,
 )
 from ledger.access.integrations import get_integration
-from ledger.errors import LedgerError, NotFound
+from ledger.errors import LedgerError, NotFound, TooLong
 from ledger.intake.conflict_review import acknowledge_conflict
 from ledger.reads.admin import credential_rows, list_conflicts
 from ledger.reads.receipts import scope_names
@@ -30,7 +31,9 @@ OVERLAP_CHOICES = (0, 3600, 86400, 7 * 86400)
 
 
 def _status_of(error: LedgerError) -> int:
-    """Return the HTTP status of a refused or missing record."""
+    """Return the HTTP status of a refused or missing record (400: the input was too long)."""
+    if isinstance(error, TooLong):
+        return 400
     return 404 if isinstance(error, NotFound) else 409
 
 
@@ -70,6 +73,8 @@ def requeue_all_preview() -> Response:
         return render("action.html", "partials/_requeue_confirm.html", status=400,
                       error=str(problem), total=0, capped=False, args=args, reason=reason)
     error = None if reason else "A reason is required."
+    if len(reason) > audit.MAX_REASON_LENGTH:
+        error = f"A reason must be at most {audit.MAX_REASON_LENGTH} characters."
     return render("action.html", "partials/_requeue_confirm.html", status=400 if error else 200,
                   error=error, total=total, capped=capped, args=args, reason=reason)
 
@@ -83,7 +88,7 @@ def requeue_all_step() -> Response:
     done, skipped = _int_field("done"), _int_field("skipped")
     total = _int_field("total")
     after = _after_key(request.form.get("after", ""))
-    if not reason:
+    if not reason or len(reason) > audit.MAX_REASON_LENGTH:
         abort(400)
     try:
         with svc.engine.begin() as conn:
@@ -170,7 +175,10 @@ def _credentials_answer(public_id: str, *, status: int = 200, secret: dict[str, 
     """Re-render an integration's credentials with a one-time secret, a message or a question."""
     svc = services()
     with svc.engine.connect() as conn:
-        integration = get_integration(conn, public_id)
+        try:
+            integration = get_integration(conn, public_id)
+        except NotFound:  # e.g. a wrong password on an unknown integration
+            abort(404)
         rows = credential_rows(conn, integration.id)
     return render("credentials.html", "partials/_credentials.html", status=status,
                   integration=integration, credentials=rows, secret=secret, message=message,

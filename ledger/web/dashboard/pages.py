@@ -23,7 +23,14 @@ from ledger.reads.work import (
 from ledger.web.auth import requires, services
 from ledger.web.dashboard import bp, render
 from ledger.web.dashboard.svg import human_bytes, projection_chart, series_chart
-from ledger.web.filters import BadFilter, audit_filter, page_size, receipt_filter, scope_id_of
+from ledger.web.filters import (
+    BadFilter,
+    account_of,
+    audit_filter,
+    page_size,
+    receipt_filter,
+    scope_id_of,
+)
 
 OVERVIEW_REFRESH_SECONDS = 10
 STUCK_GRACE_SECONDS = 30
@@ -156,9 +163,9 @@ def integrations_page() -> Response:
     svc = services()
     with svc.engine.connect() as conn:
         try:
-            page = list_integrations(conn, account=request.args.get("account") or None,
+            page = list_integrations(conn, account=account_of(request.args.get("account")),
                                      cursor=_cursor())
-        except BadCursor:
+        except (BadCursor, BadFilter):
             abort(400)
     return render("integrations.html", "partials/_integrations.html", page=page,
                   args=request.args)
