@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import exc as sa_exc
 
+from ledger.errors import error_summary
 from ledger.scheduling.runner import (
     advisory_key,
-    describe_error,
     period_scale_from_env,
     period_start,
     periods_from_env,
@@ -48,5 +48,7 @@ def test_advisory_keys_are_stable_distinct_signed_64_bit():
 def test_error_text_names_the_driver_error_without_sql_or_parameters():
     error = sa_exc.OperationalError("DELETE FROM jobs WHERE payload = %(p)s",
                                     {"p": "card=4242"}, TimeoutError("lock timeout\nDETAIL x"))
-    assert describe_error(error) == "TimeoutError: lock timeout"
-    assert describe_error(RuntimeError()) == "RuntimeError: "
+    # the scheduler's run rows and the worker's attempt rows share this one format
+    assert error_summary(error) == "TimeoutError: lock timeout"
+    assert error_summary(RuntimeError()) == "RuntimeError"
+    assert error_summary(ValueError("x" * 2000)) == ("ValueError: " + "x" * 2000)[:500]
