@@ -1,4 +1,9 @@
-"""Public identifiers: prefix + 22 base62 characters from the OS CSPRNG."""
+"""Identifier formats: public ids (prefix + 22 base62 characters from the OS CSPRNG), slugs,
+and the sender's event id and event type.
+
+Every pattern matches the whole string: the event patterns with `fullmatch`, the
+anchored ones with `match`, anchored by `\\Z` (a `$` would let a trailing newline through).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,11 @@ import re
 import secrets
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-INTEGRATION_ID = re.compile(r"^in_[0-9A-Za-z]{22}$")
-KEY_ID = re.compile(r"^key_[0-9A-Za-z]{22}$")
-SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+INTEGRATION_ID = re.compile(r"^in_[0-9A-Za-z]{22}\Z")
+KEY_ID = re.compile(r"^key_[0-9A-Za-z]{22}\Z")
+SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
+EVENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}")
+EVENT_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
 
 
 def random_base62(length: int) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
@@ -11,12 +10,10 @@ from sqlalchemy import Connection
 from ledger.access.integrations import get_integration, get_integration_by_scope
 from ledger.domain import ReceiptState
 from ledger.errors import NotFound
-from ledger.ids import INTEGRATION_ID
+from ledger.ids import EVENT_ID, EVENT_TYPE, INTEGRATION_ID
 from ledger.reads.admin import AuditFilter
 from ledger.reads.receipts import ReceiptFilter
 
-EVENT_ID_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}$")
-EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 MAX_FIELD = 200
 
 
@@ -54,10 +51,10 @@ def receipt_filter(conn: Connection, args: Mapping[str, str]) -> ReceiptFilter:
     if state and state not in {s.value for s in ReceiptState}:
         raise BadFilter("state must be pending, complete or failed")
     event_type = (args.get("event_type") or "").strip()
-    if event_type and not EVENT_TYPE.match(event_type):
+    if event_type and not EVENT_TYPE.fullmatch(event_type):
         raise BadFilter("event type has characters no event type can have")
     prefix = (args.get("prefix") or "").strip()
-    if prefix and not EVENT_ID_PREFIX.match(prefix):
+    if prefix and not EVENT_ID.fullmatch(prefix):  # a prefix of an id has an id's form
         raise BadFilter("event id prefix has characters no event id can have")
     since, until = parse_time(args.get("since"), "since"), parse_time(args.get("until"), "until")
     if since and until and since >= until:
