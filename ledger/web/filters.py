@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import Connection
 
 from ledger.access.integrations import get_integration, get_integration_by_scope
+from ledger.db.timestamps import as_utc
 from ledger.domain import ReceiptState
 from ledger.errors import NotFound
 from ledger.ids import EVENT_ID, EVENT_TYPE, INTEGRATION_ID
@@ -29,7 +30,7 @@ def parse_time(raw: str | None, label: str) -> datetime | None:
         moment = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
     except ValueError:
         raise BadFilter(f"{label}: use a time like 2026-11-30T09:00 (UTC)") from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return as_utc(moment)
 
 
 def scope_id_of(conn: Connection, raw: str | None) -> int | None:
