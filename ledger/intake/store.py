@@ -152,13 +152,13 @@ class DriverClaim:
         dialect = engine.dialect
         self._postgresql = dialect.name == "postgresql"
         self._when = time_to_driver(dialect)
-        self._sql = _DRIVER_CLAIM.prepared(dialect) if self._postgresql else None
+        self._prepared = _DRIVER_CLAIM.prepared(dialect) if self._postgresql else None
 
     @property
     def statements(self) -> tuple[str, ...]:
         """Return the SQL this claim runs (it bypasses the engine's statement events)."""
-        if self._sql is not None:
-            return (self._sql.sql,)
+        if self._prepared is not None:
+            return (self._prepared.sql,)
         return (_SQLITE_RECEIPT, _SQLITE_JOB, _SQLITE_OUTCOME)
 
     def claim(self, event: NewEvent) -> tuple[bool, RecordedOutcome | None]:
@@ -179,7 +179,7 @@ class DriverClaim:
     def _claim_postgresql(self, conn: Any, event: NewEvent) -> Any:
         conn.autocommit = True
         try:
-            row = self._sql.fetch_one(conn, {  # type: ignore[union-attr]
+            row = self._prepared.fetch_one(conn, {  # type: ignore[union-attr]
                 "scope_id": event.scope_id, "event_id": event.event_id,
                 "event_type": event.event_type, "accepted_at": event.accepted_at,
                 "body_sha256": event.body_sha256, "payload": event.payload})
