@@ -30,7 +30,7 @@ from sqlalchemy import exc as sa_exc
 
 from ledger.access import audit
 from ledger.clock import Clock
-from ledger.config import DEFAULT_DUTY_CYCLE, Settings, check_duty_cycle
+from ledger.config import CLOCK_SKEW_SECONDS, DEFAULT_DUTY_CYCLE, Settings, check_duty_cycle
 from ledger.db.schema import (
     UTCDateTime,
     attempts,
@@ -52,7 +52,8 @@ FINISHED = (ReceiptState.COMPLETE.code, ReceiptState.FAILED.code)
 LOCK_RETRIES = 3
 # How far apart the intake's and the workers' clocks may be: an attempt is never
 # stamped more than this before its receipt's accepted_at (NTP keeps hosts far closer).
-CLOCK_SKEW = timedelta(minutes=5)
+# The same allowance is part of the default retention (ledger.config).
+CLOCK_SKEW = timedelta(seconds=CLOCK_SKEW_SECONDS)
 
 # PostgreSQL walks each table in page windows: `ctid >= '(lo,0)' AND ctid < '(hi,0)'`
 # is a TID range scan, so a batch reads its window once and deletes in the same

@@ -24,6 +24,7 @@ from sqlalchemy import Connection, Engine, Integer, cast, delete, func, insert, 
 from ledger.clock import Clock
 from ledger.config import Settings
 from ledger.db.schema import hourly_series, receipts, scope_counts
+from ledger.db.timestamps import as_utc
 from ledger.domain import ReceiptState
 
 SERIES_HOURS = 48
@@ -65,7 +66,7 @@ def count_by_scope_state(conn: Connection) -> dict[tuple[int, int], tuple[int, d
     counts: dict[tuple[int, int], tuple[int, datetime | None]] = {}
     open_per_scope: dict[int, int] = {}
     for scope_id, state, count, oldest in unfinished:
-        counts[(scope_id, state)] = (int(count), _aware(oldest))
+        counts[(scope_id, state)] = (int(count), as_utc(oldest))
         open_per_scope[scope_id] = open_per_scope.get(scope_id, 0) + int(count)
     for scope_id, total in totals.items():
         complete = int(total) - open_per_scope.get(scope_id, 0)
@@ -126,10 +127,3 @@ def refresh_hourly_series(conn: Connection, now: datetime, *, hours: int) -> int
              "accepted": accepted, "failed": failed, "refreshed_at": now}
             for (scope_id, hour), (accepted, failed) in series.items()])
     return len(series)
-
-
-def _aware(moment: datetime | str | None) -> datetime | None:
-    """Return an aware UTC datetime from what min() gave (SQLite returns text)."""
-    if moment is None or isinstance(moment, datetime):
-        return moment.replace(tzinfo=UTC) if moment and moment.tzinfo is None else moment
-    return datetime.fromisoformat(moment).replace(tzinfo=UTC)

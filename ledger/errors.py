@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from sqlalchemy import exc as sa_exc
+
+ERROR_SUMMARY_LIMIT = 500
+
 
 class LedgerError(Exception):
     """Base class of every error the ledger raises on purpose."""
@@ -64,3 +68,17 @@ class UnreadableBody(InvalidEvent):
 
 class StorageUnavailable(LedgerError):
     """The database could not be reached or did not answer in time."""
+
+
+def error_summary(error: BaseException) -> str:
+    """Return "Class: first line of message" (at most 500 characters) for logs and rows.
+
+    Only the first line, and for a SQLAlchemy statement error the driver's own
+    error: never SQLAlchemy's [SQL]/[parameters] dump, a traceback or a payload.
+    """
+    if isinstance(error, sa_exc.StatementError) and error.orig is not None:
+        error = error.orig
+    lines = str(error).strip().splitlines()
+    message = lines[0] if lines else ""
+    summary = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return summary[:ERROR_SUMMARY_LIMIT]

@@ -1,6 +1,8 @@
-"""Public identifiers: prefix + 22 base62 characters from the OS CSPRNG.
+r"""Identifier formats: public ids (prefix + 22 base62 characters from the OS CSPRNG), slugs,
+and the sender's event id and event type.
 
-Check them with `fullmatch`: with `match`, `$` would let a trailing newline through.
+Every pattern is anchored at both ends (`^…\Z`), so `match` and `fullmatch` alike check the
+whole string (a `$` would let a trailing newline through).
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ import re
 import secrets
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-INTEGRATION_ID = re.compile(r"in_[0-9A-Za-z]{22}")
-KEY_ID = re.compile(r"key_[0-9A-Za-z]{22}")
-TOKEN_ID = re.compile(r"tok_[0-9A-Za-z]{22}")
-SLUG = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+INTEGRATION_ID = re.compile(r"^in_[0-9A-Za-z]{22}\Z")
+KEY_ID = re.compile(r"^key_[0-9A-Za-z]{22}\Z")
+TOKEN_ID = re.compile(r"^tok_[0-9A-Za-z]{22}\Z")
+SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
+EVENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}\Z")
+EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}\Z")
 
 
 def random_base62(length: int) -> str:

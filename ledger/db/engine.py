@@ -108,8 +108,8 @@ def driver_error(dialect: Any, error: Exception, *, what: str, dbapi_connection:
                  ) -> sa_exc.StatementError:
     """Return the SQLAlchemy error for a driver error raised outside SQLAlchemy.
 
-    For statements run on the driver connection directly (the hot paths: see
-    store.DriverClaim and worker_sql.DriverStatement): the rest of the ledger
+    For statements run on the driver connection directly (the hot paths, all
+    through ledger.db.driver): the rest of the ledger
     handles SQLAlchemy's errors, and parameters never appear in the message.
     When the error means the connection is gone, `invalidate` is called (so it
     never goes back to the pool) and the error says so, as SQLAlchemy's would.

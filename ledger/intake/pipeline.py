@@ -8,7 +8,6 @@ written before the claim transaction, and the answer exists only after commit.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ from ledger.errors import (
     StorageUnavailable,
     UnknownIntegration,
 )
+from ledger.ids import EVENT_ID, EVENT_TYPE
 from ledger.intake.credential_view import CredentialView, IntegrationAuth
 from ledger.intake.signatures import HeaderMap, get_profile
 from ledger.intake.store import (
@@ -37,9 +37,6 @@ from ledger.intake.store import (
     recorded_outcome,
 )
 from ledger.strict_json import StrictJsonError, loads
-
-EVENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}")
-EVENT_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -229,7 +226,7 @@ def validate_event_id(value: Any) -> str:
     if value is None or value == "":
         raise InvalidEvent("event id is missing")
     if not isinstance(value, str) or not EVENT_ID.fullmatch(value):
-        raise InvalidEvent("event id must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,254}$")
+        raise InvalidEvent(f"event id must match ^{EVENT_ID.pattern}$")
     return value
 
 
@@ -238,5 +235,5 @@ def validate_event_type(value: Any) -> str:
     if value is None or value == "":
         raise InvalidEvent("event type is missing")
     if not isinstance(value, str) or not EVENT_TYPE.fullmatch(value):
-        raise InvalidEvent("event type must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+        raise InvalidEvent(f"event type must match ^{EVENT_TYPE.pattern}$")
     return value

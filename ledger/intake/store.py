@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, LargeBinary, bindparam, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ledger.db.engine import driver_error
+from ledger.db.driver import DriverStatement, run_pooled, time_to_driver
 from ledger.db.schema import UTCDateTime, conflicts, jobs, receipts, unsigned_bodies
 from ledger.domain import ConflictKind, JobStatus, ReceiptState
 
@@ -97,6 +97,7 @@ WHERE r.scope_id = :scope_id AND r.event_id = :event_id
   AND NOT EXISTS (SELECT 1 FROM claimed)
 """).bindparams(bindparam("accepted_at", type_=UTCDateTime),
                 bindparam("body_sha256", type_=LargeBinary))
+_DRIVER_CLAIM = DriverStatement(_CLAIM_WITH_JOB, what="intake claim")
 
 
 def _statement(conn: Connection, name: str) -> Any:
@@ -133,8 +134,8 @@ class DriverClaim:
     The claim is the intake's one hot statement, and SQLAlchemy's execution
     machinery (connection and result objects, execution options, type
     processing) cost more Python than the driver call itself (bench/README.md,
-    "Intake CPU"). This takes a pooled connection (same pool, same
-    connect-time settings and timeouts) and runs:
+    "Intake CPU"). It runs through `ledger.db.driver` on a pooled connection
+    (same pool, same connect-time settings and timeouts):
 
     - PostgreSQL: `_CLAIM_WITH_JOB`, one statement in autocommit (its own
       transaction): receipt + job, or the recorded receipt for a taken id.
@@ -150,15 +151,14 @@ class DriverClaim:
         self._engine = engine
         dialect = engine.dialect
         self._postgresql = dialect.name == "postgresql"
-        self._when = UTCDateTime().dialect_impl(dialect).bind_processor(dialect)
-        self._sql = _CLAIM_WITH_JOB.compile(dialect=dialect).string if self._postgresql else ""
-        self._dbapi_error = dialect.loaded_dbapi.Error
+        self._when = time_to_driver(dialect)
+        self._prepared = _DRIVER_CLAIM.prepared(dialect) if self._postgresql else None
 
     @property
     def statements(self) -> tuple[str, ...]:
         """Return the SQL this claim runs (it bypasses the engine's statement events)."""
-        if self._postgresql:
-            return (self._sql,)
+        if self._prepared is not None:
+            return (self._prepared.sql,)
         return (_SQLITE_RECEIPT, _SQLITE_JOB, _SQLITE_OUTCOME)
 
     def claim(self, event: NewEvent) -> tuple[bool, RecordedOutcome | None]:
@@ -167,22 +167,8 @@ class DriverClaim:
         The outcome is None when the holder of the id is not visible (yet, or
         any more): the caller claims again.
         """
-        when = self._when(event.accepted_at) if self._when else event.accepted_at
-        try:
-            fairy = self._engine.raw_connection()  # a failed connect raises the driver's error
-        except self._dbapi_error as error:
-            raise driver_error(self._engine.dialect, error, what="intake claim") from error
-        try:
-            if self._postgresql:
-                row = self._claim_postgresql(fairy, event, when)
-            else:
-                row = self._claim_sqlite(fairy, event, when)
-        except self._dbapi_error as error:
-            raise driver_error(self._engine.dialect, error, what="intake claim",
-                               dbapi_connection=fairy.dbapi_connection,
-                               invalidate=fairy.invalidate) from error
-        finally:
-            fairy.close()  # back to the pool, which rolls back anything left open
+        work = self._claim_postgresql if self._postgresql else self._claim_sqlite
+        row = run_pooled(self._engine, work, event, what=_DRIVER_CLAIM.what)
         if row is True:
             return True, None
         if row is None:
@@ -190,14 +176,13 @@ class DriverClaim:
         return False, RecordedOutcome(state=ReceiptState.from_code(row[0]),
                                       body_sha256=bytes(row[1]), result_ref=row[2])
 
-    def _claim_postgresql(self, fairy: Any, event: NewEvent, when: Any) -> Any:
-        conn = fairy.driver_connection
+    def _claim_postgresql(self, conn: Any, event: NewEvent) -> Any:
         conn.autocommit = True
         try:
-            row = conn.execute(self._sql, {
+            row = self._prepared.fetch_one(conn, {  # type: ignore[union-attr]
                 "scope_id": event.scope_id, "event_id": event.event_id,
-                "event_type": event.event_type, "accepted_at": when,
-                "body_sha256": event.body_sha256, "payload": event.payload}).fetchone()
+                "event_type": event.event_type, "accepted_at": event.accepted_at,
+                "body_sha256": event.body_sha256, "payload": event.payload})
         finally:
             if not conn.closed:
                 conn.autocommit = False
@@ -205,8 +190,9 @@ class DriverClaim:
             return None
         return True if row[0] else row[1:]
 
-    def _claim_sqlite(self, fairy: Any, event: NewEvent, when: Any) -> Any:
-        cursor = fairy.driver_connection.cursor()
+    def _claim_sqlite(self, conn: Any, event: NewEvent) -> Any:
+        when = self._when(event.accepted_at)
+        cursor = conn.cursor()
         try:
             cursor.execute("BEGIN IMMEDIATE")
             taken = cursor.execute(_SQLITE_RECEIPT, (

@@ -19,7 +19,7 @@ Two sources make one page:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
@@ -31,6 +31,7 @@ from sqlalchemy import Engine, func, select
 from ledger.clock import Clock
 from ledger.config import metrics_multiproc_dir
 from ledger.db.schema import findings, instances, receipts, scheduler_runs, scope_counts
+from ledger.db.timestamps import as_utc
 from ledger.domain import ReceiptState
 
 # Family names the state collector owns; copies from process files are dropped.
@@ -150,13 +151,10 @@ def _receipt_families(rows: Iterable[Any], now: datetime) -> Iterator[Metric]:
 
 def _age(now: datetime, moment: datetime | str | None) -> float:
     """Return seconds from `moment` to `now` (SQLite aggregates return text)."""
-    if moment is None:
+    aware = as_utc(moment)
+    if aware is None:
         return 0.0
-    if isinstance(moment, str):
-        moment = datetime.fromisoformat(moment)
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return max(0.0, round((now - moment).total_seconds(), 3))
+    return max(0.0, round((now - aware).total_seconds(), 3))
 
 
 def process_source() -> Any:

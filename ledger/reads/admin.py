@@ -8,7 +8,9 @@ from typing import Any
 
 from sqlalchemy import Connection, select, tuple_
 
+from ledger.access.integrations import get_integration
 from ledger.db.schema import audit_log, conflicts, credentials, integrations
+from ledger.domain import Integration
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
 from ledger.reads.receipts import MAX_LIMIT, conflict_item, scope_names
 
@@ -59,6 +61,12 @@ def list_integrations(conn: Connection, *, account: str | None = None,
     items = [dict(r._mapping, scope=f"{r.account}/{r.name}") for r in rows]
     return Page(items=items, next_cursor=encode_cursor(rows[-1].account, rows[-1].name)
                 if more else None)
+
+
+def read_credentials(conn: Connection, public_id: str) -> tuple[Integration, list[dict[str, Any]]]:
+    """Return an integration and its credentials (never a secret); NotFound when unknown."""
+    integration = get_integration(conn, public_id)
+    return integration, credential_rows(conn, integration.id)
 
 
 def credential_rows(conn: Connection, integration_id: int) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,6 +23,24 @@ from ledger.reads.cursor import Page
 HEADLINE_CAP = 100_000
 SERIES_HOURS = 48
 INSTANCE_LIMIT = 50
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overview:
+    """What the overview shows: headline numbers, a page of scopes, instances, job runs."""
+
+    headline: dict[str, Any]
+    scopes: Page
+    rollups_refreshed_at: datetime | None  # the age of the scopes' counts
+    instances: list[dict[str, Any]]
+    scheduler_runs: list[dict[str, Any]]
+
+
+def read_overview(conn: Connection, now: datetime, *, cursor: str | None = None) -> Overview:
+    """Return the overview with one page of scopes (BadCursor for a cursor we did not make)."""
+    scopes, refreshed = scope_rows(conn, now, cursor=cursor)
+    return Overview(headline=headline(conn, now), scopes=scopes, rollups_refreshed_at=refreshed,
+                    instances=instance_rows(conn, now), scheduler_runs=last_runs(conn))
 
 
 def _capped_count(conn: Connection, stmt: Any) -> int:

@@ -11,9 +11,9 @@ from sqlalchemy import Connection, Select, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from ledger import strict_json
-from ledger.access.integrations import get_integration_by_scope
+from ledger.access.integrations import get_integration, get_integration_by_scope
 from ledger.db.schema import attempts, audit_log, conflicts, integrations, jobs, receipts
-from ledger.domain import Receipt, ReceiptState
+from ledger.domain import Integration, Receipt, ReceiptState
 from ledger.errors import NotFound
 from ledger.reads.cursor import BadCursor, Page, decode_cursor, encode_cursor
 
@@ -194,6 +194,16 @@ def _page(conn: Connection, rows: list[Any], limit: int, key_of: Any) -> Page:
     names = scope_names(conn, {r.scope_id for r in rows})
     items = [receipt_item(r, names) for r in rows]
     return Page(items=items, next_cursor=key_of(rows[-1]) if more and rows else None)
+
+
+def read_receipt(conn: Connection, public_id: str,
+                 event_id: str) -> tuple[Integration, dict[str, Any]]:
+    """Return a receipt's integration and detail; NotFound when either does not exist."""
+    integration = get_integration(conn, public_id)
+    item = receipt_detail(conn, integration.id, event_id)
+    if item is None:
+        raise NotFound("receipt", f"{integration.scope}:{event_id}")
+    return integration, item
 
 
 def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,6 +24,10 @@ from ledger.reads.receipts import (
 )
 
 STUCK_LIMIT = 100
+# A queued job due for longer than this is stuck: its lease expired, or no worker
+# claimed it. An idle worker polls twice a second, so such a job was not merely
+# waiting for the next poll; the grace keeps a busy moment off the stuck list.
+STUCK_GRACE_SECONDS = 30
 # Counts shown to operators stop here: an exact count of a huge set costs a scan.
 COUNT_CAP = 100_000
 
@@ -124,3 +129,39 @@ def open_findings(conn: Connection, limit: int = STUCK_LIMIT) -> list[dict[str, 
     rows = conn.execute(select(findings).where(findings.c.resolved_at.is_(None))
                         .order_by(findings.c.last_seen.desc()).limit(limit))
     return [dict(r._mapping) for r in rows]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StuckWork:
+    """Receipts pending past the threshold, overdue jobs and open findings."""
+
+    pending: list[dict[str, Any]]
+    overdue_jobs: list[dict[str, Any]]
+    findings: list[dict[str, Any]]
+    threshold_seconds: float  # pending longer than this is stuck
+    grace_seconds: int  # a job due longer than this is overdue
+
+
+def read_stuck_work(conn: Connection, now: datetime, *, threshold_seconds: float) -> StuckWork:
+    """Return what on-call looks at first: stuck receipts, overdue jobs, open findings."""
+    return StuckWork(pending=stuck_pending(conn, now, threshold_seconds),
+                     overdue_jobs=overdue_jobs(conn, now, STUCK_GRACE_SECONDS),
+                     findings=open_findings(conn), threshold_seconds=threshold_seconds,
+                     grace_seconds=STUCK_GRACE_SECONDS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failures:
+    """One page of failed receipts and how many match in all (capped at COUNT_CAP)."""
+
+    page: Page
+    total: int
+    capped: bool  # True when more than `total` match
+
+
+def read_failures(conn: Connection, f: ReceiptFilter, *, cursor: str | None = None,
+                  limit: int = 50) -> Failures:
+    """Return a page of the failures matching the filter, with their capped total."""
+    page = list_failures(conn, f, cursor=cursor, limit=limit)
+    total, capped = count_failures(conn, f)
+    return Failures(page=page, total=total, capped=capped)

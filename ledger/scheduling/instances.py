@@ -44,7 +44,11 @@ class Instance:
 
 
 def new_instance_id() -> str:
-    """Return `hostname:pid:random`, unique even when a pid is reused."""
+    """Return `hostname:pid:random`: unique even when a pid is reused, names the process.
+
+    The one id format of every process kind (web, worker, scheduler): a drill or an
+    operator reads the host and pid to find the process.
+    """
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 

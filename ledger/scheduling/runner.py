@@ -16,10 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-import os
-import secrets
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,9 +34,11 @@ from sqlalchemy import exc as sa_exc
 
 from ledger.clock import Clock
 from ledger.config import Settings
+from ledger.errors import error_summary
 from ledger.logs import get_logger
 from ledger.metrics import SCHEDULER_RUNS
 from ledger.scheduling import runs
+from ledger.scheduling.instances import new_instance_id
 from ledger.services import Services
 
 log = get_logger("ledger.scheduler")
@@ -95,11 +94,6 @@ def period_start(now: datetime, period_seconds: float) -> datetime:
     return datetime.fromtimestamp(floor, UTC)
 
 
-def new_instance_id() -> str:
-    """Return `hostname:pid:random`: unique, and names the process to kill in a drill."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
 def advisory_key(job: str) -> int:
     """Return the job's 64-bit advisory lock key (stable across processes and hosts)."""
     digest = hashlib.sha256(f"ledger.scheduling.runner:{job}".encode()).digest()
@@ -122,14 +116,6 @@ def claim_period(engine: Engine, job: ScheduledJob, *, instance: str,
                               now=now)
 
 
-def describe_error(error: BaseException) -> str:
-    """Return 'Class: first line of message', without SQL parameters or payloads."""
-    if isinstance(error, sa_exc.StatementError) and error.orig is not None:
-        error = error.orig
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {message}"[:runs.ERROR_TEXT_LIMIT]
-
-
 def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob, *,
              instance: str) -> runs.RunOutcome | None:
     """Run `job` if this instance wins its current period; return the outcome or None."""
@@ -137,7 +123,7 @@ def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob
         run_id = claim_period(engine, job, instance=instance, now=clock.now())
     except sa_exc.SQLAlchemyError as error:
         log.warning("scheduler could not claim a period", job=job.name,
-                    error=describe_error(error))
+                    error=error_summary(error))
         return None
     if run_id is None:
         SCHEDULER_RUNS.labels(job.name, "skipped").inc()
@@ -147,7 +133,7 @@ def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob
     try:
         rows = int(job.func(engine, settings, clock))
     except Exception as error:
-        outcome, error_text = runs.RunOutcome.ERROR, describe_error(error)
+        outcome, error_text = runs.RunOutcome.ERROR, error_summary(error)
         log.error("scheduled job failed", job=job.name, error=error_text)
     try:
         with engine.begin() as conn:
@@ -155,7 +141,7 @@ def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob
                             rows_affected=rows, error=error_text)
     except sa_exc.SQLAlchemyError as error:
         log.warning("scheduler could not record a run", job=job.name,
-                    error=describe_error(error))
+                    error=error_summary(error))
     SCHEDULER_RUNS.labels(job.name, outcome.value).inc()
     log.info("scheduled job ran", job=job.name, outcome=outcome.value, rows_affected=rows,
              latency_ms=round((time.perf_counter() - started) * 1000, 2))

@@ -8,19 +8,13 @@ from typing import Any
 from flask import Blueprint, Response, g, jsonify, request
 
 from ledger.access import audit
-from ledger.access.integrations import get_integration
 from ledger.errors import NotFound
 from ledger.reads import BadCursor, Page
-from ledger.reads.admin import credential_rows, list_audit, list_conflicts, list_integrations
-from ledger.reads.overview import headline, instance_rows, last_runs, scope_rows
-from ledger.reads.receipts import list_receipts, payload_value, receipt_detail
-from ledger.reads.work import (
-    count_failures,
-    list_failures,
-    open_findings,
-    overdue_jobs,
-    stuck_pending,
-)
+from ledger.reads.admin import list_audit, list_conflicts, list_integrations, read_credentials
+from ledger.reads.capacity import measure
+from ledger.reads.overview import read_overview
+from ledger.reads.receipts import list_receipts, payload_value, read_receipt
+from ledger.reads.work import read_failures, read_stuck_work
 from ledger.web.auth import require_login, services
 from ledger.web.filters import (
     BadFilter,
@@ -47,6 +41,11 @@ def plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
     return value
+
+
+def _cursor() -> str | None:
+    """Return the page cursor of the request."""
+    return request.args.get("cursor") or None
 
 
 def _page(page: Page, **extra: Any) -> Response:
@@ -83,6 +82,11 @@ def _bad_input(error: Exception) -> Response:
     return _bad(error)
 
 
+@bp.errorhandler(NotFound)
+def _missing(_error: NotFound):  # type: ignore[no-untyped-def]
+    return _not_found()
+
+
 @bp.get("/me")
 def me() -> Response:
     """Who the token or session belongs to."""
@@ -95,11 +99,11 @@ def overview() -> Response:
     svc = services()
     now = svc.clock.now()
     with svc.engine.connect() as conn:
-        page, refreshed = scope_rows(conn, now, cursor=request.args.get("cursor") or None)
-        body = {"headline": headline(conn, now), "rollups_refreshed_at": refreshed,
-                "scopes": page.items, "next_cursor": page.next_cursor,
-                "instances": instance_rows(conn, now), "scheduler_runs": last_runs(conn)}
-    return jsonify(plain(body))
+        view = read_overview(conn, now, cursor=_cursor())
+    return jsonify(plain({
+        "headline": view.headline, "rollups_refreshed_at": view.rollups_refreshed_at,
+        "scopes": view.scopes.items, "next_cursor": view.scopes.next_cursor,
+        "instances": view.instances, "scheduler_runs": view.scheduler_runs}))
 
 
 @bp.get("/receipts")
@@ -108,8 +112,7 @@ def receipts() -> Response:
     svc = services()
     with svc.engine.connect() as conn:
         f = receipt_filter(conn, request.args)
-        page = list_receipts(conn, f, now=svc.clock.now(),
-                             cursor=request.args.get("cursor") or None,
+        page = list_receipts(conn, f, now=svc.clock.now(), cursor=_cursor(),
                              limit=page_size(request.args))
     return _page(page)
 
@@ -119,13 +122,7 @@ def receipt(public_id: str, event_id: str) -> Response:
     """One receipt with attempts, conflicts and audit rows; the payload for oncall and up."""
     svc = services()
     with svc.engine.connect() as conn:
-        try:
-            integration = get_integration(conn, public_id)
-        except NotFound:
-            return _not_found()
-        item = receipt_detail(conn, integration.id, event_id)
-    if item is None:
-        return _not_found()
+        _integration, item = read_receipt(conn, public_id, event_id)
     if not g.operator.can("oncall"):
         item.pop("payload", None)
     elif item.get("payload") is not None:
@@ -139,10 +136,10 @@ def stuck() -> Response:
     svc = services()
     now = svc.clock.now()
     with svc.engine.connect() as conn:
-        body = {"pending": stuck_pending(conn, now, svc.settings.stuck_pending_seconds),
-                "overdue_jobs": overdue_jobs(conn, now, 30), "findings": open_findings(conn),
-                "threshold_seconds": svc.settings.stuck_pending_seconds}
-    return jsonify(plain(body))
+        view = read_stuck_work(conn, now, threshold_seconds=svc.settings.stuck_pending_seconds)
+    return jsonify(plain({"pending": view.pending, "overdue_jobs": view.overdue_jobs,
+                          "findings": view.findings,
+                          "threshold_seconds": view.threshold_seconds}))
 
 
 @bp.get("/failures")
@@ -151,10 +148,8 @@ def failures() -> Response:
     svc = services()
     with svc.engine.connect() as conn:
         f = receipt_filter(conn, request.args)
-        page = list_failures(conn, f, cursor=request.args.get("cursor") or None,
-                             limit=page_size(request.args))
-        total, capped = count_failures(conn, f)
-    return _page(page, total=total, total_capped=capped)
+        view = read_failures(conn, f, cursor=_cursor(), limit=page_size(request.args))
+    return _page(view.page, total=view.total, total_capped=view.capped)
 
 
 @bp.get("/conflicts")
@@ -164,7 +159,7 @@ def conflicts() -> Response:
     with svc.engine.connect() as conn:
         page = list_conflicts(conn, scope_id=scope_id_of(conn, request.args.get("scope")),
                               unacknowledged=request.args.get("open") == "1",
-                              cursor=request.args.get("cursor") or None,
+                              cursor=_cursor(),
                               limit=page_size(request.args))
     return _page(page)
 
@@ -175,7 +170,7 @@ def integrations() -> Response:
     svc = services()
     with svc.engine.connect() as conn:
         page = list_integrations(conn, account=account_of(request.args.get("account")),
-                                 cursor=request.args.get("cursor") or None,
+                                 cursor=_cursor(),
                                  limit=page_size(request.args))
     return _page(page)
 
@@ -185,11 +180,7 @@ def credentials(public_id: str) -> Response:
     """An integration's credentials: states, fingerprints, dates; never a secret."""
     svc = services()
     with svc.engine.connect() as conn:
-        try:
-            integration = get_integration(conn, public_id)
-        except NotFound:
-            return _not_found()
-        rows = credential_rows(conn, integration.id)
+        integration, rows = read_credentials(conn, public_id)
     return jsonify(plain({"integration": public_id, "scope": integration.scope,
                           "credentials": rows}))
 
@@ -200,7 +191,7 @@ def audit_rows() -> Response:
     svc = services()
     with svc.engine.connect() as conn:
         page = list_audit(conn, audit_filter(request.args),
-                          cursor=request.args.get("cursor") or None,
+                          cursor=_cursor(),
                           limit=page_size(request.args))
     return _page(page)
 
@@ -215,11 +206,5 @@ def audit_verify() -> Response:
 @bp.get("/capacity")
 def capacity() -> Response:
     """The capacity equation's measured inputs and projection."""
-    from ledger.web.dashboard.pages import measure_capacity
-
-    numbers = measure_capacity()
-    if numbers is None:
-        response = jsonify({"error": "unavailable", "detail": "capacity not measurable yet"})
-        response.status_code = 503
-        return response
-    return jsonify(plain(numbers))
+    svc = services()
+    return jsonify(plain(measure(svc.engine, svc.settings, now=svc.clock.now())))

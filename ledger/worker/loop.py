@@ -32,12 +32,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
@@ -45,13 +42,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy import exc as sa_exc
 
 from ledger import metrics
 from ledger.access.integrations import get_integration_by_id
 from ledger.db.engine import make_engine
-from ledger.errors import NotFound
+from ledger.errors import NotFound, error_summary
 from ledger.logs import event_ref, get_logger
+from ledger.scheduling.instances import new_instance_id
 from ledger.services import Services
 from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec, Registry, load_registry
 from ledger.worker.retry import RandomSource, RetryPolicy
@@ -96,20 +93,6 @@ class LeaseLost(Exception):
     """Internal: our fencing token is gone; roll the transaction back."""
 
 
-def error_summary(error: BaseException) -> str:
-    """Return "Class: first line of message", without SQL parameters or tracebacks."""
-    if isinstance(error, sa_exc.StatementError) and error.orig is not None:
-        error = error.orig  # the driver's message, not SQLAlchemy's [SQL]/[parameters] dump
-    lines = str(error).strip().splitlines()
-    message = lines[0] if lines else ""
-    return f"{type(error).__name__}: {message}"[:500] if message else type(error).__name__
-
-
-def default_worker_id() -> str:
-    """Return host:pid:random, unique per worker process."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
 class Worker:
     """Claims and runs jobs against one database."""
 
@@ -118,7 +101,7 @@ class Worker:
                  hooks: WorkerHooks | None = None, engine: Engine | None = None) -> None:
         self.services = services
         self.engine = engine or services.engine
-        self.worker_id = worker_id or default_worker_id()
+        self.worker_id = worker_id or new_instance_id()
         self.registry = handlers if handlers is not None else load_registry(services.settings)
         self.policy = RetryPolicy.from_settings(services.settings)
         self.rng = rng or random.SystemRandom()
@@ -424,7 +407,7 @@ def run_worker(services: Services, *, burst: bool = False, concurrency: int = 1,
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     stop = stop or threading.Event()
-    base_id = worker_id or default_worker_id()
+    base_id = worker_id or new_instance_id()
     registry = handlers if handlers is not None else load_registry(services.settings)
     engine = _engine_for(services, concurrency)
     workers = [Worker(services, worker_id=base_id if concurrency == 1 else f"{base_id}/{i}",

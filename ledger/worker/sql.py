@@ -1,4 +1,4 @@
-"""PostgreSQL's hot worker statements, and the runner that sends them on the driver connection.
+"""PostgreSQL's hot worker statements; the completions are sent on the driver connection.
 
 The claim (`CLAIM_SQL`) and the completion (`COMPLETE_SQL`, or
 `COMPLETE_AND_CLAIM_SQL` inside a worker's loop) are one statement each on
@@ -10,23 +10,16 @@ the oldest due job (README, "Scaling past one database").
 
 from __future__ import annotations
 
-from collections import namedtuple
-from collections.abc import Sequence
-from typing import Any
-
 from sqlalchemy import (
     BigInteger,
-    Connection,
-    Dialect,
     Integer,
     Text,
-    TextualSelect,
     bindparam,
     column,
     text,
 )
 
-from ledger.db.engine import driver_error
+from ledger.db.driver import DriverStatement
 from ledger.db.schema import UTCDateTime
 
 _TIMES = ("now", "leased_until", "oldest_window")
@@ -126,81 +119,8 @@ COMPLETE_AND_CLAIM_SQL = text(
 ).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
     column("held", Integer), *_CLAIM_RESULT)
 
-
-
-class DriverStatement:
-    """A hot PostgreSQL statement run on the driver connection, in the caller's transaction.
-
-    The completion runs once per job, and SQLAlchemy's execution machinery
-    (execution context, cursor result, row objects) cost about as much Python
-    as the driver call itself; on the driver the worker's client CPU per job
-    fell by about a sixth (bench/README.md, "Workers"), as the intake's did
-    with store.DriverClaim. The statement still runs inside the transaction
-    the handler's writes are in (the same pooled connection). Parameters and
-    rows get the same conversions as through SQLAlchemy (timestamps in UTC);
-    driver errors are raised as SQLAlchemy's, without parameters, and a
-    broken connection is invalidated, as SQLAlchemy would.
-    """
-
-    def __init__(self, statement: TextualSelect) -> None:
-        self.statement = statement
-        self._compiled: dict[str, tuple[str, Any, Any]] = {}  # per dialect name
-
-    def sql(self, dialect: Dialect) -> str:
-        """Return the statement as the driver receives it."""
-        return self._prepared(dialect)[0]
-
-    def _prepared(self, dialect: Dialect) -> tuple[str, Any, Any]:
-        """Return (SQL, parameter converter, row converter) for `dialect`, built once."""
-        found = self._compiled.get(dialect.name)
-        if found is None:
-            compiled = self.statement.compile(dialect=dialect)
-            times = [name for name, bind in compiled.binds.items()
-                     if isinstance(bind.type, UTCDateTime)]
-            to_driver = UTCDateTime().dialect_impl(dialect).bind_processor(dialect)
-            columns = [(col.key, col.type) for col in self.statement.selected_columns]
-            # why: the fields are the statement's columns, known only at run time; mypy
-            # types a namedtuple only from a literal list of fields.
-            shape = namedtuple("DriverRow", [key for key, _ in columns])  # type: ignore[misc]
-            processors = [(i, kind.dialect_impl(dialect).result_processor(dialect, None))
-                          for i, (_, kind) in enumerate(columns)]
-            readers = [(i, read) for i, read in processors if read is not None]
-
-            def params(values: dict[str, Any]) -> dict[str, Any]:
-                if to_driver is not None:
-                    values.update({name: to_driver(values[name]) for name in times})
-                return values
-
-            def row(values: Sequence[Any]) -> Any:
-                if readers:
-                    values = list(values)
-                    for i, read in readers:
-                        values[i] = read(values[i])
-                return shape._make(values)
-
-            found = self._compiled[dialect.name] = (compiled.string, params, row)
-        return found
-
-    def row(self, conn: Connection, params: dict[str, Any]) -> Any:
-        """Run the statement with `params` (a dict it may change); return its one row."""
-        sql, convert_params, convert_row = self._prepared(conn.dialect)
-        fairy = conn.connection
-        driver = fairy.driver_connection
-        assert driver is not None  # a checked-out connection always has its driver's
-        cursor = driver.cursor()
-        try:
-            cursor.execute(sql, convert_params(params))
-            values = cursor.fetchone()
-        except conn.dialect.loaded_dbapi.Error as error:
-            raise driver_error(conn.dialect, error, what="worker completion",
-                               dbapi_connection=fairy.dbapi_connection,
-                               invalidate=conn.invalidate) from error
-        finally:
-            cursor.close()
-        if values is None:
-            raise RuntimeError("the completion statement returned no row")
-        return convert_row(values)
-
-
-DRIVER_COMPLETE = DriverStatement(COMPLETE_SQL)
-DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL)
+# Sent on the driver connection inside the handler's transaction (ledger.db.driver):
+# on the driver the worker's client CPU per job fell by about a sixth
+# (bench/README.md, "Workers"). Both always return one row.
+DRIVER_COMPLETE = DriverStatement(COMPLETE_SQL, what="worker completion")
+DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL, what="worker completion")

@@ -12,10 +12,12 @@ from datetime import UTC, datetime
 
 import pytest
 import requests
+from cryptography.fernet import Fernet
 from sqlalchemy import insert, select, text
 
 from app import create_app
 from ledger.access import audit
+from ledger.config import SettingsError
 from ledger.db.schema import audit_log, credentials
 from tests.dashboard_helpers import fast_hashes, make_operator, make_token  # noqa: F401
 from tests.helpers import make_sender
@@ -218,8 +220,11 @@ def test_fingerprints_are_keyed(app, test_env):
 def test_production_refuses_to_start_without_an_audit_key(test_env, monkeypatch):
     monkeypatch.setenv("LEDGER_ENV", "production")
     env = {k: v for k, v in test_env.items() if k != "LEDGER_AUDIT_KEY"}
-    with pytest.raises(audit.AuditKeyError, match="LEDGER_AUDIT_KEY"):
+    env.update(LEDGER_SECRET_KEY="s", LEDGER_MASTER_KEY=Fernet.generate_key().decode(),
+               LEDGER_LOG_HASH_KEY="h")
+    with pytest.raises(SettingsError, match="requires LEDGER_AUDIT_KEY to be set") as caught:
         create_app(env)
+    assert caught.value.name == "LEDGER_AUDIT_KEY"
 
 
 def test_every_process_chains_with_the_development_key_from_var(test_env, tmp_path):

@@ -178,6 +178,16 @@ def test_every_page_renders_for_every_role(app) -> None:  # type: ignore[no-unty
         assert (client.get("/operators").status_code == 200) == (role == "admin")
 
 
+def test_capacity_of_an_empty_ledger_says_there_is_nothing_to_measure(app) -> None:  # type: ignore[no-untyped-def]
+    client = logged_in(app, "viewer")
+    page = client.get("/capacity")
+    assert page.status_code == 200 and "not measurable yet" in _text(page)
+    figures = client.get("/api/v1/capacity")
+    assert figures.status_code == 200
+    assert figures.get_json()["receipts"] == 0
+    assert figures.get_json()["bytes_per_receipt_measured"] is None
+
+
 def test_everything_a_sender_controls_is_escaped(app) -> None:  # type: ignore[no-untyped-def]
     sender = make_sender(app)
     event_id = f"x{XSS}"

@@ -8,7 +8,8 @@ import pytest
 from sqlalchemy import exc as sa_exc
 
 from ledger.config import Settings, SettingsError
-from ledger.scheduling.runner import advisory_key, describe_error, period_start
+from ledger.errors import error_summary
+from ledger.scheduling.runner import advisory_key, period_start
 
 NOW = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
 
@@ -46,5 +47,7 @@ def test_advisory_keys_are_stable_distinct_signed_64_bit():
 def test_error_text_names_the_driver_error_without_sql_or_parameters():
     error = sa_exc.OperationalError("DELETE FROM jobs WHERE payload = %(p)s",
                                     {"p": "card=4242"}, TimeoutError("lock timeout\nDETAIL x"))
-    assert describe_error(error) == "TimeoutError: lock timeout"
-    assert describe_error(RuntimeError()) == "RuntimeError: "
+    # the scheduler's run rows and the worker's attempt rows share this one format
+    assert error_summary(error) == "TimeoutError: lock timeout"
+    assert error_summary(RuntimeError()) == "RuntimeError"
+    assert error_summary(ValueError("x" * 2000)) == ("ValueError: " + "x" * 2000)[:500]

@@ -7,19 +7,13 @@ from typing import Any
 from flask import Response, abort, request
 
 from ledger.access import audit
-from ledger.access.integrations import get_integration
 from ledger.errors import NotFound
 from ledger.reads import BadCursor
-from ledger.reads.admin import credential_rows, list_audit, list_conflicts, list_integrations
-from ledger.reads.overview import headline, instance_rows, last_runs, scope_rows
-from ledger.reads.receipts import list_receipts, receipt_detail
-from ledger.reads.work import (
-    count_failures,
-    list_failures,
-    open_findings,
-    overdue_jobs,
-    stuck_pending,
-)
+from ledger.reads.admin import list_audit, list_conflicts, list_integrations, read_credentials
+from ledger.reads.capacity import measure
+from ledger.reads.overview import read_overview
+from ledger.reads.receipts import list_receipts, read_receipt
+from ledger.reads.work import read_failures, read_stuck_work
 from ledger.web.auth import requires, services
 from ledger.web.dashboard import bp, render
 from ledger.web.dashboard.svg import human_bytes, projection_chart, series_chart
@@ -33,7 +27,6 @@ from ledger.web.filters import (
 )
 
 OVERVIEW_REFRESH_SECONDS = 10
-STUCK_GRACE_SECONDS = 30
 
 
 def _cursor() -> str | None:
@@ -49,17 +42,16 @@ def overview() -> Response:
     now = svc.clock.now()
     try:
         with svc.engine.connect() as conn:
-            page, refreshed = scope_rows(conn, now, cursor=_cursor())
-            context: dict[str, Any] = {
-                "head": headline(conn, now), "scopes": page, "refreshed_at": refreshed,
-                "instances": instance_rows(conn, now), "runs": last_runs(conn)}
+            view = read_overview(conn, now, cursor=_cursor())
     except BadCursor:
         abort(400)
-    for item in page.items:
+    for item in view.scopes.items:
         item["chart"] = series_chart(item["series"], label=item["scope"])
     return render("overview.html", "partials/_overview.html", now=now,
                   refresh_seconds=OVERVIEW_REFRESH_SECONDS,
-                  bound=svc.settings.revocation_bound_seconds, **context)
+                  bound=svc.settings.revocation_bound_seconds, head=view.headline,
+                  scopes=view.scopes, refreshed_at=view.rollups_refreshed_at,
+                  instances=view.instances, runs=view.scheduler_runs)
 
 
 def _receipts_context(args: Any) -> dict[str, Any]:
@@ -90,13 +82,10 @@ def receipts_page() -> Response:
 def receipt_page(public_id: str, event_id: str) -> Response:
     """One receipt: timeline, digest, result, conflicts, audit rows, retained payload."""
     svc = services()
-    with svc.engine.connect() as conn:
-        try:
-            integration = get_integration(conn, public_id)
-        except NotFound:
-            abort(404)
-        item = receipt_detail(conn, integration.id, event_id)
-    if item is None:
+    try:
+        with svc.engine.connect() as conn:
+            integration, item = read_receipt(conn, public_id, event_id)
+    except NotFound:
         abort(404)
     return render("receipt.html", receipt=item, integration=integration)
 
@@ -107,13 +96,11 @@ def stuck_page() -> Response:
     """Pending past the threshold, expired leases, due-but-unclaimed jobs, open findings."""
     svc = services()
     now = svc.clock.now()
-    threshold = svc.settings.stuck_pending_seconds
     with svc.engine.connect() as conn:
-        context: dict[str, Any] = {"pending": stuck_pending(conn, now, threshold),
-                   "overdue": overdue_jobs(conn, now, STUCK_GRACE_SECONDS),
-                   "findings": open_findings(conn)}
-    return render("stuck.html", "partials/_stuck.html", now=now, threshold=threshold,
-                  grace=STUCK_GRACE_SECONDS, **context)
+        view = read_stuck_work(conn, now, threshold_seconds=svc.settings.stuck_pending_seconds)
+    return render("stuck.html", "partials/_stuck.html", now=now,
+                  threshold=view.threshold_seconds, grace=view.grace_seconds,
+                  pending=view.pending, overdue=view.overdue_jobs, findings=view.findings)
 
 
 def failures_context(args: Any) -> dict[str, Any]:
@@ -121,13 +108,11 @@ def failures_context(args: Any) -> dict[str, Any]:
     svc = services()
     with svc.engine.connect() as conn:
         try:
-            f = receipt_filter(conn, args)
-            page = list_failures(conn, f, cursor=args.get("cursor") or None,
-                                 limit=page_size(args))
-            total, capped = count_failures(conn, f)
+            view = read_failures(conn, receipt_filter(conn, args),
+                                 cursor=args.get("cursor") or None, limit=page_size(args))
         except (BadFilter, BadCursor) as error:
             return {"error": str(error), "page": None, "total": 0, "capped": False}
-    return {"error": None, "page": page, "total": total, "capped": capped}
+    return {"error": None, "page": view.page, "total": view.total, "capped": view.capped}
 
 
 @bp.get("/failures")
@@ -176,12 +161,11 @@ def integrations_page() -> Response:
 def credentials_page(public_id: str) -> Response:
     """An integration's credentials: states, fingerprints, dates; actions for security."""
     svc = services()
-    with svc.engine.connect() as conn:
-        try:
-            integration = get_integration(conn, public_id)
-        except NotFound:
-            abort(404)
-        rows = credential_rows(conn, integration.id)
+    try:
+        with svc.engine.connect() as conn:
+            integration, rows = read_credentials(conn, public_id)
+    except NotFound:
+        abort(404)
     return render("credentials.html", "partials/_credentials.html", integration=integration,
                   credentials=rows, secret=None, message=None)
 
@@ -217,8 +201,10 @@ def audit_verify() -> Response:
 def capacity_page() -> Response:
     """The seed's equation with measured bytes per receipt, and a projection chart."""
     svc = services()
-    numbers = measure_capacity()
+    numbers: dict[str, Any] | None = measure(svc.engine, svc.settings, now=svc.clock.now())
     chart = None
+    if numbers is not None and numbers["bytes_per_receipt_measured"] is None:
+        numbers = None  # no receipts yet: nothing to measure, the page says so
     if numbers is not None:
         chart = projection_chart(events_per_day=numbers["events_per_day"],
                                  bytes_per_receipt=numbers["bytes_per_receipt_measured"],
@@ -226,12 +212,3 @@ def capacity_page() -> Response:
     return render("capacity.html", numbers=numbers, chart=chart, human_bytes=human_bytes,
                   retention_seconds=svc.settings.retention_seconds)
 
-
-def measure_capacity() -> dict[str, Any] | None:
-    """Return ledger.reads.capacity.measure(...) or None while that module is not installed."""
-    try:
-        from ledger.reads.capacity import measure
-    except ImportError:
-        return None
-    svc = services()
-    return dict(measure(svc.engine, svc.settings, now=svc.clock.now()))

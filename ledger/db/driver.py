@@ -1,0 +1,145 @@
+"""The one runner for hot statements sent on the driver connection, past SQLAlchemy's execution.
+
+The intake's claim and the worker's completion run once per event, and
+SQLAlchemy's execution machinery (execution context, cursor result, row
+objects, type processing) costs about as much Python as the driver call itself
+(bench/README.md, "Intake CPU" and "Workers"). They run here instead, keeping
+what SQLAlchemy would have given them:
+
+- the connection comes from the engine's pool (same connect-time settings and
+  timeouts) or is the caller's `Connection`, inside its transaction;
+- parameters and rows get the conversions of their SQLAlchemy types
+  (timestamps as UTC, e.g. naive UTC text on SQLite);
+- a driver error is raised as SQLAlchemy's (`ledger.db.engine.driver_error`),
+  without parameters, and a broken connection is invalidated instead of going
+  back to the pool.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Dialect, Engine, TextClause
+from sqlalchemy.sql.selectable import TextualSelect
+
+from ledger.db.engine import driver_error
+from ledger.db.schema import UTCDateTime
+
+T = TypeVar("T")
+DriverWork = Callable[..., T]  # (driver connection, *args) -> T
+
+
+def time_to_driver(dialect: Dialect) -> Callable[[Any], Any]:
+    """Return what turns an aware datetime into the driver's value, as UTCDateTime binds it."""
+    convert = UTCDateTime().dialect_impl(dialect).bind_processor(dialect)
+    return convert if convert is not None else (lambda value: value)
+
+
+def run_in(conn: Connection, work: DriverWork[T], *args: Any, what: str) -> T:
+    """Return `work(driver connection, *args)` on `conn`'s connection, inside its transaction."""
+    fairy = conn.connection
+    try:
+        return work(fairy.driver_connection, *args)
+    except conn.dialect.loaded_dbapi.Error as error:
+        raise _translated(conn.dialect, error, what, fairy, conn.invalidate) from error
+
+
+def run_pooled(engine: Engine, work: DriverWork[T], *args: Any, what: str) -> T:
+    """Return `work(driver connection, *args)` on a connection of the engine's pool.
+
+    The connection goes back to the pool afterwards, which rolls back whatever
+    `work` left open.
+    """
+    dialect = engine.dialect
+    try:
+        fairy = engine.raw_connection()  # a failed connect raises the driver's error
+    except dialect.loaded_dbapi.Error as error:
+        raise driver_error(dialect, error, what=what) from error
+    try:
+        return work(fairy.driver_connection, *args)
+    except dialect.loaded_dbapi.Error as error:
+        raise _translated(dialect, error, what, fairy, fairy.invalidate) from error
+    finally:
+        fairy.close()
+
+
+def _translated(dialect: Dialect, error: Exception, what: str, fairy: Any,
+                invalidate: Callable[[BaseException], None]) -> Exception:
+    """Return SQLAlchemy's error for `error`, invalidating the connection if it is broken."""
+    return driver_error(dialect, error, what=what, dbapi_connection=fairy.dbapi_connection,
+                        invalidate=invalidate)
+
+
+class PreparedStatement:
+    """A statement compiled for one dialect, with its parameter and row conversions."""
+
+    __slots__ = ("_convert_row", "_times", "_to_driver", "sql")
+
+    def __init__(self, statement: TextClause | TextualSelect, dialect: Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql: str = compiled.string
+        self._to_driver = time_to_driver(dialect)
+        self._times = [name for name, bind in compiled.binds.items()
+                       if isinstance(bind.type, UTCDateTime)]
+        self._convert_row = _row_converter(statement, dialect)
+
+    def fetch_one(self, driver_connection: Any, params: dict[str, Any]) -> Any:
+        """Execute on the driver connection (`params` may change); return the row or None."""
+        for name in self._times:
+            params[name] = self._to_driver(params[name])
+        cursor = driver_connection.cursor()
+        try:
+            cursor.execute(self.sql, params)
+            values = cursor.fetchone()
+        finally:
+            cursor.close()
+        if values is None or self._convert_row is None:
+            return values
+        return self._convert_row(values)
+
+
+def _row_converter(statement: TextClause | TextualSelect,
+                   dialect: Dialect) -> Callable[[Any], Any] | None:
+    """Return what turns a driver row into a named row with its columns' conversions."""
+    columns = [(col.key, col.type) for col in getattr(statement, "selected_columns", ())]
+    if not columns:
+        return None  # no declared columns: the driver's values as they are
+    shape = namedtuple("DriverRow", [key for key, _ in columns])  # type: ignore[misc]
+    readers = [(i, kind.dialect_impl(dialect).result_processor(dialect, None))
+               for i, (_, kind) in enumerate(columns)]
+    readers = [(i, read) for i, read in readers if read is not None]
+
+    def row(values: Any) -> Any:
+        if readers:
+            values = list(values)
+            for i, read in readers:
+                values[i] = read(values[i])
+        return shape._make(values)
+
+    return row
+
+
+class DriverStatement:
+    """A SQLAlchemy text statement run on the driver connection, compiled once per dialect."""
+
+    def __init__(self, statement: TextClause | TextualSelect, *, what: str) -> None:
+        self.statement = statement
+        self.what = what  # names the statement in its errors
+        self._prepared: dict[str, PreparedStatement] = {}  # per dialect name
+
+    def prepared(self, dialect: Dialect) -> PreparedStatement:
+        """Return the statement compiled for `dialect` (built on first use)."""
+        found = self._prepared.get(dialect.name)
+        if found is None:
+            found = self._prepared[dialect.name] = PreparedStatement(self.statement, dialect)
+        return found
+
+    def sql(self, dialect: Dialect) -> str:
+        """Return the statement as the driver receives it."""
+        return self.prepared(dialect).sql
+
+    def row(self, conn: Connection, params: dict[str, Any]) -> Any:
+        """Run in `conn`'s transaction with `params` (a dict it may change); return the row."""
+        return run_in(conn, self.prepared(conn.dialect).fetch_one, params, what=self.what)
