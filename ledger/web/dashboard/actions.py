@@ -190,7 +190,7 @@ def credential_add(public_id: str):  # type: ignore[no-untyped-def]
         return _credentials_or_404(public_id, error)
     svc.view.invalidate()
     return _credentials_answer(public_id, secret={"key_id": created.key_id,
-                                                  "secret": created.secret},
+                                                  "secret": created.shown_secret},
                                message=f"Added {created.key_id}.")
 
 
