@@ -25,7 +25,12 @@ class Sender:
     scope: str
     scope_id: int
     key_id: str
-    signer: SenderProfile = field(repr=False)
+    configured: SenderProfile | None = field(default=None, repr=False)
+
+    @property
+    def signer(self) -> SenderProfile:
+        """Return the profile as the integration holds it (URL, type settings applied)."""
+        return self.configured or get_profile(self.profile)
 
 
 def make_sender(app: Flask, *, account: str = "acme", name: str = "stripe-prod",
