@@ -164,7 +164,7 @@ def acknowledge(conflict_id: int):  # type: ignore[no-untyped-def]
                   message=message if status == 200 else None, open_only=True, args={})
 
 
-def _credentials_answer(public_id: str, *, status: int = 200, secret: dict[str, Any] | None = None,
+def credentials_answer(public_id: str, *, status: int = 200, secret: dict[str, Any] | None = None,
                         message: str | None = None, error: str | None = None):  # type: ignore[no-untyped-def]
     """Re-render an integration's credentials with a one-time secret or a message."""
     svc = services()
@@ -189,7 +189,7 @@ def credential_add(public_id: str):  # type: ignore[no-untyped-def]
     except LedgerError as error:
         return _credentials_or_404(public_id, error)
     svc.view.invalidate()
-    return _credentials_answer(public_id, secret={"key_id": created.key_id,
+    return credentials_answer(public_id, secret={"key_id": created.key_id,
                                                   "secret": created.shown_secret},
                                message=f"Added {created.key_id}.")
 
@@ -200,10 +200,10 @@ def credential_rotate(public_id: str):  # type: ignore[no-untyped-def]
     """Rotate with a chosen overlap after re-entering the password."""
     svc = services()
     if not password_matches(_operator(), request.form.get("password", "")):
-        return _credentials_answer(public_id, status=403, error=WRONG_PASSWORD)
+        return credentials_answer(public_id, status=403, error=WRONG_PASSWORD)
     reason = request.form.get("reason", "").strip()
     if not reason:
-        return _credentials_answer(public_id, status=400, error="a reason is required")
+        return credentials_answer(public_id, status=400, error="a reason is required")
     try:
         overlap = int(request.form.get("overlap", "86400"))
         with svc.engine.begin() as conn:
@@ -212,11 +212,11 @@ def credential_rotate(public_id: str):  # type: ignore[no-untyped-def]
                                          now=svc.clock.now(), overlap_seconds=overlap,
                                          reason=reason)
     except ValueError:
-        return _credentials_answer(public_id, status=400, error="overlap must be seconds")
+        return credentials_answer(public_id, status=400, error="overlap must be seconds")
     except LedgerError as error:
         return _credentials_or_404(public_id, error)
     svc.view.invalidate()
-    return _credentials_answer(public_id, secret={"key_id": rotation.key_id,
+    return credentials_answer(public_id, secret={"key_id": rotation.key_id,
                                                   "secret": rotation.secret},
                                message=f"Rotated: {rotation.key_id} is active; "
                                        f"{len(rotation.retiring)} key(s) retiring.")
@@ -229,7 +229,7 @@ def credential_revoke(public_id: str):  # type: ignore[no-untyped-def]
     svc = services()
     key_id = request.form.get("key_id", "")
     if not password_matches(_operator(), request.form.get("password", "")):
-        return _credentials_answer(public_id, status=403, error=WRONG_PASSWORD)
+        return credentials_answer(public_id, status=403, error=WRONG_PASSWORD)
     try:
         with svc.engine.begin() as conn:
             integration = get_integration(conn, public_id)
@@ -240,7 +240,7 @@ def credential_revoke(public_id: str):  # type: ignore[no-untyped-def]
     except LedgerError as error:
         return _credentials_or_404(public_id, error)
     svc.view.invalidate()
-    return _credentials_answer(
+    return credentials_answer(
         public_id, message=f"Revoked {key_id}. Every instance refuses it within "
                            f"{svc.settings.revocation_bound_seconds} s.")
 
@@ -249,7 +249,7 @@ def _credentials_or_404(public_id: str, error: LedgerError):  # type: ignore[no-
     """Answer a refused credential action (or 404 when the integration is unknown)."""
     if isinstance(error, NotFound) and error.what == "integration":
         abort(404)
-    return _credentials_answer(public_id, status=_status_of(error), error=str(error))
+    return credentials_answer(public_id, status=_status_of(error), error=str(error))
 
 
 def _operator():  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ from flask import abort, request
 from ledger.access import audit
 from ledger.access.integrations import get_integration
 from ledger.errors import NotFound
+from ledger.intake.signatures import PROFILE_NAMES
 from ledger.reads import BadCursor
 from ledger.reads.admin import credential_rows, list_audit, list_conflicts, list_integrations
 from ledger.reads.overview import headline, instance_rows, last_runs, scope_rows
@@ -153,6 +154,11 @@ def conflicts_page():  # type: ignore[no-untyped-def]
 @requires("viewer")
 def integrations_page():  # type: ignore[no-untyped-def]
     """Integrations by scope, each linking to its credentials."""
+    return integrations_answer()
+
+
+def integrations_answer(*, status: int = 200, error: str | None = None):  # type: ignore[no-untyped-def]
+    """Render the integrations list (and, for security, the connect form)."""
     svc = services()
     with svc.engine.connect() as conn:
         try:
@@ -161,7 +167,8 @@ def integrations_page():  # type: ignore[no-untyped-def]
         except BadCursor:
             abort(400)
     return render("integrations.html", "partials/_integrations.html", page=page,
-                  args=request.args)
+                  args=request.args, profiles=PROFILE_NAMES, error=error, status=status,
+                  form=request.form)
 
 
 @bp.get("/credentials/<public_id>")
