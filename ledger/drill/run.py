@@ -277,10 +277,10 @@ class Drill:
                  ("revoked_key_changes_nothing", self.revoked_changes_nothing),
                  ("other_account_keeps_accepting", self.b_keeps_accepting),
                  ("rotated_key_gets_original_outcome", self.rotate_a),
-                 ("every_profile_revoked_within_bound",
-                  lambda: self.profiles.run(self.bound, expect)),
                  ("replay_after_retention_runs_again",
-                  lambda: retention_replay(self.svc.settings)))
+                  lambda: retention_replay(self.svc.settings)),
+                 ("every_profile_revoked_within_bound",
+                  lambda: self.profiles.run(self.bound, expect)))
         try:
             for name, step in steps:
                 if not _run_step(report, name, step):

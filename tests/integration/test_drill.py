@@ -20,7 +20,7 @@ from tests.servers import BIN
 STEPS = ["sandbox_accounts", "distinct_events_and_duplicates",
          "revoked_key_refused_within_bound", "revoked_key_changes_nothing",
          "other_account_keeps_accepting", "rotated_key_gets_original_outcome",
-         "every_profile_revoked_within_bound", "replay_after_retention_runs_again", "cleanup"]
+         "replay_after_retention_runs_again", "every_profile_revoked_within_bound", "cleanup"]
 ACTOR = audit.Actor(name="drill-test", role="security")
 
 
