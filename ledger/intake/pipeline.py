@@ -27,7 +27,7 @@ from ledger.errors import (
 )
 from ledger.intake.credential_view import CredentialView, IntegrationAuth
 from ledger.intake.signatures import HeaderMap, SenderProfile, profile_for
-from ledger.intake.signatures.profile import FORM, JSON_ARRAY
+from ledger.intake.signatures.profile import FORM, JSON, JSON_ARRAY
 from ledger.intake.store import (
     DriverClaim,
     NewEvent,
@@ -82,7 +82,8 @@ class Intake:
         profile = profile_for(integration)
         now = self._clock.now()
         secret = self._authenticate_fresh(auth, profile, headers, body)
-        payload = parse_body(profile.body_format, body)
+        payload = (parse_json_object(body) if profile.body_format == JSON
+                   else parse_body(profile.body_format, body))
         if profile.handshake is not None:
             reply = profile.handshake(payload, secret)
             if reply is not None:  # answered at once, after authentication; nothing written
@@ -100,9 +101,9 @@ class Intake:
     def _new_event(self, scope_id: int, profile: SenderProfile, headers: HeaderMap,
                    payload: Any, body: bytes, now: Any) -> NewEvent:
         """Validate the event's id and type; the job carries the body (a form, decoded)."""
-        identity = profile.identity(headers, payload, body)
-        event_id = validate_event_id(identity.event_id)
-        event_type = validate_event_type(identity.event_type)
+        # The fields directly (SenderProfile.identity, minus a call on the hot path).
+        event_id = validate_event_id(profile.event_id.read(headers, payload, body))
+        event_type = validate_event_type(profile.event_type.read(headers, payload, body))
         if profile.body_format == FORM:
             # The signature covers the decoded fields, not the bytes (`a=1&b=2` and
             # `b=2&a=1` verify alike): the digest must too, or a reordered replay
@@ -160,15 +161,15 @@ class Intake:
         tolerance = auth.integration.tolerance_seconds
         live = auth.live_keys(now)
         try:
-            verified = profile.verify(headers, body, [k.secret for k in live], now=unix(now),
-                                      tolerance=tolerance)
+            verified = profile.scheme.verify(headers, body, [k.secret for k in live],
+                                             now=unix(now), tolerance=tolerance)
         except AuthenticationFailed as failure:
             # "no_secret": every key of the integration is dead, the sole key was revoked.
             if failure.reason in ("bad_signature", "no_secret"):
                 dead = auth.dead_keys(now)
                 try:
-                    hit = profile.verify(headers, body, [k.secret for k in dead],
-                                         now=unix(now), tolerance=tolerance)
+                    hit = profile.scheme.verify(headers, body, [k.secret for k in dead],
+                                                now=unix(now), tolerance=tolerance)
                 except AuthenticationFailed:
                     raise failure from None
                 key = dead[hit.secret_index]

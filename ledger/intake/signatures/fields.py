@@ -49,23 +49,28 @@ class Header:
 
 @dataclass(frozen=True, slots=True)
 class BodyPath:
-    """A field of the JSON body, nested by a dotted path (`event.type`)."""
+    """A field of the JSON body, nested by a dotted path (`event.type`).
+
+    `default` stands in when the sender left the field out (not when it is bad):
+    Standard Webhooks only recommends a `type`.
+    """
 
     path: tuple[str, ...]
+    default: str | None = None
 
     @classmethod
-    def of(cls, dotted: str) -> BodyPath:
+    def of(cls, dotted: str, default: str | None = None) -> BodyPath:
         """Return the field at `dotted` (`data.object.kind`)."""
-        return cls(tuple(dotted.split(".")))
+        return cls(tuple(dotted.split(".")), default)
 
     def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
-        """Return the value at the path, or None when any step is missing."""
+        """Return the value at the path, or the default when any step is missing."""
         value = payload
         for step in self.path:
             if not isinstance(value, dict):
-                return None
+                return self.default
             value = value.get(step)
-        return value
+        return self.default if value is None else value
 
     def put(self, value: str, headers: dict[str, str], payload: dict[str, Any]) -> None:
         """Set the value at the path, creating objects on the way."""
@@ -87,23 +92,6 @@ class Fixed:
 
     def put(self, value: str, headers: dict[str, str], payload: dict[str, Any]) -> None:
         """Nothing to write: the sender does not send it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Default:
-    """A field that falls back to `value` when the sender left it out (not when it is bad)."""
-
-    inner: Field
-    value: str
-
-    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
-        """Return the inner value, or the fallback when it is absent."""
-        found = self.inner.read(headers, payload, body)
-        return self.value if found is None else found
-
-    def put(self, value: str, headers: dict[str, str], payload: dict[str, Any]) -> None:
-        """Write through to the inner field."""
-        self.inner.put(value, headers, payload)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ from ledger.intake.signatures import keys
 from ledger.intake.signatures.fields import (
     BodyDigest,
     BodyPath,
-    Default,
     Dotted,
     Fixed,
     Header,
@@ -73,7 +72,7 @@ _STANDARD = SignedContent(
 )
 STANDARD_WEBHOOKS = SenderProfile(
     name="standard-webhooks", scheme=_STANDARD, event_id=HeaderSetId(scheme=_STANDARD),
-    event_type=Default(BodyPath.of("type"), UNTYPED), id_is_signed=True,
+    event_type=BodyPath.of("type", default=UNTYPED), id_is_signed=True,
     secret=SecretFormat(
         generate=lambda: keys.WHSEC + keys.random_key_base64(24), check=_whsec_or_whpk,
         is_public=lambda secret: secret.startswith(keys.WHPK)),
@@ -177,7 +176,7 @@ PAGERDUTY = SenderProfile(
     name="pagerduty",
     scheme=SignedContent(
         headers=(HeaderSet(signature="X-PagerDuty-Signature"),),
-        format=Entries(separator=",", pair="="), encoding="hex",
+        format=Entries(separator=",", pair="=", trim=True), encoding="hex",
         algorithms={"v1": keys.HMAC_SHA256}, content=BODY),
     event_id=BodyPath.of("event.id"), event_type=BodyPath.of("event.event_type"),
     id_is_signed=True,

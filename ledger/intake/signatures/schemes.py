@@ -71,13 +71,14 @@ class Entries:
     separator: str
     pair: str
     timestamp: str | None = None  # the entry that carries the signed timestamp
+    trim: bool = False  # allow spaces around entries (`v1=…, v1=…`)
 
     def parse(self, value: str) -> tuple[str | None, list[tuple[str, str]]]:
         """Return the raw timestamp entry and every other well-formed entry."""
         raw_timestamp: str | None = None
         entries = []
         for item in value.split(self.separator):
-            name, pair, content = item.strip().partition(self.pair)
+            name, pair, content = (item.strip() if self.trim else item).partition(self.pair)
             if not name or not pair or not content:
                 continue  # malformed: skipped, never fatal
             if name == self.timestamp:
@@ -141,32 +142,34 @@ class Template:
     """A signed-content template over `{id}`, `{timestamp}`, `{body}` and `{url}`."""
 
     text: str
-    # Compiled once: a bytes %-format and the placeholder names it is filled with
-    # (the intake's hot path pays one formatting, not a regex split per delivery).
-    _format: bytes = field(init=False, repr=False)
-    _order: tuple[str, ...] = field(init=False, repr=False)
+    # Compiled once, so the hot path pays one str.format and one encode: the text
+    # before `{body}` as a format string, the literal text after it as bytes.
+    _head: str = field(init=False, repr=False)
+    _tail: bytes = field(init=False, repr=False)
+    _names: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        pieces, order = [], []
-        for part in _PLACEHOLDER.split(self.text):
-            if _PLACEHOLDER.fullmatch(part):
-                pieces.append(b"%s")
-                order.append(part[1:-1])
-            else:
-                pieces.append(part.encode().replace(b"%", b"%%"))
-        object.__setattr__(self, "_format", b"".join(pieces))
-        object.__setattr__(self, "_order", tuple(order))
+        parts = _PLACEHOLDER.split(self.text)
+        names = tuple(part[1:-1] for part in parts if _PLACEHOLDER.fullmatch(part))
+        if names.count("body") != 1 or any(_PLACEHOLDER.fullmatch(p)
+                                           for p in parts[parts.index("{body}") + 1:]):
+            raise ValueError("the signed content holds {body} once, after every other field")
+        at = parts.index("{body}")
+        head = "".join(part if _PLACEHOLDER.fullmatch(part)
+                       else part.replace("{", "{{").replace("}", "}}") for part in parts[:at])
+        object.__setattr__(self, "_head", head)
+        object.__setattr__(self, "_tail", "".join(parts[at + 1:]).encode())
+        object.__setattr__(self, "_names", names)
 
     def __call__(self, msg_id: str, raw_timestamp: str, body: bytes, url: str) -> bytes:
         """Return the bytes the sender signs."""
-        texts = {"id": msg_id, "timestamp": raw_timestamp, "url": url}
-        return self._format % tuple(
-            [body if name == "body" else texts[name].encode() for name in self._order])
+        head = self._head.format(id=msg_id, timestamp=raw_timestamp, url=url).encode()
+        return head + body + self._tail if self._tail else head + body
 
     @property
     def placeholders(self) -> set[str]:
         """Return the placeholders the template uses."""
-        return {"{" + name + "}" for name in self._order}
+        return {"{" + name + "}" for name in self._names}
 
 
 def form_content(msg_id: str, raw_timestamp: str, body: bytes, url: str) -> bytes:
@@ -209,8 +212,10 @@ class SignedContent:
     url: str = ""  # the endpoint URL as the sender knows it (Twilio, Square)
     needs_url: bool = False
     has_timestamp: bool = field(init=False)
+    _only: HeaderSet | None = field(init=False, repr=False)  # the one set, if only one
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_only", self.headers[0] if len(self.headers) == 1 else None)
         timed = any(names.timestamp for names in self.headers)
         stamped = isinstance(self.format, Entries) and self.format.timestamp is not None
         object.__setattr__(self, "has_timestamp",
@@ -218,8 +223,8 @@ class SignedContent:
 
     def header_set(self, headers: HeaderMap) -> HeaderSet:
         """Return the header names this delivery uses (svix-* or webhook-*, say)."""
-        if len(self.headers) == 1:
-            return self.headers[0]
+        if self._only is not None:
+            return self._only
         found = None
         for names in self.headers:
             if headers.get(names.signature_key):
@@ -265,7 +270,10 @@ class SignedContent:
             if raw is None:
                 malformed = True
                 continue
-            found.setdefault(name, []).append(raw)
+            if name in found:
+                found[name].append(raw)
+            else:
+                found[name] = [raw]
         if not found:
             raise AuthenticationFailed("malformed_signature" if malformed
                                        else "no_supported_signature")
