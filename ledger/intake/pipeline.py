@@ -129,8 +129,14 @@ class Intake:
                                              now))
             except InvalidEvent as invalid:
                 raise InvalidEvent(f"batch element {index}: {invalid.detail}") from None
+        # Claimed in id order: two concurrent batches sharing ids then wait for each
+        # other in one order and never deadlock. Answers keep the body's order.
+        order = sorted(range(len(batch)), key=lambda i: batch[i].event_id)
+        claimed: dict[int, tuple[int, dict[str, Any]]] = {}
         with storage_guard(), self._engine.begin() as conn:
-            answers = [claim_in_batch(conn, event) for event in batch]
+            for i in order:
+                claimed[i] = claim_in_batch(conn, batch[i])
+        answers = [claimed[i] for i in range(len(batch))]
         status = 202 if any(a[1].get("state") == "pending" for a in answers) else 200
         return IntakeAnswer(status=status,
                             body={"status": "batch", "events": [a[1] for a in answers]},
