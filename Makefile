@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 export LEDGER_DEMO_HANDLERS ?= 1
 
-.PHONY: run test lint bench clean system-deps
+.PHONY: run test lint bench clean system-deps js-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,10 +27,15 @@ run: $(RUN_STAMP)
 	$(BIN)/ledger dev
 
 ## test: the whole suite on SQLite and PostgreSQL
-test: $(TEST_STAMP) system-deps
+test: $(TEST_STAMP) system-deps js-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+
+## js-deps: the senders' JavaScript libraries for the interop test (tests/js)
+js-deps:
+	@if command -v npm >/dev/null; then npm ci --prefix tests/js --no-audit --no-fund --silent; \
+	else echo "npm not found: tests/unit/test_js_libraries.py will be skipped"; fi
 
 ## system-deps: Debian packages the tests drive (chromium for browser tests)
 system-deps:

@@ -66,6 +66,11 @@ class Integration:
     max_body_bytes: int | None
     sandbox: bool
     created_at: datetime
+    # Per-integration profile settings (README, "Sender profiles"); None when unused.
+    type_path: str | None = None
+    fixed_event_type: str | None = None
+    endpoint_url: str | None = None
+    hmac_options: str | None = None
 
     @property
     def scope(self) -> str:
@@ -78,7 +83,9 @@ class Integration:
         return cls(id=row.id, public_id=row.public_id, account=row.account, name=row.name,
                    profile=row.profile, tolerance_seconds=row.tolerance_seconds,
                    max_body_bytes=row.max_body_bytes, sandbox=bool(row.sandbox),
-                   created_at=row.created_at)
+                   created_at=row.created_at, type_path=row.type_path,
+                   fixed_event_type=row.fixed_event_type, endpoint_url=row.endpoint_url,
+                   hmac_options=row.hmac_options)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

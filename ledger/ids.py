@@ -1,8 +1,9 @@
 r"""Identifier formats: public ids (prefix + 22 base62 characters from the OS CSPRNG), slugs,
 and the sender's event id and event type.
 
-Every pattern is anchored at both ends (`^…\Z`), so `match` and `fullmatch` alike check the
-whole string (a `$` would let a trailing newline through).
+Every pattern matches the whole string: the public ids and slugs are anchored at both ends
+(`^…\Z`, so `match` and `fullmatch` alike check all of it; a `$` would let a trailing newline
+through); the event patterns are written as CONTRACT.md states them and used with `fullmatch`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ INTEGRATION_ID = re.compile(r"^in_[0-9A-Za-z]{22}\Z")
 KEY_ID = re.compile(r"^key_[0-9A-Za-z]{22}\Z")
 TOKEN_ID = re.compile(r"^tok_[0-9A-Za-z]{22}\Z")
 SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
-EVENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}\Z")
-EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}\Z")
+EVENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,254}")
+EVENT_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
 
 
 def random_base62(length: int) -> str:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Flask
 from sqlalchemy import func, select
 
 from ledger.access import audit
-from ledger.access.integrations import create_integration
+from ledger.access.integrations import create_integration, profile_settings
 from ledger.db.schema import conflicts, jobs, receipts
-from ledger.intake.signatures import get_profile
+from ledger.intake.signatures import SenderProfile, get_profile, profile_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,45 +25,53 @@ class Sender:
     scope: str
     scope_id: int
     key_id: str
+    configured: SenderProfile | None = field(default=None, repr=False)
+
+    @property
+    def signer(self) -> SenderProfile:
+        """Return the profile as the integration holds it (URL, type settings applied)."""
+        return self.configured or get_profile(self.profile)
 
 
 def make_sender(app: Flask, *, account: str = "acme", name: str = "stripe-prod",
                 profile: str = "stripe", tolerance: int = 300,
-                max_body_bytes: int | None = None) -> Sender:
-    """Create an integration and return a sender holding its first secret."""
+                max_body_bytes: int | None = None, secret: str | None = None,
+                signing_key: str | None = None, **settings: Any) -> Sender:
+    """Create an integration and return a sender holding its first secret.
+
+    `settings` are profile_settings() keywords (type_path, endpoint_url, …). For a
+    public-key profile pass the public key as `secret` and the private half as
+    `signing_key`: the sender signs with that.
+    """
     svc = app.extensions["ledger"]
     with svc.engine.begin() as conn:
         integration, cred = create_integration(
             conn, svc.box, audit.Actor(name="test", role="admin"), account=account,
             name=name, profile=profile, now=svc.clock.now(), tolerance=tolerance,
-            max_body_bytes=max_body_bytes)
-    return Sender(integration.public_id, profile, cred.secret, integration.scope,
-                  integration.id, cred.key_id)
+            max_body_bytes=max_body_bytes, secret=secret,
+            settings=profile_settings(profile, **settings))
+    return Sender(integration.public_id, profile, signing_key or cred.secret, integration.scope,
+                  integration.id, cred.key_id, profile_for(integration))
 
 
-def event_body(profile: str, event_id: str, event_type: str = "demo.credit",
+def event_body(profile: str | Sender, event_id: str, event_type: str = "demo.credit",
                data: dict[str, Any] | None = None) -> bytes:
     """Return a body in the sender's shape."""
     data = data if data is not None else {"amount": 1}
-    if profile == "stripe":
-        payload: dict[str, Any] = {"id": event_id, "object": "event", "type": event_type,
-                                   "data": data}
-    elif profile == "github":
-        payload = {"action": event_type.partition(".")[2], "data": data}
-    else:
-        payload = {"type": event_type, "data": data}
-    return json.dumps(payload, separators=(",", ":")).encode()
+    found = profile.signer if isinstance(profile, Sender) else get_profile(profile)
+    return found.compose(event_id, event_type, data)
 
 
 def signed_headers(sender: Sender, body: bytes, event_id: str,
                    event_type: str = "demo.credit", *, secret: str | None = None,
                    timestamp: int | None = None) -> dict[str, str]:
     """Return the headers the real sender would attach."""
-    profile = get_profile(sender.profile)
+    profile = sender.signer
     headers = profile.sign(secret or sender.secret, body, event_id=event_id,
                            event_type=event_type,
                            timestamp=int(time.time()) if timestamp is None else timestamp)
-    headers["Content-Type"] = "application/json"
+    form = profile.body_format == "form"
+    headers["Content-Type"] = "application/x-www-form-urlencoded" if form else "application/json"
     return headers
 
 
@@ -72,7 +79,7 @@ def deliver(client: Any, sender: Sender, event_id: str, event_type: str = "demo.
             data: dict[str, Any] | None = None, *, body: bytes | None = None,
             secret: str | None = None, timestamp: int | None = None) -> Any:
     """Sign and POST one delivery; return the test client's response."""
-    body = body if body is not None else event_body(sender.profile, event_id, event_type, data)
+    body = body if body is not None else event_body(sender, event_id, event_type, data)
     headers = signed_headers(sender, body, event_id, event_type, secret=secret,
                              timestamp=timestamp)
     return client.post(f"/hooks/{sender.public_id}", data=body, headers=headers)

@@ -25,13 +25,12 @@ from ledger.db.schema import credentials
 from ledger.domain import Credential, CredentialState, Integration
 from ledger.errors import NotFound, Refused
 from ledger.ids import KEY_ID, new_key_id
-from ledger.intake.signatures import get_profile
+from ledger.intake.signatures import profile_for
 
 DEFAULT_OVERLAP_SECONDS = 86400
 MAX_OVERLAP_SECONDS = 30 * 86400
 LIVE_STATES = (CredentialState.ACTIVE.value, CredentialState.RETIRING.value)
 SCHEDULER = audit.Actor(name="scheduler", role="system")
-MAX_SECRET_LENGTH = 512
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +39,12 @@ class NewCredential:
 
     key_id: str
     secret: str
+    public: bool = False  # the sender's public key (whpk_, Discord, SendGrid): nothing to hide
+
+    @property
+    def shown_secret(self) -> str | None:
+        """Return the secret to print once; None for a public key (CONTRACT section 4)."""
+        return None if self.public else self.secret
 
 
 def add_credential(
@@ -48,10 +53,15 @@ def add_credential(
     reason: str | None = None, detail: dict[str, Any] | None = None,
 ) -> NewCredential:
     """Add an active credential to the integration; audited. Returns the secret once."""
-    profile = get_profile(integration.profile)
+    secret_format = profile_for(integration).secret
     if secret is None:
-        secret = profile.generate_secret()
-    _check_secret(integration.profile, secret)
+        if secret_format.generate is None:
+            raise Refused(f"{integration.profile} verifies with the sender's public key: "
+                          "pass it with --secret-stdin")
+        secret = secret_format.generate()
+    problem = secret_format.check(secret) if isinstance(secret, str) else "secret must be text"
+    if problem:
+        raise Refused(problem)
     key_id = new_key_id()
     print_hmac = fingerprint(secret, audit.key_of(conn))
     conn.execute(
@@ -64,7 +74,7 @@ def add_credential(
     audit.record(conn, actor, action, key_id, at=now, scope=integration.scope, reason=reason,
                  detail={"integration": integration.public_id,
                          "fingerprint": print_hmac, **(detail or {})})
-    return NewCredential(key_id=key_id, secret=secret)
+    return NewCredential(key_id=key_id, secret=secret, public=secret_format.is_public(secret))
 
 
 def refresh_fingerprints(conn: Connection, box: SecretBox) -> int:
@@ -78,22 +88,6 @@ def refresh_fingerprints(conn: Connection, box: SecretBox) -> int:
                      .values(fingerprint=fingerprint(box.decrypt(row.secret_enc), key)))
     return len(rows)
 
-
-def _check_secret(profile: str, secret: str) -> None:
-    """Refuse secrets the sender could not use (empty, huge, wrong format)."""
-    if not secret or len(secret) > MAX_SECRET_LENGTH or not secret.isprintable():
-        raise Refused(f"secret must be 1-{MAX_SECRET_LENGTH} printable characters")
-    if profile == "standard-webhooks":
-        import base64
-        import binascii
-
-        if not secret.startswith("whsec_"):
-            raise Refused("a standard-webhooks secret looks like whsec_<base64>")
-        try:
-            if len(base64.b64decode(secret[6:], validate=True)) < 16:
-                raise Refused("a standard-webhooks key must be at least 16 bytes")
-        except binascii.Error:
-            raise Refused("a standard-webhooks secret looks like whsec_<base64>") from None
 
 
 def list_credentials(conn: Connection, integration: Integration) -> list[Credential]:
@@ -110,7 +104,7 @@ class Rotation:
     """The replacement credential (secret shown once) and the keys now retiring."""
 
     key_id: str
-    secret: str
+    secret: str | None  # None when the replacement is a public key
     retiring: list[tuple[str, datetime]]
 
     def to_json(self) -> dict[str, object]:
@@ -166,7 +160,7 @@ def rotate_credential(
         detail={"overlap_seconds": overlap_seconds,
                 "retiring": [{"key_id": k, "expires_at": at.isoformat()} for k, at in retiring]},
     )
-    return Rotation(key_id=created.key_id, secret=created.secret, retiring=retiring)
+    return Rotation(key_id=created.key_id, secret=created.shown_secret, retiring=retiring)
 
 
 def get_credential(conn: Connection, key_id: str) -> Credential:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, insert, select
 from sqlalchemy.exc import IntegrityError
@@ -13,23 +15,60 @@ from ledger.access.secrets_box import SecretBox
 from ledger.db.schema import integrations
 from ledger.domain import Integration
 from ledger.errors import NotFound, Refused
-from ledger.ids import INTEGRATION_ID, SLUG, new_integration_id
-from ledger.intake.signatures import PROFILES
+from ledger.ids import EVENT_TYPE, INTEGRATION_ID, SLUG, new_integration_id
+from ledger.intake.signatures import HMAC, PROFILE_NAMES, PROFILES
+from ledger.intake.signatures.configurable import check_options
 
 if TYPE_CHECKING:
     from ledger.access.credentials import NewCredential
+
+TYPE_PATH = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}")
+URL = re.compile(r"https?://[!-~]{1,2040}")
+
+
+def profile_settings(profile: str, *, type_path: str | None = None,
+                     event_type: str | None = None, endpoint_url: str | None = None,
+                     hmac_options: dict[str, Any] | None = None) -> dict[str, str | None]:
+    """Return an integration's profile settings as stored, or refuse what cannot work."""
+    if profile not in PROFILE_NAMES:
+        raise Refused(f"unknown profile {profile!r}; choose one of {list(PROFILE_NAMES)}")
+    if type_path and event_type:
+        raise Refused("give --type-path or --event-type, not both")
+    if type_path and not TYPE_PATH.fullmatch(type_path):
+        raise Refused("type-path is a dotted path of field names, e.g. data.kind")
+    if event_type and not EVENT_TYPE.fullmatch(event_type):
+        raise Refused("event-type must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+    preset = PROFILES.get(profile)
+    needs_url = bool(preset and getattr(preset.scheme, "needs_url", False))
+    if needs_url and not endpoint_url:
+        raise Refused(f"{profile} signs the endpoint URL: give --url as configured there")
+    if endpoint_url and not needs_url:
+        raise Refused(f"{profile} does not sign the endpoint URL; --url is not used")
+    if endpoint_url and not URL.fullmatch(endpoint_url):
+        raise Refused("url must be an http(s) URL of printable ASCII")
+    options = None
+    if profile == HMAC:
+        try:
+            options = json.dumps(check_options(hmac_options or {}), sort_keys=True)
+        except ValueError as error:
+            raise Refused(str(error)) from None
+    elif hmac_options:
+        raise Refused("hmac options apply to --profile hmac only")
+    return {"type_path": type_path or None, "fixed_event_type": event_type or None,
+            "endpoint_url": endpoint_url or None, "hmac_options": options}
+
 
 def create_integration(
     conn: Connection, box: SecretBox, actor: audit.Actor, *, account: str, name: str,
     profile: str, now: datetime, tolerance: int = 300, max_body_bytes: int | None = None,
     secret: str | None = None, sandbox: bool = False,
+    settings: dict[str, str | None] | None = None,
 ) -> tuple[Integration, NewCredential]:
     """Create an integration with its first active credential; audited."""
     for label, slug in (("account", account), ("name", name)):
         if not SLUG.fullmatch(slug):
             raise Refused(f"{label} {slug!r} must match [a-z0-9][a-z0-9_-]{{0,62}}")
-    if profile not in PROFILES:
-        raise Refused(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
+    settings = settings if settings is not None else profile_settings(profile)
     if tolerance < 1 or tolerance > 86400:
         raise Refused("tolerance must be between 1 and 86400 seconds")
     if max_body_bytes is not None and not 1 <= max_body_bytes <= 64 * 1024 * 1024:
@@ -40,14 +79,15 @@ def create_integration(
                 insert(integrations).values(
                     public_id=new_integration_id(), account=account, name=name, profile=profile,
                     tolerance_seconds=tolerance, max_body_bytes=max_body_bytes,
-                    sandbox=sandbox, created_at=now,
+                    sandbox=sandbox, created_at=now, **settings,
                 ).returning(integrations.c.id)
             ).scalar_one()
     except IntegrityError:
         raise Refused(f"integration {account}/{name} already exists") from None
     integration = get_integration_by_id(conn, new_id)
     audit.record(conn, actor, "integration.create", integration.public_id, at=now,
-                 scope=integration.scope, detail={"profile": profile})
+                 scope=integration.scope,
+                 detail={"profile": profile, **{k: v for k, v in settings.items() if v}})
     # credentials.py looks integrations up, so it is imported here, not at the top.
     from ledger.access.credentials import add_credential
 

@@ -49,8 +49,8 @@ def credential_add(public_id: str, secret_stdin: bool, as_json: bool) -> None:
         integration = get_integration(conn, public_id)
         credential = add_credential(conn, svc.box, audit.Actor.cli(), integration,
                                     now=svc.clock.now(), secret=secret)
-    emit(as_json, {"key_id": credential.key_id, "secret": credential.secret},
-         text=f"key {credential.key_id} secret (shown once): {credential.secret}")
+    emit(as_json, {"key_id": credential.key_id, "secret": credential.shown_secret},
+         text=f"key {credential.key_id} secret (shown once): {credential.shown_secret}")
 
 
 @credential_group.command("list")

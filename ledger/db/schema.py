@@ -106,6 +106,12 @@ integrations = Table(
     Column("max_body_bytes", Integer),
     Column("sandbox", Boolean, nullable=False, default=False, server_default=false()),
     Column("created_at", UTCDateTime, nullable=False),
+    # Profile settings (0004_profiles): where the type is, the endpoint URL a
+    # sender signs (Twilio, Square), the `hmac` profile's options as JSON.
+    Column("type_path", Text),
+    Column("fixed_event_type", Text),
+    Column("endpoint_url", Text),
+    Column("hmac_options", Text),
     UniqueConstraint("account", "name", name="uq_integrations_scope"),
 )
 

@@ -41,6 +41,7 @@ from ledger.db.schema import (
     unsigned_bodies,
 )
 from ledger.domain import ReceiptState
+from ledger.drill.profiles import ProfileDrill
 from ledger.drill.sandbox import (
     PROFILE,
     SandboxSender,
@@ -132,6 +133,7 @@ class Drill:
         self.tag = secrets.token_hex(4)
         self.a: SandboxSender | None = None
         self.b: SandboxSender | None = None
+        self.profiles = ProfileDrill(base_url, services, actor, f"drill-{self.tag}-p")
 
     def now(self) -> datetime:
         """Return the drill's clock reading (the server signs against its own)."""
@@ -247,6 +249,7 @@ class Drill:
             integration = get_integration_by_id(conn, self.a.integration_id)
             rotation = rotate_credential(conn, self.svc.box, self.actor, integration,
                                          now=self.now(), overlap_seconds=0)
+        assert rotation.secret is not None  # sender A signs with a shared secret
         self.a.key_id, self.a.secret = rotation.key_id, rotation.secret
         answer: dict[str, Any] = {}
         sender = self.a
@@ -279,7 +282,9 @@ class Drill:
                  ("other_account_keeps_accepting", self.b_keeps_accepting),
                  ("rotated_key_gets_original_outcome", self.rotate_a),
                  ("replay_after_retention_runs_again",
-                  lambda: retention_replay(self.svc.settings)))
+                  lambda: retention_replay(self.svc.settings)),
+                 ("every_profile_revoked_within_bound",
+                  lambda: self.profiles.run(self.bound, expect)))
         try:
             for name, step in steps:
                 if not _run_step(report, name, step):
@@ -290,6 +295,7 @@ class Drill:
     def cleanup(self) -> str:
         """Delete the sandbox integrations' rows (never audit rows)."""
         ids = [s.integration_id for s in (self.a, self.b) if s is not None]
+        ids += [s.integration_id for s in self.profiles.senders]
         with self.svc.engine.begin() as conn:
             removed = delete_sandbox_integrations(conn, ids)
             audit.record(conn, self.actor, "drill.cleanup", f"drill-{self.tag}",

@@ -8,8 +8,10 @@ written before the claim transaction, and the answer exists only after commit.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 from sqlalchemy import Connection, Engine
 
@@ -24,7 +26,8 @@ from ledger.errors import (
 )
 from ledger.ids import EVENT_ID, EVENT_TYPE
 from ledger.intake.credential_view import CredentialView, IntegrationAuth
-from ledger.intake.signatures import HeaderMap, get_profile
+from ledger.intake.signatures import HeaderMap, SenderProfile, profile_for
+from ledger.intake.signatures.profile import FORM, JSON, JSON_ARRAY
 from ledger.intake.store import (
     DriverClaim,
     NewEvent,
@@ -48,6 +51,7 @@ class IntakeAnswer:
     scope: str
     event_id: str
     event_type: str
+    outcome: str  # accepted, duplicate, conflict, batch or handshake (logs and metrics)
 
 
 class _ReplayedBody(Exception):
@@ -75,28 +79,75 @@ class Intake:
         if auth is None:
             raise UnknownIntegration()
         integration = auth.integration
-        profile = get_profile(integration.profile)
+        profile = profile_for(integration)
         now = self._clock.now()
-        self._authenticate_fresh(auth, headers, body)
-        payload = parse_json_object(body, self._max_json_depth)
-        identity = profile.identity(headers, payload)
-        event_id = validate_event_id(identity.event_id)
-        event_type = validate_event_type(identity.event_type)
-        event = NewEvent(
-            scope_id=integration.id, event_id=event_id, event_type=event_type,
-            body_sha256=hashlib.sha256(body).digest(), payload=body.decode("utf-8"),
-            accepted_at=now,
-        )
+        secret = self._authenticate_fresh(auth, profile, headers, body)
+        payload = (parse_json_object(body, self._max_json_depth) if profile.body_format == JSON
+                   else parse_body(profile.body_format, body, self._max_json_depth))
+        if profile.handshake is not None:
+            reply = profile.handshake(payload, secret)
+            if reply is not None:  # answered at once, after authentication; nothing written
+                return IntakeAnswer(status=200, body=reply, scope=integration.scope,
+                                    event_id="", event_type="", outcome="handshake")
+        if isinstance(payload, list):  # a JSON_ARRAY profile's batch (parse_body)
+            return self._accept_batch(auth, profile, headers, payload, now)
+        event = self._new_event(integration.id, profile, headers, payload, body, now)
         with storage_guard():
             answer = self._claim(event, id_is_signed=profile.id_is_signed)
         return IntakeAnswer(status=answer[0], body=answer[1], scope=integration.scope,
-                            event_id=event_id, event_type=event_type)
+                            event_id=event.event_id, event_type=event.event_type,
+                            outcome=answer[1]["status"])
 
-    def _authenticate_fresh(self, auth: IntegrationAuth, headers: HeaderMap,
-                            body: bytes) -> None:
+    def _new_event(self, scope_id: int, profile: SenderProfile, headers: HeaderMap,
+                   payload: Any, body: bytes, now: Any) -> NewEvent:
+        """Validate the event's id and type; the job carries the body (a form, decoded)."""
+        # The fields directly (SenderProfile.identity, minus a call on the hot path).
+        event_id = validate_event_id(profile.event_id.read(headers, payload, body))
+        event_type = validate_event_type(profile.event_type.read(headers, payload, body))
+        if profile.body_format == FORM:
+            # The signature covers the decoded fields, not the bytes (`a=1&b=2` and
+            # `b=2&a=1` verify alike): the digest must too, or a reordered replay
+            # would pass the body-digest guard as a new body.
+            text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+            digest = hashlib.sha256(text.encode()).digest()
+        else:
+            text, digest = body.decode("utf-8"), hashlib.sha256(body).digest()
+        return NewEvent(scope_id=scope_id, event_id=event_id, event_type=event_type,
+                        body_sha256=digest, payload=text, accepted_at=now)
+
+    def _accept_batch(self, auth: IntegrationAuth, profile: SenderProfile, headers: HeaderMap,
+                      events: list[Any], now: Any) -> IntakeAnswer:
+        """Give each event of a batch its own receipt and job, all in one transaction."""
+        integration = auth.integration
+        batch = []
+        for index, element in enumerate(events):
+            if not isinstance(element, dict):
+                raise InvalidEvent(f"batch element {index} is not a JSON object")
+            raw = json.dumps(element, separators=(",", ":")).encode()
+            try:
+                batch.append(self._new_event(integration.id, profile, headers, element, raw,
+                                             now))
+            except InvalidEvent as invalid:
+                raise InvalidEvent(f"batch element {index}: {invalid.detail}") from None
+        # Claimed in id order: two concurrent batches sharing ids then wait for each
+        # other in one order and never deadlock. Answers keep the body's order.
+        order = sorted(range(len(batch)), key=lambda i: batch[i].event_id)
+        claimed: dict[int, tuple[int, dict[str, Any]]] = {}
+        with storage_guard(), self._engine.begin() as conn:
+            for i in order:
+                claimed[i] = claim_in_batch(conn, batch[i])
+        answers = [claimed[i] for i in range(len(batch))]
+        status = 202 if any(a[1].get("state") == "pending" for a in answers) else 200
+        return IntakeAnswer(status=status,
+                            body={"status": "batch", "events": [a[1] for a in answers]},
+                            scope=integration.scope, event_id=batch[0].event_id,
+                            event_type=batch[0].event_type, outcome="batch")
+
+    def _authenticate_fresh(self, auth: IntegrationAuth, profile: SenderProfile,
+                            headers: HeaderMap, body: bytes) -> str:
         """Authenticate; when no cached key matched, re-read the keys once and try again."""
         try:
-            self._authenticate(auth, headers, body)
+            return self._authenticate(auth, profile, headers, body)
         except AuthenticationFailed as failure:
             if failure.reason not in ("bad_signature", "no_secret"):
                 raise
@@ -107,30 +158,31 @@ class Intake:
                 raise failure from None
             if fresh is None:
                 raise
-            self._authenticate(fresh, headers, body)
+            return self._authenticate(fresh, profile, headers, body)
 
-    def _authenticate(self, auth: IntegrationAuth, headers: HeaderMap, body: bytes) -> None:
-        """Verify against live keys; name a dead key that matches, for the logs."""
-        profile = get_profile(auth.integration.profile)
+    def _authenticate(self, auth: IntegrationAuth, profile: SenderProfile, headers: HeaderMap,
+                      body: bytes) -> str:
+        """Verify against live keys and return the one that matched; name a dead one."""
         now = self._clock.now()
         tolerance = auth.integration.tolerance_seconds
         live = auth.live_keys(now)
         try:
-            profile.verify(headers, body, [k.secret for k in live], now=unix(now),
-                           tolerance=tolerance)
+            verified = profile.scheme.verify(headers, body, [k.secret for k in live],
+                                             now=unix(now), tolerance=tolerance)
         except AuthenticationFailed as failure:
             # "no_secret": every key of the integration is dead, the sole key was revoked.
             if failure.reason in ("bad_signature", "no_secret"):
                 dead = auth.dead_keys(now)
                 try:
-                    hit = profile.verify(headers, body, [k.secret for k in dead],
-                                         now=unix(now), tolerance=tolerance)
+                    hit = profile.scheme.verify(headers, body, [k.secret for k in dead],
+                                                now=unix(now), tolerance=tolerance)
                 except AuthenticationFailed:
                     raise failure from None
                 key = dead[hit.secret_index]
                 state = "revoked" if key.state is CredentialState.REVOKED else "expired"
                 raise AuthenticationFailed(f"{state}_key", key_id=key.key_id) from None
             raise
+        return live[verified.secret_index].secret
 
     def _claim(self, event: NewEvent, *, id_is_signed: bool) -> tuple[int, dict[str, Any]]:
         """Claim the event id in one transaction; answer from the ledger if it is taken."""
@@ -192,6 +244,24 @@ def _claim_unsigned(conn: Connection, event: NewEvent) -> tuple[bool, RecordedOu
     return True, None
 
 
+def claim_in_batch(conn: Connection, event: NewEvent) -> tuple[int, dict[str, Any]]:
+    """Claim one event of a batch inside the batch's transaction; answer as section 2 does."""
+    if claim_receipt(conn, event):
+        enqueue_job(conn, event)
+        return 202, {"status": "accepted", "event_id": event.event_id,
+                     "state": ReceiptState.PENDING.value}
+    existing = recorded_outcome(conn, event.scope_id, event.event_id)
+    if existing is None:
+        raise StorageUnavailable("a batch event's receipt vanished while it was claimed")
+    if existing.body_sha256 != event.body_sha256:
+        record_conflict(conn, scope_id=event.scope_id, event_id=event.event_id,
+                        kind=ConflictKind.DIFFERENT_BODY, original_event_id=event.event_id,
+                        original_sha256=existing.body_sha256,
+                        incoming_sha256=event.body_sha256, now=event.accepted_at)
+        return 409, {"status": "conflict", "event_id": event.event_id}
+    return duplicate_answer(event.event_id, existing)
+
+
 def duplicate_answer(event_id: str, existing: RecordedOutcome) -> tuple[int, dict[str, Any]]:
     """Return the CONTRACT's answer for a duplicate in the recorded state."""
     body: dict[str, Any] = {"status": "duplicate", "event_id": event_id,
@@ -204,10 +274,48 @@ def duplicate_answer(event_id: str, existing: RecordedOutcome) -> tuple[int, dic
     return 202, body
 
 
+def parse_body(body_format: str, body: bytes, max_depth: int = 64) -> Any:
+    """Decode the body in the profile's format: a JSON object, a JSON array, or a form."""
+    if body_format == FORM:
+        return parse_form(body)
+    if body_format == JSON_ARRAY:
+        events = _load_json(body, "a JSON array of events", max_depth)
+        if not isinstance(events, list) or not events:
+            raise InvalidEvent("body must be a non-empty JSON array of events")
+        return events
+    return parse_json_object(body, max_depth)
+
+
+def parse_form(body: bytes) -> dict[str, Any]:
+    """Decode an x-www-form-urlencoded body; a repeated field becomes a list of values."""
+    try:
+        pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
+    except UnicodeDecodeError:
+        raise InvalidEvent("body is not valid UTF-8") from None
+    except ValueError:
+        raise InvalidEvent("body is not a valid form") from None
+    fields: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in fields:
+            previous = fields[name]
+            fields[name] = [*previous, value] if isinstance(previous, list) else [previous, value]
+        else:
+            fields[name] = value
+    return fields
+
+
 def parse_json_object(body: bytes, max_depth: int = 64) -> dict[str, Any]:
     """Decode a strict UTF-8 JSON object, refusing anything else with a clear detail."""
+    payload = _load_json(body, "a JSON object", max_depth)
+    if not isinstance(payload, dict):
+        raise InvalidEvent("body must be a JSON object")
+    return payload
+
+
+def _load_json(body: bytes, expected: str, max_depth: int) -> Any:
+    """Decode strict UTF-8 JSON of any shape, refusing what is not JSON with a clear detail."""
     if not body:
-        raise InvalidEvent("body is empty; a JSON object is required")
+        raise InvalidEvent(f"body is empty; {expected} is required")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -216,8 +324,6 @@ def parse_json_object(body: bytes, max_depth: int = 64) -> dict[str, Any]:
         payload = loads(text, max_depth)
     except StrictJsonError as error:
         raise InvalidEvent(str(error)) from None
-    if not isinstance(payload, dict):
-        raise InvalidEvent("body must be a JSON object")
     return payload
 
 

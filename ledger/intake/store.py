@@ -177,9 +177,10 @@ class DriverClaim:
                                       body_sha256=bytes(row[1]), result_ref=row[2])
 
     def _claim_postgresql(self, conn: Any, event: NewEvent) -> Any:
+        assert self._prepared is not None  # built for PostgreSQL in __init__
         conn.autocommit = True
         try:
-            row = self._prepared.fetch_one(conn, {  # type: ignore[union-attr]
+            row = self._prepared.fetch_one(conn, {
                 "scope_id": event.scope_id, "event_id": event.event_id,
                 "event_type": event.event_type, "accepted_at": event.accepted_at,
                 "body_sha256": event.body_sha256, "payload": event.payload})

@@ -83,7 +83,8 @@ def _bad_input(error: Exception) -> Response:
 
 
 @bp.errorhandler(NotFound)
-def _missing(_error: NotFound):  # type: ignore[no-untyped-def]
+def _missing(_error: NotFound) -> Response:
+    """Answer a missing record: 404 not_found."""
     return _not_found()
 
 

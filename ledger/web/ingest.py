@@ -153,7 +153,7 @@ def _deliver(svc: Services, public_id: str, environ: dict[str, Any]) -> HookAnsw
             metrics.DEAD_KEY_USE.labels(failure.reason.removesuffix("_key")).inc()
         raise
     elapsed = time.perf_counter() - started
-    outcome = answer.body["status"]
+    outcome = answer.outcome
     metrics.DELIVERIES.labels(outcome).inc()
     metrics.INTAKE_LATENCY.observe(elapsed)
     log.info("delivery." + outcome, outcome=outcome, scope=answer.scope,

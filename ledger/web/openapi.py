@@ -121,7 +121,11 @@ def _intake() -> dict[str, Any]:
         "description": "Checks in order: body size, integration, signature and freshness, "
                        "scope, event id and type; then one transaction writes the receipt "
                        "and the job. No 2xx before commit. Signature headers depend on the "
-                       "integration's profile (standard-webhooks, stripe, github).",
+                       "integration's profile (README, \"Sender profiles\"). Handshakes "
+                       "(Slack, Zoom, Discord) answer 200 with the sender's documented body "
+                       "and write nothing; batch profiles (SendGrid) answer "
+                       "{\"status\": \"batch\", \"events\": [...]}; form profiles "
+                       "(Twilio) post application/x-www-form-urlencoded.",
         "operationId": "receiveDelivery",
         "parameters": [{"name": "integration", "in": "path", "required": True,
                         "schema": {"type": "string", "pattern": "^in_[0-9A-Za-z]{22}$"}}],

@@ -20,7 +20,7 @@ from tests.servers import BIN
 STEPS = ["sandbox_accounts", "distinct_events_and_duplicates",
          "revoked_key_refused_within_bound", "revoked_key_changes_nothing",
          "other_account_keeps_accepting", "rotated_key_gets_original_outcome",
-         "replay_after_retention_runs_again", "cleanup"]
+         "replay_after_retention_runs_again", "every_profile_revoked_within_bound", "cleanup"]
 ACTOR = audit.Actor(name="drill-test", role="security")
 
 
@@ -58,7 +58,8 @@ def test_drill_passes_and_leaves_real_accounts_and_the_audit_trail(drill_app):
     after = {t.name: _rows(drill_app, t) for t in (receipts, jobs, credentials, integrations)}
     assert after == before  # the sandbox is gone and the real account is untouched
     actions = [row[4] for row in _rows(drill_app, audit_log, actor="drill-test")]
-    assert actions.count("integration.create") == 2
+    # Two leaked-key accounts, and one integration per profile (14 presets, v1a, hmac).
+    assert actions.count("integration.create") == 2 + 16
     assert {"credential.revoke", "credential.rotate", "drill.cleanup"} <= set(actions)
     with drill_app.extensions["ledger"].engine.connect() as conn:
         assert audit.verify_chain(conn)["ok"] is True

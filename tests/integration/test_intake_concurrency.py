@@ -70,3 +70,41 @@ def test_fifty_concurrent_identical_deliveries_make_one_receipt(pg_env):
     assert len(per_event) == EVENTS
     assert all(count == 1 for _, count in per_event)
     assert job_count == EVENTS
+
+
+@pytest.mark.slow
+def test_concurrent_overlapping_batches_neither_deadlock_nor_double_claim(pg_env):
+    """SendGrid batches sharing events in opposite orders: one receipt each, no 5xx."""
+    import json
+
+    from app import create_app
+    from tests.profile_keys import KEYS
+
+    app = create_app(pg_env)
+    sender = make_sender(app, name="sg", profile="sendgrid", secret=KEYS["sendgrid"].stored,
+                         signing_key=KEYS["sendgrid"].signing)
+    app.extensions["ledger"].close()
+    events = [{"sg_event_id": f"sg_{n}", "event": "delivered"} for n in range(10)]
+    bodies = [json.dumps(order).encode() for order in (events, events[::-1])]
+    clients = 20
+    barrier = threading.Barrier(clients)
+    with gunicorn_server(pg_env, workers=4) as (base_url, _process):
+        def one(index: int) -> int:
+            body = bodies[index % 2]
+            headers = signed_headers(sender, body, "batch")
+            with requests.Session() as session:
+                barrier.wait(timeout=30)
+                return session.post(f"{base_url}/hooks/{sender.public_id}", data=body,
+                                    headers=headers, timeout=30).status_code
+
+        with ThreadPoolExecutor(clients) as pool:
+            statuses = list(pool.map(one, range(clients)))
+    assert statuses == [202] * clients
+    engine = create_engine(pg_env["DATABASE_URL"])
+    with engine.connect() as conn:
+        per_event = conn.execute(
+            select(receipts.c.event_id, func.count()).group_by(receipts.c.event_id)).all()
+        job_count = conn.execute(select(func.count()).select_from(jobs)).scalar_one()
+    engine.dispose()
+    assert sorted(per_event) == [(f"sg_{n}", 1) for n in range(10)]
+    assert job_count == 10

@@ -1,23 +1,53 @@
-"""Sender signature profiles, one module each, found by name."""
+"""Sender signature profiles: preset declarations, and `hmac` configured per integration."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
 from ledger.errors import AuthenticationFailed
 from ledger.intake.signatures.base import EventIdentity, HeaderMap, Profile, Verified
-from ledger.intake.signatures.github import GITHUB
-from ledger.intake.signatures.standard_webhooks import STANDARD_WEBHOOKS
-from ledger.intake.signatures.stripe import STRIPE
+from ledger.intake.signatures.configurable import hmac_profile
+from ledger.intake.signatures.presets import PRESETS
+from ledger.intake.signatures.profile import SenderProfile
 
-__all__ = ["PROFILES", "EventIdentity", "HeaderMap", "Profile", "Verified", "get_profile"]
+if TYPE_CHECKING:
+    from ledger.domain import Integration
 
-PROFILES: dict[str, Profile] = {
-    profile.name: profile for profile in (STANDARD_WEBHOOKS, STRIPE, GITHUB)
-}
+__all__ = ["PROFILES", "PROFILE_NAMES", "EventIdentity", "HeaderMap", "Profile",
+           "SenderProfile", "Verified", "get_profile", "profile_for"]
+
+PROFILES: dict[str, SenderProfile] = {profile.name: profile for profile in PRESETS}
+HMAC = "hmac"
+PROFILE_NAMES: tuple[str, ...] = tuple(sorted([*PROFILES, HMAC]))
 
 
-def get_profile(name: str | None) -> Profile:
-    """Return the profile called `name`; an unknown or missing name fails closed."""
+def get_profile(name: str | None) -> SenderProfile:
+    """Return the preset profile called `name`; an unknown or missing name fails closed."""
     profile = PROFILES.get(name) if isinstance(name, str) else None
     if profile is None:
         raise AuthenticationFailed("unknown_profile")
     return profile
+
+
+def profile_for(integration: Integration) -> SenderProfile:
+    """Return the profile an integration verifies with, its own settings applied."""
+    return _configured(integration.profile, integration.type_path,
+                       integration.fixed_event_type, integration.endpoint_url,
+                       integration.hmac_options)
+
+
+@lru_cache(maxsize=4096)
+def _configured(name: str, type_path: str | None, event_type: str | None, url: str | None,
+                hmac_options: str | None) -> SenderProfile:
+    """Build (once per process and setting) the profile with an integration's settings."""
+    if name == HMAC:
+        if not hmac_options:
+            raise AuthenticationFailed("unknown_profile")
+        try:
+            base = hmac_profile(hmac_options)
+        except ValueError:
+            raise AuthenticationFailed("unknown_profile") from None
+    else:
+        base = get_profile(name)
+    return base.configured(type_path=type_path, event_type=event_type, url=url)

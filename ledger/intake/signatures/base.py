@@ -1,4 +1,7 @@
-"""What every sender profile provides: verify, sign, and find the event identity."""
+"""What every sender profile provides: verify, sign, and find the event identity.
+
+The presets implement it as data (profile.SenderProfile over schemes.py).
+"""
 
 from __future__ import annotations
 
@@ -54,8 +57,8 @@ class Profile(Protocol):
         """Return the headers the real sender would attach to `body`."""
         ...
 
-    def identity(self, headers: HeaderMap, payload: dict[str, Any]) -> EventIdentity:
-        """Find the event id and type in the headers or the parsed body."""
+    def identity(self, headers: HeaderMap, payload: Any, body: bytes = b"") -> EventIdentity:
+        """Find the event id and type in the headers, the parsed body or the raw body."""
         ...
 
     def generate_secret(self) -> str:

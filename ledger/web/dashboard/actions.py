@@ -169,7 +169,7 @@ def acknowledge(conflict_id: int) -> Response:
                   message=message if status == 200 else None, open_only=True, args={})
 
 
-def _credentials_answer(public_id: str, *, status: int = 200, secret: dict[str, Any] | None = None,
+def credentials_answer(public_id: str, *, status: int = 200, secret: dict[str, Any] | None = None,
                         message: str | None = None, error: str | None = None,
                         confirm_last: dict[str, str] | None = None) -> Response:
     """Re-render an integration's credentials with a one-time secret, a message or a question."""
@@ -192,7 +192,7 @@ def credential_add(public_id: str) -> Response:
     svc = services()
     refused = confirm_password(request.form.get("password", ""))
     if refused:
-        return _credentials_answer(public_id, status=403, error=refused)
+        return credentials_answer(public_id, status=403, error=refused)
     try:
         with svc.engine.begin() as conn:
             integration = get_integration(conn, public_id)
@@ -201,8 +201,8 @@ def credential_add(public_id: str) -> Response:
     except LedgerError as error:
         return _credentials_or_404(public_id, error)
     svc.view.invalidate()
-    return _credentials_answer(public_id, secret={"key_id": created.key_id,
-                                                  "secret": created.secret},
+    return credentials_answer(public_id, secret={"key_id": created.key_id,
+                                                  "secret": created.shown_secret},
                                message=f"Added {created.key_id}.")
 
 
@@ -213,10 +213,10 @@ def credential_rotate(public_id: str) -> Response:
     svc = services()
     refused = confirm_password(request.form.get("password", ""))
     if refused:
-        return _credentials_answer(public_id, status=403, error=refused)
+        return credentials_answer(public_id, status=403, error=refused)
     reason = request.form.get("reason", "").strip()
     if not reason:
-        return _credentials_answer(public_id, status=400, error="a reason is required")
+        return credentials_answer(public_id, status=400, error="a reason is required")
     try:
         overlap = int(request.form.get("overlap", "86400"))
         with svc.engine.begin() as conn:
@@ -225,11 +225,11 @@ def credential_rotate(public_id: str) -> Response:
                                          now=svc.clock.now(), overlap_seconds=overlap,
                                          reason=reason)
     except ValueError:
-        return _credentials_answer(public_id, status=400, error="overlap must be seconds")
+        return credentials_answer(public_id, status=400, error="overlap must be seconds")
     except LedgerError as error:
         return _credentials_or_404(public_id, error)
     svc.view.invalidate()
-    return _credentials_answer(public_id, secret={"key_id": rotation.key_id,
+    return credentials_answer(public_id, secret={"key_id": rotation.key_id,
                                                   "secret": rotation.secret},
                                message=f"Rotated: {rotation.key_id} is active; "
                                        f"{len(rotation.retiring)} key(s) retiring.")
@@ -256,10 +256,10 @@ def credential_revoke(public_id: str) -> Response:
     except LedgerError as error:
         return _credentials_or_404(public_id, error)
     if last and not confirmed:
-        return _credentials_answer(public_id, status=409, confirm_last=question)
+        return credentials_answer(public_id, status=409, confirm_last=question)
     refused = confirm_password(request.form.get("password", ""))
     if refused:
-        return _credentials_answer(public_id, status=403, error=refused,
+        return credentials_answer(public_id, status=403, error=refused,
                                    confirm_last=question if last else None)
     try:
         with svc.engine.begin() as conn:
@@ -271,7 +271,7 @@ def credential_revoke(public_id: str) -> Response:
     except LedgerError as error:
         return _credentials_or_404(public_id, error)
     svc.view.invalidate()
-    return _credentials_answer(
+    return credentials_answer(
         public_id, message=f"Revoked {key_id}. Every instance refuses it within "
                            f"{svc.settings.revocation_bound_seconds} s.")
 
@@ -280,5 +280,5 @@ def _credentials_or_404(public_id: str, error: LedgerError) -> Response:
     """Answer a refused credential action (or 404 when the integration is unknown)."""
     if isinstance(error, NotFound) and error.what == "integration":
         abort(404)
-    return _credentials_answer(public_id, status=_status_of(error), error=str(error))
+    return credentials_answer(public_id, status=_status_of(error), error=str(error))
 

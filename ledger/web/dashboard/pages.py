@@ -8,6 +8,7 @@ from flask import Response, abort, request
 
 from ledger.access import audit
 from ledger.errors import NotFound
+from ledger.intake.signatures import PROFILE_NAMES
 from ledger.reads import BadCursor
 from ledger.reads.admin import list_audit, list_conflicts, list_integrations, read_credentials
 from ledger.reads.capacity import measure
@@ -145,6 +146,11 @@ def conflicts_page() -> Response:
 @requires("viewer")
 def integrations_page() -> Response:
     """Integrations by scope, each linking to its credentials."""
+    return integrations_answer()
+
+
+def integrations_answer(*, status: int = 200, error: str | None = None) -> Response:
+    """Render the integrations list (and, for security, the connect form)."""
     svc = services()
     with svc.engine.connect() as conn:
         try:
@@ -153,7 +159,8 @@ def integrations_page() -> Response:
         except (BadCursor, BadFilter):
             abort(400)
     return render("integrations.html", "partials/_integrations.html", page=page,
-                  args=request.args)
+                  args=request.args, profiles=PROFILE_NAMES, error=error, status=status,
+                  form=request.form)
 
 
 @bp.get("/credentials/<public_id>")

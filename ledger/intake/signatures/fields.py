@@ -1,0 +1,170 @@
+"""Where a profile finds the event id and type: a header, a body path, a fixed value…
+
+Each field reads what the sender put there without judging it (the pipeline
+validates), and can `put` a value back, so tests, the demo and the drill build
+deliveries in the sender's own shape from the same declaration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ledger.intake.signatures import _common as common
+from ledger.intake.signatures.base import HeaderMap
+
+
+class Field(Protocol):
+    """A place in a delivery that holds the event id or type."""
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the value as sent (None when absent), never raising."""
+        ...
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Write `value` where the sender would."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A header (`X-GitHub-Delivery`); Shopify's topic swaps `/` for `.`."""
+
+    name: str
+    slash_as_dot: bool = False
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the header's value (a list when repeated, so validation refuses it)."""
+        value = common.header_as_sent(headers, self.name.lower())
+        if self.slash_as_dot and isinstance(value, str):
+            return value.replace("/", ".")
+        return value
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Set the header."""
+        headers[self.name] = value.replace(".", "/") if self.slash_as_dot else value
+
+
+@dataclass(frozen=True, slots=True)
+class BodyPath:
+    """A field of the JSON body, nested by a dotted path (`event.type`).
+
+    `default` stands in when the sender left the field out (not when it is bad):
+    Standard Webhooks only recommends a `type`.
+    """
+
+    path: tuple[str, ...]
+    default: str | None = None
+
+    @classmethod
+    def of(cls, dotted: str, default: str | None = None) -> BodyPath:
+        """Return the field at `dotted` (`data.object.kind`)."""
+        return cls(tuple(dotted.split(".")), default)
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the value at the path, or the default when any step is missing."""
+        value = payload
+        for step in self.path:
+            if not isinstance(value, dict):
+                return self.default
+            value = value.get(step)
+        return self.default if value is None else value
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Set the value at the path, creating objects on the way."""
+        node = payload
+        for step in self.path[:-1]:
+            node = node.setdefault(step, {})
+        node[self.path[-1]] = value
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """A type fixed per integration, for senders whose events carry none."""
+
+    value: str
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the fixed value."""
+        return self.value
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Nothing to write: the sender does not send it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dotted:
+    """`first` + `.` + `second` when the second is there (GitHub `issues.opened`)."""
+
+    first: Field
+    second: Field
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Join the two parts; the first alone when the second is absent or odd."""
+        head = self.first.read(headers, payload, body)
+        tail = self.second.read(headers, payload, body)
+        if isinstance(head, str) and isinstance(tail, str) and tail:
+            return f"{head}.{tail}"
+        return head
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Split at the first dot."""
+        head, _, tail = value.partition(".")
+        self.first.put(head, headers, payload)
+        if tail:
+            self.second.put(tail, headers, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Wrapped:
+    """Slack: the inner event's type for `event_callback` envelopes, else the envelope's."""
+
+    envelope: str
+    outer: BodyPath
+    inner: BodyPath
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the inner type inside the envelope, the outer type otherwise."""
+        outer = self.outer.read(headers, payload, body)
+        return self.inner.read(headers, payload, body) if outer == self.envelope else outer
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Wrap the event in the envelope."""
+        self.outer.put(self.envelope, headers, payload)
+        self.inner.put(value, headers, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Named:
+    """A numeric code named by a table (Discord's interaction types)."""
+
+    inner: Field
+    names: Mapping[int, str]
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the code's name; an unknown code reads as itself (and fails validation)."""
+        code = self.inner.read(headers, payload, body)
+        if isinstance(code, int) and not isinstance(code, bool):
+            return self.names.get(code, code)
+        return code
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Write the code of `value` (a name without a code is written as it is)."""
+        codes = {name: code for code, name in self.names.items()}
+        self.inner.put(codes.get(value, value), headers, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class BodyDigest:
+    """An id made from the signed body, for senders that send none (Zoom)."""
+
+    prefix: str
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the prefix and 40 hex digits of the body's SHA-256."""
+        return self.prefix + hashlib.sha256(body).hexdigest()[:40]
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Nothing to write: the id follows from the body."""

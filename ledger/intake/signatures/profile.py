@@ -1,0 +1,149 @@
+"""A sender profile: a declaration over one scheme, two fields, a body format and a handshake."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets as random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlencode
+
+from ledger.ids import random_base62
+from ledger.intake.signatures import _common as common
+from ledger.intake.signatures.base import EventIdentity, HeaderMap, Verified
+from ledger.intake.signatures.fields import BodyPath, Field, Fixed
+from ledger.intake.signatures.schemes import SharedToken, SignedContent
+
+MAX_SECRET_LENGTH = 512
+
+# Body formats: one JSON object, a JSON array of events (one receipt each), a form.
+JSON = "json"
+JSON_ARRAY = "json-array"
+FORM = "form"
+
+# A handshake gets the parsed body and the secret that verified it; it returns the
+# answer to send at once (no receipt), or None when the delivery is an event.
+Handshake = Callable[[Any, str], dict[str, Any] | None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecretFormat:
+    """What a credential of this sender looks like, and how to make one."""
+
+    generate: Callable[[], str] | None  # None: the sender issues it (a public key)
+    check: Callable[[str], str | None]  # an error message, or None when usable
+    is_public: Callable[[str], bool] = lambda secret: False
+
+
+def _printable(secret: str) -> str | None:
+    """Refuse secrets nobody could have typed into the sender's console."""
+    if not secret or len(secret) > MAX_SECRET_LENGTH or not secret.isprintable():
+        return f"secret must be 1-{MAX_SECRET_LENGTH} printable characters"
+    return None
+
+
+RAW_SECRET = SecretFormat(generate=lambda: random.token_urlsafe(32), check=_printable)
+STRIPE_SECRET = SecretFormat(generate=lambda: "whsec_" + random_base62(32), check=_printable)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeaderSetId:
+    """The signed id header of whichever header set the delivery used (svix-id, webhook-id)."""
+
+    scheme: SignedContent
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the id header of the set the scheme verified."""
+        names = self.scheme.header_set(headers)
+        return common.header_as_sent(headers, names.id_key) if names.id_key else None
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """The scheme's sign() writes the id header."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SenderProfile:
+    """One sender's scheme, where its event id and type live, and what its body is."""
+
+    name: str
+    scheme: SignedContent | SharedToken
+    event_id: Field
+    event_type: Field
+    # False when the event id is not covered by the signature: a captured body
+    # could be replayed under a fresh id, so the body-digest guard applies.
+    id_is_signed: bool
+    secret: SecretFormat = RAW_SECRET
+    body_format: str = JSON
+    handshake: Handshake | None = None
+    example: Callable[[str, str, dict[str, Any]], dict[str, Any]] | None = None
+
+    @property
+    def has_timestamp(self) -> bool:
+        """Tell whether deliveries carry a signed timestamp (freshness is checked)."""
+        return self.scheme.has_timestamp
+
+    def verify(self, headers: HeaderMap, body: bytes, secrets: Sequence[str], *,
+               now: int, tolerance: int) -> Verified:
+        """Return which secret signed `body`, or raise AuthenticationFailed."""
+        return self.scheme.verify(headers, body, secrets, now=now, tolerance=tolerance)
+
+    def identity(self, headers: HeaderMap, payload: Any, body: bytes = b"") -> EventIdentity:
+        """Find the event id and type in the headers or the parsed body, unvalidated."""
+        return EventIdentity(event_id=self.event_id.read(headers, payload, body),
+                             event_type=self.event_type.read(headers, payload, body))
+
+    def sign(self, secret: str, body: bytes, *, event_id: str, event_type: str,
+             timestamp: int) -> dict[str, str]:
+        """Return the headers the real sender would attach to `body`."""
+        headers = self.scheme.sign(secret, body, event_id=event_id, timestamp=timestamp)
+        unused: dict[str, Any] = {}
+        for found, value in ((self.event_id, event_id), (self.event_type, event_type)):
+            if not isinstance(found, BodyPath):
+                found.put(value, headers, unused)
+        return headers
+
+    def compose(self, event_id: str, event_type: str, data: dict[str, Any]) -> bytes:
+        """Return a body in the sender's shape carrying this id, type and data."""
+        payload = self.example(event_id, event_type, data) if self.example else {"data": data}
+        unused: dict[str, str] = {}
+        for found, value in ((self.event_id, event_id), (self.event_type, event_type)):
+            found.put(value, unused, payload)
+        if self.body_format == FORM:
+            return urlencode(payload).encode()
+        body = [payload] if self.body_format == JSON_ARRAY else payload
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    def generate_secret(self) -> str:
+        """Return a fresh signing secret in the sender's format."""
+        if self.secret.generate is None:
+            raise ValueError(f"{self.name} needs the sender's public key: pass it on stdin")
+        return self.secret.generate()
+
+    def configured(self, *, type_path: str | None = None, event_type: str | None = None,
+                   url: str | None = None) -> SenderProfile:
+        """Return this profile with an integration's type source and endpoint URL."""
+        changes: dict[str, Any] = {}
+        if type_path:
+            changes["event_type"] = BodyPath.of(type_path)
+        elif event_type:
+            changes["event_type"] = Fixed(event_type)
+        if url and isinstance(self.scheme, SignedContent):
+            changes["scheme"] = replace(self.scheme, url=url)
+        return replace(self, **changes) if changes else self
+
+
+def hmac_hex(secret: str, text: str) -> str:
+    """Return the hex HMAC-SHA256 of `text` under the raw secret (Zoom's challenge answer)."""
+    key = common.utf8_key(secret) or b""
+    return hmac.new(key, text.encode(), "sha256").hexdigest()
+
+
+def public_key_format(check: Callable[[str], Any], label: str) -> SecretFormat:
+    """A credential that is the sender's public key: never generated, never secret."""
+    return SecretFormat(
+        generate=None,
+        check=lambda secret: None if check(secret) is not None else f"not a {label}",
+        is_public=lambda secret: True)
+

@@ -1,0 +1,337 @@
+"""Verification schemes: how a sender's signature is read, what it covers, how it is checked.
+
+Every preset profile is a declaration over two schemes:
+
+* `SignedContent`: one header of signature entries (`t=…,v1=…`, `v1,… v1a,…`,
+  `ts=…;h1=…`, `sha256=<hex>`, a bare value), a signed-content template over the
+  event id, the timestamp, the raw body and the endpoint URL (or a function, for
+  Twilio's sorted form parameters), and per entry name the algorithm that checks
+  it: HMAC (any digest, hex or base64), ed25519 or ECDSA P-256 (`keys.py`).
+* `SharedToken`: the sender repeats a shared secret in a header (GitLab).
+
+Entries that are malformed or of an unknown name are skipped: they never spoil a
+valid one (the senders' own libraries do the same). Freshness is checked after
+the signature, so "stale" in the logs means a genuine old message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import parse_qsl
+
+from ledger.errors import AuthenticationFailed
+from ledger.intake.signatures import _common as common
+from ledger.intake.signatures.base import HeaderMap, Verified
+
+_LOWER_HEX = re.compile(r"[0-9a-f]+")
+_PLACEHOLDER = re.compile(r"(\{id\}|\{timestamp\}|\{body\}|\{url\})")
+
+
+class Algorithm(Protocol):
+    """One way to check a signature entry (keys.Hmac, keys.Ed25519, keys.EcdsaP256)."""
+
+    @property
+    def size(self) -> int:
+        """Length of one raw signature in bytes (0: it varies)."""
+
+    @property
+    def key_of(self) -> Callable[[str], Any]:
+        """Turn a stored credential into the key this algorithm checks with."""
+
+    def matches(self, key: Any, message: bytes, candidates: Sequence[bytes]) -> bool: ...
+
+    def sign(self, secret: str, message: bytes) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeaderSet:
+    """The header names one delivery uses: signature, and maybe timestamp and signed id."""
+
+    signature: str
+    timestamp: str | None = None
+    id: str | None = None
+    # Lower-cased once: the intake passes header names lower-cased.
+    signature_key: str = field(init=False)
+    timestamp_key: str | None = field(init=False)
+    id_key: str | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signature_key", self.signature.lower())
+        object.__setattr__(self, "timestamp_key", self.timestamp and self.timestamp.lower())
+        object.__setattr__(self, "id_key", self.id and self.id.lower())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Entries:
+    """A header of `name<pair>value` entries joined by `separator` (`t=1,v1=ab,v1=cd`)."""
+
+    separator: str
+    pair: str
+    timestamp: str | None = None  # the entry that carries the signed timestamp
+    trim: bool = False  # allow spaces around entries (`v1=…, v1=…`)
+
+    def parse(self, value: str) -> tuple[str | None, list[tuple[str, str]]]:
+        """Return the raw timestamp entry and every other well-formed entry."""
+        raw_timestamp: str | None = None
+        entries = []
+        for item in value.split(self.separator):
+            name, pair, content = (item.strip() if self.trim else item).partition(self.pair)
+            if not name or not pair or not content:
+                continue  # malformed: skipped, never fatal
+            if name == self.timestamp:
+                if raw_timestamp is not None:
+                    # Two timestamps: the signed one and the checked one could differ.
+                    raise AuthenticationFailed("malformed_signature")
+                raw_timestamp = content
+            else:
+                entries.append((name, content))
+        return raw_timestamp, entries
+
+    def format(self, version: str, signature: str, raw_timestamp: str | None) -> str:
+        """Return the header value a sender would send for one signature."""
+        entry = f"{version}{self.pair}{signature}"
+        if self.timestamp is None:
+            return entry
+        return f"{self.timestamp}{self.pair}{raw_timestamp}{self.separator}{entry}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Single:
+    """A header holding one signature after a fixed prefix (`sha256=<hex>`, `v0=…`, bare)."""
+
+    prefix: str = ""
+    version: str = "sig"
+
+    def parse(self, value: str) -> tuple[str | None, list[tuple[str, str]]]:
+        """Return no timestamp and the one entry, or refuse an unknown prefix."""
+        if not value.startswith(self.prefix):
+            raise AuthenticationFailed("no_supported_signature")
+        return None, [(self.version, value[len(self.prefix):])]
+
+    def format(self, version: str, signature: str, raw_timestamp: str | None) -> str:
+        """Return the header value a sender would send."""
+        return self.prefix + signature
+
+
+def decode_signature(encoding: str, value: str, size: int) -> bytes | None:
+    """Return the bytes of one canonical hex or base64 signature of `size` bytes (0: any)."""
+    if encoding == "hex":
+        if (size and len(value) != 2 * size) or not _LOWER_HEX.fullmatch(value):
+            return None
+        return bytes.fromhex(value) if len(value) % 2 == 0 else None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if not raw or (size and len(raw) != size):
+        return None
+    # One spelling per signature: unused trailing bits or missing padding are refused.
+    return raw if base64.b64encode(raw).decode("ascii") == value else None
+
+
+def encode_signature(encoding: str, raw: bytes) -> str:
+    """Return `raw` spelled as the sender spells signatures."""
+    return raw.hex() if encoding == "hex" else base64.b64encode(raw).decode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A signed-content template over `{id}`, `{timestamp}`, `{body}` and `{url}`."""
+
+    text: str
+    # Compiled once, so the hot path pays one str.format and one encode: the text
+    # before `{body}` as a format string, the literal text after it as bytes.
+    _head: str = field(init=False, repr=False)
+    _tail: bytes = field(init=False, repr=False)
+    _names: tuple[str, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        parts = _PLACEHOLDER.split(self.text)
+        names = tuple(part[1:-1] for part in parts if _PLACEHOLDER.fullmatch(part))
+        if names.count("body") != 1 or any(_PLACEHOLDER.fullmatch(p)
+                                           for p in parts[parts.index("{body}") + 1:]):
+            raise ValueError("the signed content holds {body} once, after every other field")
+        at = parts.index("{body}")
+        head = "".join(part if _PLACEHOLDER.fullmatch(part)
+                       else part.replace("{", "{{").replace("}", "}}") for part in parts[:at])
+        object.__setattr__(self, "_head", head)
+        object.__setattr__(self, "_tail", "".join(parts[at + 1:]).encode())
+        object.__setattr__(self, "_names", names)
+
+    def __call__(self, msg_id: str, raw_timestamp: str, body: bytes, url: str) -> bytes:
+        """Return the bytes the sender signs."""
+        head = self._head.format(id=msg_id, timestamp=raw_timestamp, url=url).encode()
+        return head + body + self._tail if self._tail else head + body
+
+    @property
+    def placeholders(self) -> set[str]:
+        """Return the placeholders the template uses."""
+        return {"{" + name + "}" for name in self._names}
+
+
+def form_content(msg_id: str, raw_timestamp: str, body: bytes, url: str) -> bytes:
+    """Twilio's signed content: the URL, then each parameter name and value, sorted."""
+    try:
+        params = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+    except (UnicodeDecodeError, ValueError):
+        raise AuthenticationFailed("malformed_body") from None
+    names: dict[str, set[str]] = {}
+    for name, value in params:
+        names.setdefault(name, set()).add(value)
+    parts = [url]
+    for name in sorted(names):
+        parts.extend(name + value for value in sorted(names[name]))
+    return "".join(parts).encode("utf-8")
+
+
+def body_timestamp_ms(body: bytes, key: str) -> int:
+    """Return the signed body's millisecond timestamp `key` in seconds (Linear)."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        raise AuthenticationFailed("missing_timestamp") from None
+    value = payload.get(key) if isinstance(payload, dict) else None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise AuthenticationFailed("missing_timestamp")
+    return value // 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignedContent:
+    """Signatures over a signed-content template, checked per entry name."""
+
+    headers: tuple[HeaderSet, ...]
+    format: Entries | Single
+    encoding: str  # "hex" | "base64"
+    algorithms: Mapping[str, Algorithm]
+    content: Callable[[str, str, bytes, str], bytes]
+    body_timestamp: str | None = None  # a millisecond field of the signed body (Linear)
+    url: str = ""  # the endpoint URL as the sender knows it (Twilio, Square)
+    needs_url: bool = False
+    has_timestamp: bool = field(init=False)
+    _only: HeaderSet | None = field(init=False, repr=False)  # the one set, if only one
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_only", self.headers[0] if len(self.headers) == 1 else None)
+        timed = any(names.timestamp for names in self.headers)
+        stamped = isinstance(self.format, Entries) and self.format.timestamp is not None
+        object.__setattr__(self, "has_timestamp",
+                           timed or stamped or self.body_timestamp is not None)
+
+    def header_set(self, headers: HeaderMap) -> HeaderSet:
+        """Return the header names this delivery uses (svix-* or webhook-*, say)."""
+        if self._only is not None:
+            return self._only
+        found = None
+        for names in self.headers:
+            if headers.get(names.signature_key):
+                if found is not None:
+                    raise AuthenticationFailed("duplicate_header")  # which set is signed?
+                found = names
+        return found or self.headers[0]
+
+    def verify(self, headers: HeaderMap, body: bytes, secrets: Sequence[str], *,
+               now: int, tolerance: int) -> Verified:
+        """Return which secret signed the delivery, or raise AuthenticationFailed."""
+        common.require_secrets(secrets)
+        names = self.header_set(headers)
+        value = common.required_header(headers, names.signature_key, "missing_signature")
+        msg_id = common.required_header(headers, names.id_key, "missing_id") if names.id_key else ""
+        raw_timestamp, entries = self.format.parse(value)
+        if names.timestamp_key is not None:
+            raw_timestamp = common.required_header(headers, names.timestamp_key,
+                                                   "missing_timestamp")
+        elif isinstance(self.format, Entries) and self.format.timestamp and not raw_timestamp:
+            raise AuthenticationFailed("missing_timestamp")
+        timestamp = common.parse_timestamp(raw_timestamp) if raw_timestamp else None
+        if self.needs_url and not self.url:
+            raise AuthenticationFailed("no_endpoint_url")
+        candidates = self._candidates(entries)
+        message = self.content(msg_id, raw_timestamp or "", body, self.url)
+        index = self._match(secrets, message, candidates)
+        if self.body_timestamp is not None:
+            timestamp = body_timestamp_ms(body, self.body_timestamp)
+        if timestamp is not None:
+            common.check_freshness(timestamp, now=now, tolerance=tolerance)
+        return Verified(secret_index=index, timestamp=timestamp)
+
+    def _candidates(self, entries: list[tuple[str, str]]) -> dict[str, list[bytes]]:
+        """Return the decoded signatures per algorithm name; skip what does not decode."""
+        found: dict[str, list[bytes]] = {}
+        malformed = False
+        for name, value in entries:
+            algorithm = self.algorithms.get(name)
+            if algorithm is None:
+                continue  # an unknown version is skipped
+            raw = decode_signature(self.encoding, value, algorithm.size)
+            if raw is None:
+                malformed = True
+                continue
+            if name in found:
+                found[name].append(raw)
+            else:
+                found[name] = [raw]
+        if not found:
+            raise AuthenticationFailed("malformed_signature" if malformed
+                                       else "no_supported_signature")
+        return found
+
+    def _match(self, secrets: Sequence[str], message: bytes,
+               candidates: dict[str, list[bytes]]) -> int:
+        """Return the index of the first secret any candidate verifies under, or raise."""
+        for index, secret in enumerate(secrets):
+            for name, signatures in candidates.items():
+                algorithm = self.algorithms[name]
+                key = algorithm.key_of(secret)
+                if key is not None and algorithm.matches(key, message, signatures):
+                    return index
+        raise AuthenticationFailed("bad_signature")
+
+    def sign(self, secret: str, body: bytes, *, event_id: str, timestamp: int) -> dict[str, str]:
+        """Return the headers the sender attaches; the first algorithm that takes `secret`."""
+        names = self.headers[0]
+        raw_timestamp = str(timestamp)
+        message = self.content(event_id, raw_timestamp, body, self.url)
+        for version, algorithm in self.algorithms.items():
+            try:
+                raw = algorithm.sign(secret, message)
+            except ValueError:
+                continue
+            headers = {names.signature: self.format.format(
+                version, encode_signature(self.encoding, raw), raw_timestamp)}
+            if names.timestamp:
+                headers[names.timestamp] = raw_timestamp
+            if names.id:
+                headers[names.id] = event_id
+            return headers
+        raise ValueError("secret is not in this sender's format")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedToken:
+    """The sender repeats the shared secret in a header; nothing else is signed."""
+
+    header: str
+    has_timestamp: bool = False
+
+    def verify(self, headers: HeaderMap, body: bytes, secrets: Sequence[str], *,
+               now: int, tolerance: int) -> Verified:
+        """Return which secret the header repeats, or raise AuthenticationFailed."""
+        common.require_secrets(secrets)
+        token = common.required_header(headers, self.header.lower(), "missing_signature").encode()
+        for index, secret in enumerate(secrets):
+            key = common.utf8_key(secret)
+            if key is not None and hmac.compare_digest(key, token):
+                return Verified(secret_index=index, timestamp=None)
+        raise AuthenticationFailed("bad_signature")
+
+    def sign(self, secret: str, body: bytes, *, event_id: str, timestamp: int) -> dict[str, str]:
+        """Return the token header."""
+        return {self.header: secret}

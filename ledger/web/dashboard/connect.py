@@ -1,0 +1,48 @@
+"""Connecting a sender from the dashboard (security role): the CLI's `integration create`."""
+
+from __future__ import annotations
+
+from flask import Response, request
+
+from ledger.access.integrations import create_integration, profile_settings
+from ledger.errors import LedgerError
+from ledger.intake.signatures.configurable import OPTION_NAMES
+from ledger.web.auth import actor, requires, services
+from ledger.web.dashboard import bp
+from ledger.web.dashboard.actions import credentials_answer
+from ledger.web.dashboard.pages import integrations_answer
+
+
+def _field(name: str) -> str | None:
+    """Return a stripped form field, None when empty."""
+    return (request.form.get(name) or "").strip() or None
+
+
+@bp.post("/credentials/connect")
+@requires("security")
+def integration_connect() -> Response:
+    """Create an integration and its first credential; the secret is shown once."""
+    svc = services()
+    profile = _field("profile") or ""
+    options = {name: _field("hmac_" + name) for name in OPTION_NAMES}
+    options = {name: value for name, value in options.items() if value}
+    try:
+        tolerance = int(_field("tolerance") or 300)
+        settings = profile_settings(profile, type_path=_field("type_path"),
+                                    event_type=_field("event_type"),
+                                    endpoint_url=_field("url"), hmac_options=options or None)
+        with svc.engine.begin() as conn:
+            integration, created = create_integration(
+                conn, svc.box, actor(), account=_field("account") or "",
+                name=_field("name") or "", profile=profile, now=svc.clock.now(),
+                tolerance=tolerance, secret=_field("secret"), settings=settings)
+    except ValueError:
+        return integrations_answer(status=400, error="tolerance must be whole seconds")
+    except LedgerError as error:
+        return integrations_answer(status=400, error=str(error))
+    svc.view.invalidate()
+    shown = {"key_id": created.key_id, "secret": created.shown_secret}
+    return credentials_answer(integration.public_id, secret=shown if not created.public
+                               else None,
+                               message=f"Connected {integration.scope} ({profile}): "
+                                       f"POST /hooks/{integration.public_id}")

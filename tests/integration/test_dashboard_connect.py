@@ -1,0 +1,67 @@
+"""Connecting a sender from the dashboard: security only, secret shown once, refusals explained."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+
+from ledger.db.schema import integrations
+from tests.dashboard_helpers import (
+    fast_hashes,  # noqa: F401  (autouse fixture)
+    logged_in,
+    post,
+)
+from tests.helpers import Sender, deliver
+from tests.profile_keys import KEYS
+
+
+def _count(app) -> int:  # type: ignore[no-untyped-def]
+    with app.extensions["ledger"].engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(integrations)).scalar_one())
+
+
+def _public_id(app, name: str) -> str:  # type: ignore[no-untyped-def]
+    with app.extensions["ledger"].engine.connect() as conn:
+        return conn.execute(select(integrations.c.public_id)
+                            .where(integrations.c.name == name)).scalar_one()
+
+
+def test_security_connects_a_sender_whose_deliveries_then_verify(app, client) -> None:  # type: ignore[no-untyped-def]
+    security = logged_in(app, "security")
+    assert "Connect a sender" in security.get("/credentials").get_data(as_text=True)
+    answer = post(security, "/credentials/connect",
+                  {"account": "acme", "name": "slack-app", "profile": "slack",
+                   "secret": KEYS["slack"].stored})
+    page = answer.get_data(as_text=True)
+    assert answer.status_code == 200, page
+    assert "Connected acme/slack-app (slack)" in page and KEYS["slack"].stored in page
+    public_id = _public_id(app, "slack-app")
+    sender = Sender(public_id, "slack", KEYS["slack"].stored, "acme/slack-app", 0, "")
+    assert deliver(client, sender, "Ev01").status_code == 202
+    assert KEYS["slack"].stored not in security.get(f"/credentials/{public_id}").get_data(
+        as_text=True)  # shown once
+
+
+def test_viewer_cannot_connect_and_bad_settings_are_explained(app) -> None:  # type: ignore[no-untyped-def]
+    viewer = logged_in(app, "viewer")
+    assert "Connect a sender" not in viewer.get("/credentials").get_data(as_text=True)
+    assert post(viewer, "/credentials/connect", {"account": "a", "name": "b",
+                                                 "profile": "stripe"}).status_code == 403
+    security = logged_in(app, "security")
+    for form, words in (({"profile": "hmac"}, "signature-header"),
+                        ({"profile": "twilio"}, "--url"),
+                        ({"profile": "discord"}, "public key"),
+                        ({"profile": "stripe", "tolerance": "soon"}, "whole seconds")):
+        answer = post(security, "/credentials/connect", {"account": "acme", "name": "x", **form})
+        assert answer.status_code == 400
+        assert words in answer.get_data(as_text=True), form
+    assert _count(app) == 0
+
+
+def test_a_public_key_sender_shows_no_secret(app) -> None:  # type: ignore[no-untyped-def]
+    security = logged_in(app, "security")
+    answer = post(security, "/credentials/connect",
+                  {"account": "acme", "name": "bot", "profile": "discord",
+                   "secret": KEYS["discord"].stored})
+    page = answer.get_data(as_text=True)
+    assert answer.status_code == 200 and "Connected acme/bot (discord)" in page
+    assert "shown once" not in page
