@@ -7,7 +7,11 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 export LEDGER_DEMO_HANDLERS ?= 1
 
-.PHONY: run test lint bench clean system-deps
+.PHONY: run test test-pgbouncer lint bench clean system-deps
+# Run a second time through a private PgBouncer in transaction mode (LEDGER_DB_PGBOUNCER=1).
+PGBOUNCER_TESTS := tests/integration/test_intake.py tests/integration/test_worker.py \
+	tests/integration/test_scheduler.py tests/integration/test_scheduler_processes.py \
+	tests/integration/test_credentials.py tests/integration/test_dashboard_pages.py
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,12 +30,17 @@ run: $(RUN_STAMP)
 	$(BIN)/ledger demo seed
 	$(BIN)/ledger dev
 
-## test: the whole suite on SQLite and PostgreSQL
+## test: the whole suite on SQLite and PostgreSQL, then its core again through PgBouncer
 test: $(TEST_STAMP) system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-pgbouncer
 
-## system-deps: Debian packages the tests drive (chromium for browser tests)
+## test-pgbouncer: intake, worker, scheduler, credential and dashboard tests via PgBouncer
+test-pgbouncer: $(TEST_STAMP) system-deps
+	LEDGER_TEST_VIA_PGBOUNCER=1 LEDGER_DB_PGBOUNCER=1 $(BIN)/python -m pytest $(PGBOUNCER_TESTS)
+
+## system-deps: Debian packages the tests drive (chromium for browser tests, pgbouncer)
 system-deps:
 	@bash scripts/system-deps.sh
 

@@ -3,6 +3,8 @@
 set -euo pipefail
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# The PgBouncer run of `make test` (tests/integration/pgbouncer.py starts a private one).
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" != "0" ]; then
   echo "missing system packages: ${need[*]} (install them, or run as root)" >&2

@@ -93,3 +93,29 @@ def test_run_scheduler_in_a_thread_runs_the_real_jobs_until_stopped(app):
     assert not thread.is_alive()
     assert done >= {"retention", "sweep", "rollups"}, [tuple(r) for r in _rows(svc)]
     assert all(r.outcome == "ok" for r in _rows(svc))
+
+
+def test_the_period_guard_holds_no_lock_past_its_transaction(pg_url, tmp_path):
+    """Behind PgBouncer's transaction pooling a session lock would stay on a server
+    connection that other clients then get: the guard must end with its transaction."""
+    from app import create_app
+    from tests.conftest import TEST_MASTER_KEY
+
+    app = create_app({"DATABASE_URL": pg_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
+                      "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_SECRET_KEY": "t"})
+    svc = app.extensions["ledger"]
+    job = ScheduledJob(name="tick", period_seconds=60, func=lambda engine, settings, clock: 0)
+    clock = FixedClock(NOW)
+    try:
+        for instance in ("a", "b", "c"):  # a new period for each: every claim must win
+            assert run_once(svc.engine, svc.settings, clock, job,
+                            instance=instance) is runs.RunOutcome.OK
+            clock.advance(60)
+        with svc.engine.connect() as conn:
+            held = conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                "WHERE l.locktype = 'advisory' AND d.datname = current_database()").scalar()
+        assert held == 0
+        assert [r.instance for r in _rows(svc)] == ["a", "b", "c"]
+    finally:
+        svc.close()
