@@ -355,13 +355,98 @@ def test_connection_lost_before_the_completion_statement(pg_env, admin):
         with svc.engine.connect() as conn:
             (outcome, error), = conn.execute(text(
                 "SELECT outcome, error FROM attempts WHERE event_id = 'evt_k'")).all()
-        assert outcome == "retry"
+        assert outcome == "interrupted"  # the database's fault: no attempt spent
         assert error == "AdminShutdown: terminating connection due to administrator command"
+        with svc.engine.connect() as conn:
+            assert conn.execute(select(jobs.c.attempts)).scalar() == 0
         svc.clock.advance(svc.settings.retry_cap_seconds)
         assert process_one(svc, "w-retry", handlers=registry)
         assert _state_and_balance(svc.engine, sender) == ("complete", 5)
     finally:
         svc.close()
+
+
+def _kill_every_backend_but_ours(admin) -> int:  # type: ignore[no-untyped-def]
+    """Terminate every other connection to the test database; return how many."""
+    with admin.connect() as conn:
+        return len(conn.execute(text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()")).all())
+
+
+def test_connections_killed_while_a_handler_sleeps_spend_no_attempt(pg_env, admin):
+    """The chaos drill's case: LEDGER_MAX_ATTEMPTS=2, the worker loop's connection killed
+    twice while the handler's prepare step slept. The event completes and credits once."""
+    from ledger.demo.handlers import credit
+    from ledger.worker.handlers import HandlerSpec, Registry
+    from ledger.worker.loop import Worker
+
+    app = create_app({**pg_env, "LEDGER_MAX_ATTEMPTS": "2"})
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    kills: list[int] = []
+
+    def sleep_through_a_kill(event):  # type: ignore[no-untyped-def]
+        if len(kills) < 2:  # the loop's idle connection dies while the handler waits
+            kills.append(_kill_every_backend_but_ours(admin))
+            time.sleep(0.2)
+
+    registry = Registry({"demo.slow": HandlerSpec(event_type="demo.slow", apply=credit,
+                                                  prepare=sleep_through_a_kill)})
+    try:
+        answer = deliver(app.test_client(), sender, "evt_s", "demo.slow", {"amount": 5},
+                         timestamp=unix(svc.clock.now()))
+        assert answer.status_code == 202
+        # rng 0: an interrupted attempt is due again at once, so a burst run sees it.
+        Worker(svc, handlers=registry, rng=_Zero()).run(burst=True)
+        assert len(kills) == 2 and all(kills)
+        assert _state_and_balance_of(svc.engine, sender, "evt_s") == ("complete", 5)
+        with svc.engine.connect() as conn:
+            outcomes = conn.execute(text("SELECT outcome FROM attempts WHERE event_id = "
+                                         "'evt_s' ORDER BY number")).scalars().all()
+        assert outcomes == ["interrupted", "interrupted", "complete"]
+        again = deliver(app.test_client(), sender, "evt_s", "demo.slow", {"amount": 5},
+                        timestamp=unix(svc.clock.now()))
+        assert (again.status_code, again.get_json()["state"]) == (200, "complete")
+    finally:
+        svc.close()
+
+
+class _Zero:
+    """An RNG whose full-jitter waits are all zero."""
+
+    def random(self) -> float:
+        """Return 0."""
+        return 0.0
+
+
+def _state_and_balance_of(engine, sender, event_id: str) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+    """Return an event's receipt state and the scope's demo balance."""
+    with engine.connect() as conn:
+        return (get_receipt(conn, sender.scope, event_id).state.value,
+                balance(conn, sender.scope_id))
+
+
+def test_pooled_connections_killed_while_idle_cost_no_request(pg_env, admin):
+    """Kill every pooled connection of a serving app: the next requests are all accepted
+    (the pool checks a connection before handing it out), none answers 503."""
+    app = create_app({**pg_env, "LEDGER_DB_POOL_SIZE": "8"})
+    sender = make_sender(app)
+    try:
+        with thread_server(app) as base_url:
+            warm = _concurrent(base_url, sender, [f"warm-{i}" for i in range(8)])
+            assert {a.status for a in warm} == {202}
+            assert _kill_every_backend_but_ours(admin) >= 2
+            time.sleep(0.2)  # the backends are gone
+            after = _concurrent(base_url, sender, [f"after-{i}" for i in range(20)])
+            later = _concurrent(base_url, sender, ["later"])
+    finally:
+        app.extensions["ledger"].close()
+    assert [a.status for a in after] == [202] * 20
+    assert later[0].status == 202
+    assert receipt_counts(pg_env["DATABASE_URL"]) == Counter(
+        {**{f"warm-{i}": 1 for i in range(8)}, **{f"after-{i}": 1 for i in range(20)},
+         "later": 1})
 
 
 def _worker_pids(master: int) -> list[int]:
