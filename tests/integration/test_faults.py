@@ -189,6 +189,40 @@ def test_database_down_mid_load_answers_503_then_recovers_losing_nothing(private
     assert_converged(env["DATABASE_URL"], answers, redelivered)
 
 
+def test_a_worker_resumes_within_a_second_of_the_database(private_pg):
+    """PostgreSQL away for 8 s (a worker backing off exponentially would sleep 8 s more):
+    once it is back, an event accepted then is completed within about a second."""
+    cluster, env = private_pg
+    sender = _sender(env)
+    app = create_app(env)
+    svc = app.extensions["ledger"]
+    try:
+        with _worker_process(env) as worker:
+            first = deliver(app.test_client(), sender, "before", data={"amount": 1},
+                            timestamp=unix(svc.clock.now()))
+            assert first.status_code == 202
+            _wait_for_no_jobs(env["DATABASE_URL"], worker)
+            cluster.stop()
+            time.sleep(8)
+            cluster.start()
+            back = time.monotonic()
+            answer = deliver(app.test_client(), sender, "after", data={"amount": 2},
+                             timestamp=unix(svc.clock.now()))
+            assert answer.status_code == 202
+            state = "pending"
+            while state != "complete" and time.monotonic() - back < WAIT:
+                with svc.engine.connect() as conn:
+                    state = get_receipt(conn, sender.scope, "after").state.value
+                time.sleep(0.02)
+            resumed = time.monotonic() - back
+            assert worker.poll() is None
+    finally:
+        svc.close()
+    print(f"\nworker resumed {resumed:.2f} s after the database was back")
+    assert state == "complete"
+    assert resumed < 2.0, f"the worker took {resumed:.2f} s to resume"
+
+
 @pytest.fixture
 def pg_env(pg_url: str, tmp_path: Path) -> dict[str, str]:
     """Environment for ledger processes on a fresh database of the shared server."""
