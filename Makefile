@@ -40,7 +40,7 @@ test: $(TEST_STAMP) system-deps
 test-pgbouncer: $(TEST_STAMP) system-deps
 	LEDGER_TEST_VIA_PGBOUNCER=1 LEDGER_DB_PGBOUNCER=1 $(BIN)/python -m pytest $(PGBOUNCER_TESTS)
 
-## system-deps: Debian packages the tests drive (chromium for browser tests, pgbouncer)
+## system-deps: Debian packages the tests drive (chromium, pgbouncer, pg_auto_failover)
 system-deps:
 	@bash scripts/system-deps.sh
 
