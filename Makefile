@@ -7,7 +7,11 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 export LEDGER_DEMO_HANDLERS ?= 1
 
-.PHONY: run test lint bench clean system-deps js-deps
+.PHONY: run test test-pgbouncer lint bench clean system-deps js-deps
+# Run a second time through a private PgBouncer in transaction mode (LEDGER_DB_PGBOUNCER=1).
+PGBOUNCER_TESTS := tests/integration/test_intake.py tests/integration/test_worker.py \
+	tests/integration/test_scheduler.py tests/integration/test_scheduler_processes.py \
+	tests/integration/test_credentials.py tests/integration/test_dashboard_pages.py
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,18 +30,23 @@ run: $(RUN_STAMP)
 	$(BIN)/ledger demo seed
 	$(BIN)/ledger dev
 
-## test: the whole suite on SQLite and PostgreSQL
+## test: the whole suite on SQLite and PostgreSQL, then its core again through PgBouncer
 test: $(TEST_STAMP) system-deps js-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-pgbouncer
+
+## test-pgbouncer: intake, worker, scheduler, credential and dashboard tests via PgBouncer
+test-pgbouncer: $(TEST_STAMP) system-deps
+	LEDGER_TEST_VIA_PGBOUNCER=1 LEDGER_DB_PGBOUNCER=1 $(BIN)/python -m pytest $(PGBOUNCER_TESTS)
 
 ## js-deps: the senders' JavaScript libraries for the interop test (tests/js)
 js-deps:
 	@if command -v npm >/dev/null; then npm ci --prefix tests/js --no-audit --no-fund --silent; \
 	else echo "npm not found: tests/unit/test_js_libraries.py will be skipped"; fi
 
-## system-deps: Debian packages the tests drive (chromium for browser tests)
+## system-deps: Debian packages the tests drive (chromium, pgbouncer, pg_auto_failover)
 system-deps:
 	@bash scripts/system-deps.sh
 

@@ -9,7 +9,7 @@ Kinds of finding (subject `"<account>/<integration>:<event_id>"`):
 - `job_without_receipt`: a job whose receipt is gone (integrity).
 - `job_of_complete_receipt`: a job still queued for a receipt already complete.
 A finding no longer true is resolved (resolved_at); one that comes back reopens.
-The sweep also marks scheduler runs whose holder died as abandoned.
+The sweep also marks scheduler runs whose holder died (their lease ran out) abandoned.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from ledger.clock import Clock
 from ledger.config import Settings
 from ledger.db.schema import findings, integrations, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
-from ledger.scheduling.runs import mark_abandoned_runs
+from ledger.scheduling.runs import ABANDONED_RUN_GRACE_SECONDS, mark_abandoned_runs
 
 KINDS = ("lease_expired", "overdue", "pending_without_job", "job_without_receipt",
          "job_of_complete_receipt")
 # A backlog of a million stuck jobs needs one alert, not a million rows.
 MAX_FINDINGS_PER_KIND = 1000
-ABANDONED_RUN_GRACE_SECONDS = 300
 
 Found = dict[tuple[str, str], dict[str, Any]]
 

@@ -16,10 +16,17 @@ from sqlalchemy.engine import make_url
 
 from ledger.config import Settings
 from ledger.db.engine import make_engine, upgrade
+from tests.integration.pgbouncer import PrivatePgBouncer
 
 PG_ADMIN_URL = os.environ.get(
     "LEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# LEDGER_TEST_VIA_PGBOUNCER=1 (the Makefile's second run): every database test runs on
+# PostgreSQL through a private PgBouncer in transaction mode, with LEDGER_DB_PGBOUNCER=1.
+VIA_PGBOUNCER = os.environ.get("LEDGER_TEST_VIA_PGBOUNCER", "").lower() in ("1", "true", "yes")
+DB_VARIANTS = ["pgbouncer"] if VIA_PGBOUNCER else ["sqlite", "postgresql"]
+if VIA_PGBOUNCER:  # every app, CLI and process a test starts inherits the PgBouncer mode
+    os.environ["LEDGER_DB_PGBOUNCER"] = "1"
 TEST_MASTER_KEY = Fernet.generate_key().decode()
 TEST_AUDIT_KEY = "test-audit-key-" + uuid.uuid4().hex
 
@@ -129,9 +136,33 @@ def _pg_database(pg_admin_url: str, template: str) -> Iterator[str]:
         admin.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(scope="session")
+def pgbouncer(pg_admin_url: str | None) -> Iterator[PrivatePgBouncer | None]:
+    """A private PgBouncer (transaction pooling) in front of the test server, or None."""
+    if pg_admin_url is None:
+        yield None
+        return
+    bouncer = PrivatePgBouncer(pg_admin_url)
+    try:
+        bouncer.start()
+    except Exception as error:
+        bouncer.stop()
+        if IN_CI:
+            pytest.fail(f"CI=true and PgBouncer could not start: {error}", pytrace=False)
+        print(f"\n!!! PgBouncer could not start ({error}): every PgBouncer test is "
+              "SKIPPED on this machine !!!\n")
+        yield None
+        return
+    yield bouncer
+    bouncer.stop()
+
+
+@pytest.fixture(params=DB_VARIANTS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, migrated database URL: every test using it runs on both engines."""
+    """A fresh, migrated database URL: every test using it runs on both engines.
+
+    With LEDGER_TEST_VIA_PGBOUNCER=1 the one variant is PostgreSQL through PgBouncer.
+    """
     if request.param == "sqlite":
         path = tmp_path / "ledger.sqlite3"
         shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
@@ -141,12 +172,20 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def _pg_or_skip(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Yield a fresh PostgreSQL database, or skip loudly outside CI when none exists."""
+    """Yield a fresh PostgreSQL database, or skip loudly outside CI when none exists.
+
+    The database is created on the server itself (PgBouncer's transaction pooling
+    cannot run CREATE DATABASE reliably); in the PgBouncer run its URL goes through it.
+    """
     admin = request.getfixturevalue("pg_admin_url")
     template = request.getfixturevalue("pg_template")
     if admin is None or template is None:
         pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
-    yield from _pg_database(admin, template)
+    bouncer = request.getfixturevalue("pgbouncer") if VIA_PGBOUNCER else None
+    if VIA_PGBOUNCER and bouncer is None:
+        pytest.skip("PgBouncer unavailable on this machine (never skipped in CI)")
+    for url in _pg_database(admin, template):
+        yield url if bouncer is None else bouncer.url(make_url(url).database or "")
 
 
 @pytest.fixture

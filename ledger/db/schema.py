@@ -325,8 +325,14 @@ scheduler_runs = Table(
     Column("outcome", Text, nullable=False),
     Column("rows_affected", BigInteger),
     Column("error", Text),
+    # While 'running': the holder renews this; past it, the holder is gone (abandoned).
+    Column("leased_until", UTCDateTime),
     UniqueConstraint("job", "period_start", name="uq_scheduler_runs_period"),
 )
+# The runs still 'running', for the abandoned-run check (the table keeps every period).
+Index("ix_scheduler_runs_running", scheduler_runs.c.job,
+      postgresql_where=scheduler_runs.c.outcome == "running",
+      sqlite_where=scheduler_runs.c.outcome == "running")
 
 findings = Table(
     "findings",

@@ -218,8 +218,7 @@ def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, 
     item["attempt_rows"] = [dict(a._mapping) for a in conn.execute(
         select(attempts).where(attempts.c.scope_id == scope_id, attempts.c.event_id == event_id)
         .order_by(attempts.c.number, attempts.c.id))]
-    errors = [a["error"] for a in item["attempt_rows"] if a["error"]]
-    item["last_error"] = errors[-1] if errors else None
+    item["last_error"] = last_error_of(row.state, [a["error"] for a in item["attempt_rows"]])
     item["conflicts"] = [conflict_item(c) for c in conn.execute(
         select(conflicts).where(conflicts.c.scope_id == scope_id,
                                 (conflicts.c.event_id == event_id)
@@ -238,6 +237,19 @@ def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, 
                                             if k != "payload"}
     item["payload"] = pretty_payload(job.payload) if job is not None and job.payload else None
     return item
+
+
+def last_error_of(state: int, errors: list[str | None]) -> str | None:
+    """Return the error a receipt presents: the newest one, unless it completed since.
+
+    A complete receipt has none: the errors of its earlier attempts (a retry, a
+    lost worker, a database error) were superseded; the attempt history keeps them.
+    """
+    if state == ReceiptState.COMPLETE.code:
+        return None
+    found = [error for error in errors if error]
+    return found[-1] if found else None
+
 
 
 def payload_value(raw: str) -> Any:
@@ -282,12 +294,14 @@ def get_receipt(conn: Connection, scope: str, event_id: str) -> Receipt:
     ).first()
     if row is None:
         raise NotFound("receipt", f"{scope}:{event_id}")
-    last_error = conn.execute(
-        select(attempts.c.error)
-        .where(attempts.c.scope_id == integration.id, attempts.c.event_id == event_id,
-               attempts.c.error.is_not(None))
-        .order_by(attempts.c.number.desc(), attempts.c.id.desc()).limit(1)
-    ).scalar()
+    last_error = None
+    if row.state != ReceiptState.COMPLETE.code:  # a completion supersedes every error
+        last_error = conn.execute(
+            select(attempts.c.error)
+            .where(attempts.c.scope_id == integration.id, attempts.c.event_id == event_id,
+                   attempts.c.error.is_not(None))
+            .order_by(attempts.c.number.desc(), attempts.c.id.desc()).limit(1)
+        ).scalar()
     return Receipt(
         scope=integration.scope, event_id=row.event_id, event_type=row.event_type,
         state=ReceiptState.from_code(row.state), attempts=row.attempts,

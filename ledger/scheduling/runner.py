@@ -6,9 +6,12 @@ the guard (PostgreSQL `pg_try_advisory_xact_lock`, transaction-scoped so it also
 works behind PgBouncer transaction pooling; SQLite the BEGIN IMMEDIATE write
 lock every transaction takes) and inserts the scheduler_runs row with ON
 CONFLICT DO NOTHING on (job, period_start). Only the inserter runs the job, in
-its own short transactions, and then records the outcome on that row. A holder
-that dies leaves its row 'running' (the sweep marks it abandoned) and blocks
-nothing: the next period has a new period_start.
+its own short transactions, and then records the outcome on that row. The row
+is leased (LEDGER_LEASE_SECONDS) and the holder renews the lease every third of
+it while the job runs; a holder that dies leaves its row 'running' until the
+lease runs out, and then the next claim of that job (or the sweep, for every
+job) marks it abandoned. It blocks nothing: the next period has a new
+period_start.
 """
 
 from __future__ import annotations
@@ -100,9 +103,12 @@ def advisory_key(job: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def claim_period(engine: Engine, job: ScheduledJob, *, instance: str,
-                 now: datetime) -> int | None:
-    """Take this period of `job` for `instance`; return the run id, or None if taken."""
+def claim_period(engine: Engine, job: ScheduledJob, *, instance: str, now: datetime,
+                 lease_seconds: float = 60) -> int | None:
+    """Take this period of `job` for `instance`; return the run id, or None if taken.
+
+    The winner also marks the job's earlier runs whose lease ran out abandoned.
+    """
     start = period_start(now, job.period_seconds)
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
@@ -112,15 +118,51 @@ def claim_period(engine: Engine, job: ScheduledJob, *, instance: str,
                                {"key": advisory_key(job.name)}).scalar()
             if not got:
                 return None
-        return runs.claim_run(conn, job=job.name, period_start=start, instance=instance,
-                              now=now)
+        run_id = runs.claim_run(conn, job=job.name, period_start=start, instance=instance,
+                                now=now, lease_seconds=lease_seconds)
+        if run_id is not None:
+            runs.mark_abandoned_runs(conn, now=now, job=job.name,
+                                     grace_seconds=runs.ABANDONED_RUN_GRACE_SECONDS)
+        return run_id
+
+
+class LeaseKeeper:
+    """Renews a run's lease every third of it while the job runs (a daemon thread)."""
+
+    def __init__(self, engine: Engine, clock: Clock, run_id: int, lease_seconds: float) -> None:
+        self._engine, self._clock, self._run_id = engine, clock, run_id
+        self._lease = lease_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"ledger-run-lease-{run_id}",
+                                        daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _renew(self) -> None:
+        """Renew until stopped; a failed renewal is logged and tried again next time."""
+        while not self._stop.wait(self._lease / 3):
+            try:
+                with self._engine.begin() as conn:
+                    runs.renew_lease(conn, self._run_id, now=self._clock.now(),
+                                     lease_seconds=self._lease)
+            except sa_exc.SQLAlchemyError as error:
+                log.warning("scheduler could not renew a run's lease", run_id=self._run_id,
+                            error=error_summary(error))
 
 
 def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob, *,
              instance: str) -> runs.RunOutcome | None:
     """Run `job` if this instance wins its current period; return the outcome or None."""
+    lease = settings.lease_seconds
     try:
-        run_id = claim_period(engine, job, instance=instance, now=clock.now())
+        run_id = claim_period(engine, job, instance=instance, now=clock.now(),
+                              lease_seconds=lease)
     except sa_exc.SQLAlchemyError as error:
         log.warning("scheduler could not claim a period", job=job.name,
                     error=error_summary(error))
@@ -131,7 +173,8 @@ def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob
     outcome, rows, error_text = runs.RunOutcome.OK, None, None
     started = time.perf_counter()
     try:
-        rows = int(job.func(engine, settings, clock))
+        with LeaseKeeper(engine, clock, run_id, lease):
+            rows = int(job.func(engine, settings, clock))
     except Exception as error:
         outcome, error_text = runs.RunOutcome.ERROR, error_summary(error)
         log.error("scheduled job failed", job=job.name, error=error_text)

@@ -42,10 +42,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy import exc as sa_exc
 
 from ledger import metrics
 from ledger.access.integrations import get_integration_by_id
-from ledger.db.engine import make_engine
+from ledger.db.engine import connection_is_alive, is_unavailable, make_engine
 from ledger.errors import NotFound, error_summary
 from ledger.logs import event_ref, get_logger
 from ledger.scheduling.instances import new_instance_id
@@ -63,6 +64,7 @@ from ledger.worker.store import (
     fail_job,
     fail_unstarted,
     finish_attempt,
+    hand_back_attempt,
     hold_lease,
     relock_due,
     schedule_retry,
@@ -73,7 +75,9 @@ log = get_logger("ledger.worker")
 _stdlib_log = logging.getLogger("ledger.worker")  # its level decides the debug lines
 POLL_SECONDS = 0.5
 MAX_IDLE_BACKOFF_SECONDS = 30.0
+STORAGE_RETRY_SECONDS = 0.5  # mean wait between retries while the database is away
 BURST_ERROR_LIMIT = 5
+BURST_OUTAGE_LIMIT = 30  # retries (~15 s) a --burst worker gives a database that is away
 # result_ref is a small reference kept on the hot receipts table for the whole retention.
 RESULT_REF_LIMIT = 256
 
@@ -91,6 +95,11 @@ Leased = tuple[Claim, str, datetime]  # a claim, its scope name, the claim's tim
 
 class LeaseLost(Exception):
     """Internal: our fencing token is gone; roll the transaction back."""
+
+
+def is_storage_error(error: BaseException) -> bool:
+    """Tell whether an attempt failed because of the database (connection, server, disk)."""
+    return is_unavailable(error) or isinstance(error, sa_exc.OperationalError)
 
 
 class Worker:
@@ -112,11 +121,15 @@ class Worker:
         self._next: Leased | None = None  # the job the last completion claimed
         self._held: Connection | None = None  # run()'s connection: no pool checkout per job
         self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
+        # An attempt a database error cut off, until it is handed back (job, scope, error).
+        self._interrupted: tuple[ClaimedJob, str, str] | None = None
         self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                             if self.engine.dialect.name == "postgresql" else None)
 
     def process_one(self) -> bool:
         """Claim and run one due job; False when none is due."""
+        if self._interrupted is not None:
+            self._record_interruption()  # before any claim: that job is still ours
         claimed = self._next if self._next is not None else self._claim()
         self._next = None
         if claimed is None:
@@ -136,7 +149,11 @@ class Worker:
             self._transition(job, scope, "running", "fenced", outcome="fenced")
             return True
         except Exception as error:
-            self._record_failure(job, scope, error)
+            if is_storage_error(error):  # the database's fault, not the handler's
+                self._interrupted = (job, scope, error_summary(error))
+                self._record_interruption()  # raises while the database is still away
+            else:
+                self._record_failure(job, scope, error)
             return True
         self._transition(job, scope, "running", "complete", outcome="complete")
         if self.hooks.after_commit is not None:
@@ -268,6 +285,43 @@ class Worker:
         self._next = following  # ours only once the commit succeeded
         return result_ref
 
+    def _record_interruption(self) -> None:
+        """Put back the attempt a database error cut off: it spends time, not an attempt.
+
+        A connection killed, a restart, a full disk or a lock timeout during the
+        completion is no fault of the handler, so its attempt is handed back
+        (jobs.attempts - 1; the receipt's history keeps the attempt, outcome
+        `interrupted`) and the job is due again after a full-jitter wait that
+        grows with that history; the event's age still ends it. If the database
+        is still away this raises and the worker tries again before its next
+        claim (the lease keeps the job ours meanwhile).
+        """
+        assert self._interrupted is not None
+        job, scope, summary = self._interrupted
+        now = self.services.clock.now()
+        with self._transaction() as conn:
+            if not hold_lease(conn, job):
+                decision = None  # taken over, or the completion did commit after all
+            else:
+                decision = self.policy.after_interruption(
+                    job.number, now=now, window_start=job.window_start, rng=self.rng)
+                if decision.run_at is None:
+                    finish_attempt(conn, job, outcome="failed", now=now, error=summary)
+                    fail_job(conn, job, now=now)
+                else:
+                    finish_attempt(conn, job, outcome="interrupted", now=now, error=summary)
+                    hand_back_attempt(conn, job, run_at=decision.run_at)
+        self._interrupted = None
+        if decision is None:
+            self._transition(job, scope, "running", "fenced", outcome="fenced")
+        elif decision.run_at is None:
+            self._transition(job, scope, "running", "failed", outcome="failed",
+                             error=summary, reason=decision.reason)
+        else:
+            self._transition(job, scope, "running", "retrying", outcome="interrupted",
+                             error=summary,
+                             retry_in_seconds=round((decision.run_at - now).total_seconds(), 3))
+
     def _record_failure(self, job: ClaimedJob, scope: str, error: Exception) -> None:
         """Record the failed attempt and schedule a retry or end the job (transaction 3)."""
         summary = error_summary(error)
@@ -338,6 +392,15 @@ class Worker:
             self._stop = None
             self._release()
 
+    def _hold_live_connection(self) -> None:
+        """Take the loop's connection, or a fresh one if the server closed it while idle."""
+        if self._held is not None and not connection_is_alive(
+                self._held.connection.dbapi_connection):
+            self._held.invalidate()
+            self._release()
+        if self._held is None:
+            self._held = self.engine.connect()
+
     def _release(self) -> None:
         """Give the loop's own connection back (after storage trouble, a fresh one is taken)."""
         held, self._held = self._held, None
@@ -349,18 +412,19 @@ class Worker:
         processed = errors = 0
         while not stop.is_set() or self._next is not None:
             try:
-                if self._held is None:
-                    self._held = self.engine.connect()
+                self._hold_live_connection()
                 worked = self.process_one()
                 errors = 0
             except Exception as error:  # storage trouble: back off, the lease protects the job
                 self._release()
                 errors += 1
-                log.warning("worker.error", worker_id=self.worker_id,
-                            error=error_summary(error), consecutive=errors)
-                if burst and errors >= BURST_ERROR_LIMIT:
+                if errors == 1 or errors % 20 == 0:  # an outage is one line, not a flood
+                    log.warning("worker.error", worker_id=self.worker_id,
+                                error=error_summary(error), consecutive=errors)
+                if burst and errors >= (BURST_OUTAGE_LIMIT if is_storage_error(error)
+                                        else BURST_ERROR_LIMIT):
                     raise
-                stop.wait(min(MAX_IDLE_BACKOFF_SECONDS, poll_seconds * 2**errors))
+                stop.wait(_error_backoff(error, errors, poll_seconds))
                 continue
             if worked:
                 processed += 1
@@ -369,6 +433,18 @@ class Worker:
             else:
                 stop.wait(poll_seconds * (0.5 + random.random()))  # jitter: no lockstep polls
         return processed
+
+
+def _error_backoff(error: BaseException, errors: int, poll_seconds: float) -> float:
+    """Return the wait after `errors` consecutive loop errors.
+
+    While the database is away a retry is one refused connect, so the worker
+    tries again every ~0.5 s (jittered) and resumes within a second of the
+    database's return; any other error backs off exponentially up to 30 s.
+    """
+    if is_storage_error(error):
+        return STORAGE_RETRY_SECONDS * (0.5 + random.random())
+    return min(MAX_IDLE_BACKOFF_SECONDS, poll_seconds * 2.0**errors)
 
 
 @contextmanager

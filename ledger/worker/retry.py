@@ -83,6 +83,21 @@ class RetryPolicy:
                     f"(limit {int(self.max_event_age_seconds)}s)")
         return None
 
+    def after_interruption(self, attempts_so_far: int, *, now: datetime,
+                           window_start: datetime, rng: RandomSource) -> RetryDecision:
+        """Decide when an attempt the database cut off runs again; it spends no attempt.
+
+        The wait is a full-jitter delay after `attempts_so_far` attempts (the
+        receipt's history, so repeated interruptions back off); only the event's
+        age makes it terminal.
+        """
+        run_at = now + timedelta(seconds=self.delay(attempts_so_far, rng))
+        if run_at > self.deadline(window_start):
+            return RetryDecision(
+                run_at=None,
+                reason=f"max event age reached ({int(self.max_event_age_seconds)}s)")
+        return RetryDecision(run_at=run_at)
+
     def after_failure(self, failed_attempts: int, *, now: datetime, window_start: datetime,
                       rng: RandomSource) -> RetryDecision:
         """Decide what follows the `failed_attempts`-th failure: a retry time, or terminal."""

@@ -148,6 +148,9 @@ _PARK = update(jobs).where(*_job_key()).values(
     status=JobStatus.FAILED.value, leased_by=None, leased_until=None)
 _RETRY = update(jobs).where(*_job_key()).values(
     run_at=bindparam("due_at", type_=UTCDateTime), leased_by=None, leased_until=None)
+_HAND_BACK = update(jobs).where(*_job_key()).values(
+    attempts=jobs.c.attempts - 1, run_at=bindparam("due_at", type_=UTCDateTime),
+    leased_by=None, leased_until=None)
 
 
 def select_due_job(conn: Connection, now: datetime) -> DueJob | None:
@@ -358,6 +361,15 @@ def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: dat
 def schedule_retry(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> None:
     """Release the lease and make the job due again at `run_at`."""
     conn.execute(_RETRY, {"sid": job.scope_id, "eid": job.event_id, "due_at": run_at})
+
+
+def hand_back_attempt(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> None:
+    """Release the lease, return the attempt to the retry budget, make the job due at `run_at`.
+
+    For an attempt the database cut off: the receipt keeps counting it (its
+    history), the budget of LEDGER_MAX_ATTEMPTS does not.
+    """
+    conn.execute(_HAND_BACK, {"sid": job.scope_id, "eid": job.event_id, "due_at": run_at})
 
 
 def fail_job(conn: Connection, job: ClaimedJob, *, now: datetime) -> None:

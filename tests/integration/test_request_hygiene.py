@@ -108,7 +108,7 @@ def test_an_unexpected_error_logs_the_route_not_the_path(app, monkeypatch, caplo
     def broken(*_args, **_kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("ledger.web.dashboard.pages.receipt_detail", broken)
+    monkeypatch.setattr("ledger.web.dashboard.pages.read_receipt", broken)
     with caplog.at_level(logging.ERROR, logger="ledger"):
         response = client.get(f"/receipts/{sender.public_id}/evt_private_42")
     assert response.status_code == 500

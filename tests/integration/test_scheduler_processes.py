@@ -60,7 +60,8 @@ def _lines(log: Path) -> Counter:
 
 def test_three_schedulers_run_each_period_once_and_survive_a_killed_holder(test_env, tmp_path):
     """PostgreSQL: the advisory xact lock + runs row; SQLite: the write lock + runs row."""
-    env = {**os.environ, **test_env, "TEST_SLOW_SECONDS": "2.5"}
+    # A lease of 2 s, shorter than a slow run: live holders must renew it to keep it.
+    env = {**os.environ, **test_env, "TEST_SLOW_SECONDS": "2.5", "LEDGER_LEASE_SECONDS": "2"}
     log = tmp_path / "executions.log"
     engine = create_engine(test_env["DATABASE_URL"])
     procs = [subprocess.Popen([sys.executable, "-m", "tests.integration.scheduler_proc",
@@ -81,6 +82,10 @@ def test_three_schedulers_run_each_period_once_and_survive_a_killed_holder(test_
                            and r.period_start > killed_at], 30, "a slow run after the kill")
         _wait_for(lambda: [r for r in _runs(engine, "tick") if r.period_start > killed_at
                            and r.outcome == "ok"], 15, "a tick after the kill")
+        # the killed holder's run is abandoned once its lease runs out (a later claim of
+        # the job marks it); no sweep and no operator needed
+        abandoned = _wait_for(lambda: [r for r in _runs(engine, "slow") if r.id == victim.id
+                                       and r.outcome == "abandoned"], 15, "the abandoned mark")
     finally:
         _stop(procs)
     ticks, slows = _runs(engine, "tick"), _runs(engine, "slow")
@@ -94,13 +99,14 @@ def test_three_schedulers_run_each_period_once_and_survive_a_killed_holder(test_
     span = int(starts[-1] - starts[0]) + 1
     assert len(starts) >= 0.8 * span, (len(starts), span)
     assert len({r.instance for r in ticks + slows}) >= 2  # the work did move between them
-    # the killed holder's run stays 'running' until the sweep labels it
-    with engine.begin() as conn:
-        assert conn.execute(select(scheduler_runs.c.outcome).where(
-            scheduler_runs.c.id == victim.id)).scalar_one() == "running"
-        runs.mark_abandoned_runs(conn, now=datetime.now(UTC), grace_seconds=0)
-        assert conn.execute(select(scheduler_runs.c.outcome).where(
-            scheduler_runs.c.id == victim.id)).scalar_one() == "abandoned"
+    marked = abandoned[0].finished_at - abandoned[0].leased_until  # its last renewal
+    print(f"\nkilled holder's run marked abandoned {marked.total_seconds():.2f} s after "
+          "its lease ran out")
+    # Marked by the next claim of `slow` after that: each survivor, busy 2.5 s per run,
+    # claims one every 3 s.
+    assert marked.total_seconds() < 4
+    # every live run renewed its lease: the victim is the only abandoned run
+    assert [r.id for r in slows if r.outcome == runs.RunOutcome.ABANDONED] == [victim.id]
     engine.dispose()
 
 

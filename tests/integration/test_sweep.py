@@ -96,19 +96,42 @@ def test_findings_resolve_when_fixed_and_reopen_when_back(app):
 
 
 def test_sweep_marks_runs_of_a_dead_scheduler_abandoned(app):
+    """A run whose holder stopped renewing is abandoned as soon as its lease runs out."""
+    svc = app.extensions["ledger"]
+    ago = lambda seconds: NOW - timedelta(seconds=seconds)  # noqa: E731
+    with svc.engine.begin() as conn:
+        dead = runs.claim_run(conn, job="retention", period_start=ago(3600),
+                              instance="host:1:dead", now=ago(70), lease_seconds=60)
+        live = runs.claim_run(conn, job="rollups", period_start=ago(3600),
+                              instance="host:2:live", now=ago(3600), lease_seconds=60)
+        assert runs.renew_lease(conn, live, now=ago(20), lease_seconds=60)  # alive
+        done = runs.claim_run(conn, job="sweep", period_start=ago(60),
+                              instance="host:2:live", now=ago(60), lease_seconds=60)
+        runs.finish_run(conn, done, outcome=runs.RunOutcome.OK, now=ago(59), rows_affected=3)
+    sweep(svc.engine, svc.settings, FixedClock(ago(11)))  # the dead run's lease runs 1 s more
+    assert _outcomes(svc) == {dead: "running", live: "running", done: "ok"}
+    sweep(svc.engine, svc.settings, FixedClock(ago(9)))  # no other run of its job needed
+    assert _outcomes(svc) == {dead: "abandoned", live: "running", done: "ok"}
+
+
+def test_runs_from_before_leases_are_abandoned_once_a_later_run_finished(app):
     svc = app.extensions["ledger"]
     hour = timedelta(hours=1)
     with svc.engine.begin() as conn:
         dead = runs.claim_run(conn, job="rollups", period_start=NOW - 3 * hour,
-                              instance="host:1:dead", now=NOW - 3 * hour)
+                              instance="host:1:dead", now=NOW - 3 * hour, lease_seconds=60)
         live = runs.claim_run(conn, job="retention", period_start=NOW - hour,
-                              instance="host:2:live", now=NOW - hour)
+                              instance="host:2:live", now=NOW - hour, lease_seconds=60)
         newer = runs.claim_run(conn, job="rollups", period_start=NOW - 2 * hour,
-                               instance="host:2:live", now=NOW - 2 * hour)
+                               instance="host:2:live", now=NOW - 2 * hour, lease_seconds=60)
         runs.finish_run(conn, newer, outcome=runs.RunOutcome.OK, now=NOW - 2 * hour,
                         rows_affected=3)
+        conn.execute(update(scheduler_runs).values(leased_until=None))  # pre-0003 rows
     sweep(svc.engine, svc.settings, FixedClock(NOW))
-    with svc.engine.connect() as conn:
-        outcome = dict(conn.execute(select(scheduler_runs.c.id, scheduler_runs.c.outcome)).all())
     # no later finished run of 'retention' exists, so that run may still be working
-    assert outcome == {dead: "abandoned", live: "running", newer: "ok"}
+    assert _outcomes(svc) == {dead: "abandoned", live: "running", newer: "ok"}
+
+
+def _outcomes(svc) -> dict[int, str]:
+    with svc.engine.connect() as conn:
+        return dict(conn.execute(select(scheduler_runs.c.id, scheduler_runs.c.outcome)).all())

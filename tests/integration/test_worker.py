@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import REGISTRY
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import select
 
 from app import create_app
@@ -15,7 +16,7 @@ from ledger.access.audit import verify_chain
 from ledger.clock import FixedClock, unix
 from ledger.db.schema import attempts, audit_log, jobs
 from ledger.demo.seed import balance
-from ledger.reads.receipts import get_receipt
+from ledger.reads.receipts import get_receipt, receipt_detail
 from ledger.worker.loop import WorkerHooks, process_one
 from tests.helpers import deliver, make_sender
 
@@ -252,6 +253,73 @@ def test_crashed_worker_job_is_claimable_after_its_lease(make_app, caplog):
     # The operator's log shows the lost attempt when the next claim finds it.
     assert [(line["attempt"], line["to_state"]) for line in _transitions(caplog)] == [
         (1, "lost"), (2, "complete")]
+
+
+def _database_error(_conn, _event):
+    """Stands for the database failing the completion (a full disk, a lost connection)."""
+    raise sa_exc.OperationalError("COMMIT", None, OSError("disk I/O error"))
+
+
+def test_database_errors_in_the_completion_spend_no_attempt(make_app):
+    """LEDGER_MAX_ATTEMPTS=2 and two database errors: the event still completes, once."""
+    app = make_app(LEDGER_MAX_ATTEMPTS="2", LEDGER_RETRY_BASE_SECONDS="10")
+    clock = app.extensions["ledger"].clock
+    sender = make_sender(app)
+    _send(app, sender, "evt_db", data={"amount": 5})
+    for number in (1, 2):
+        assert _drain(app, hooks=WorkerHooks(before_commit=_database_error)) == 1
+        job = _job(app, sender, "evt_db")
+        # The attempt went back to the budget; the wait grows with the history.
+        assert job.attempts == 0 and job.leased_by is None
+        assert job.run_at == clock.now() + timedelta(seconds=5 * number)
+        clock.advance(5 * number)
+    assert _drain(app) == 1
+    receipt = _receipt(app, sender, "evt_db")
+    assert (receipt.state.value, receipt.result_ref, receipt.attempts) == (
+        "complete", "credit:5", 3)
+    assert _history(app, sender, "evt_db") == [
+        (1, "interrupted", "OSError: disk I/O error"),
+        (2, "interrupted", "OSError: disk I/O error"), (3, "complete", None)]
+    assert _balance(app, sender) == 5
+    duplicate = deliver(app.test_client(), sender, "evt_db", "demo.credit", {"amount": 5},
+                        timestamp=unix(clock.now()))
+    assert (duplicate.status_code, duplicate.get_json()["state"]) == (200, "complete")
+
+
+def test_database_errors_are_still_bounded_by_the_events_age(make_app):
+    app = make_app(LEDGER_MAX_EVENT_AGE_SECONDS="100", LEDGER_RETRY_BASE_SECONDS="10")
+    clock = app.extensions["ledger"].clock
+    sender = make_sender(app)
+    _send(app, sender, "evt_db_old", data={"amount": 5})
+    assert _drain(app, hooks=WorkerHooks(before_commit=_database_error)) == 1
+    clock.advance(96)  # the next wait (up to 10 s, 5 s here) would end past the age limit
+    assert _drain(app, hooks=WorkerHooks(before_commit=_database_error)) == 1
+    receipt = _receipt(app, sender, "evt_db_old")
+    assert (receipt.state.value, receipt.attempts) == ("failed", 2)
+    assert [o for _, o, _ in _history(app, sender, "evt_db_old")] == ["interrupted", "failed"]
+    assert _balance(app, sender) == 0
+
+
+def test_a_complete_receipt_shows_no_superseded_error(make_app):
+    app = make_app(LEDGER_RETRY_BASE_SECONDS="10")
+    clock = app.extensions["ledger"].clock
+    sender = make_sender(app)
+    _send(app, sender, "evt_f2", "demo.flaky", {"amount": 3, "fail_times": 1})
+    assert _drain(app) == 1
+    assert _receipt(app, sender, "evt_f2").last_error == (
+        "DemoFailure: demo.flaky fails attempt 1 of 1")  # pending: why it waits
+    clock.advance(10)
+    assert _drain(app) == 1
+    receipt = _receipt(app, sender, "evt_f2")
+    assert (receipt.state.value, receipt.last_error) == ("complete", None)
+    with app.extensions["ledger"].engine.connect() as conn:
+        detail = receipt_detail(conn, sender.scope_id, "evt_f2")
+    assert detail["last_error"] is None
+    assert [a["error"] for a in detail["attempt_rows"]] == [
+        "DemoFailure: demo.flaky fails attempt 1 of 1", None]  # the history keeps it
+    result = app.test_cli_runner().invoke(args=["ledger", "receipt", "show", "--scope",
+                                                sender.scope, "--event-id", "evt_f2", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["last_error"] is None
 
 
 def test_poison_event_does_not_block_good_ones(make_app):

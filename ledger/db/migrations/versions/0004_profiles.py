@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0004_profiles"
-down_revision = "0002_tokens"
+down_revision = "0003_scheduler_run_leases"
 branch_labels = None
 depends_on = None
 
