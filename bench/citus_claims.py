@@ -99,14 +99,14 @@ def run(url: str, scope_counts: list[int], jobs_total: int, claims: int) -> dict
             raise SystemExit("the database is not distributed: run `ledger db distribute`")
         out: dict[str, Any] = {"jobs": jobs_total, "claims": claims, "tasks": _tasks(engine),
                                "by_scopes": {}}
-        for scopes in scope_counts:
+        for run_number, scopes in enumerate(scope_counts):
             ids = _seed(engine, scopes, jobs_total, uuid.uuid4().hex[:6])
             try:
                 _claims(engine, 20)  # warm the connection and the plans
                 times = _claims(engine, claims)
             finally:
                 _cleanup(engine, ids)
-            out["by_scopes"][scopes] = {
+            out["by_scopes"][f"{run_number + 1}: {scopes} scopes"] = {
                 "mean_ms": round(statistics.fmean(times) * 1000, 2),
                 "p50_ms": round(statistics.median(times) * 1000, 2),
                 "p95_ms": round(sorted(times)[int(len(times) * 0.95)] * 1000, 2),

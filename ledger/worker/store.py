@@ -17,6 +17,7 @@ BEGIN IMMEDIATE.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -125,8 +126,13 @@ _DUE = due_job_query()
 # shard as `ORDER BY run_at LIMIT n` on its ix_jobs_due (n rows per shard, however
 # many scopes there are), then lock one of those jobs by its primary key, which goes
 # to the one node holding its scope. A key another worker took in between is
-# skipped (locked) or no longer due (leased): the next key is tried.
+# skipped (locked) or no longer due (leased): the next key is tried. The read costs
+# a task per shard (32 by default), so a worker keeps the keys it read for its
+# next claims, up to KEYS_MAX_AGE: a job that falls due meanwhile waits that long
+# at most before a read sees it (README, "Scaling past one database").
 CLAIM_CANDIDATES = 16
+KEYS_MAX_AGE = 1.0  # seconds
+_KEYS: dict[tuple[int, str], tuple[float, list[tuple[int, str]]]] = {}
 _DUE_KEYS = (select(jobs.c.scope_id, jobs.c.event_id)
              .where(jobs.c.status == JobStatus.QUEUED.value,
                     jobs.c.run_at <= bindparam("now", type_=UTCDateTime))
@@ -221,12 +227,23 @@ def claim_by_key(conn: Connection, request: ClaimRequest) -> Claim | None:
     Runs inside the caller's transaction (several statements), each locking or
     writing statement on the job's scope alone, so it commits on one node.
     """
-    keys = conn.execute(_DUE_KEYS, {"now": request.now}).all()
-    for scope_id, event_id in keys:
-        row = conn.execute(_DUE_BY_KEY, {"now": request.now, "sid": scope_id,
-                                         "eid": event_id}).first()
-        if row is not None:
-            return _lease_due(conn, _due(row), request)
+    mine = (id(conn.engine.pool), request.worker_id)
+    read_at, keys = _KEYS.pop(mine, (0.0, []))
+    fresh = time.monotonic() - read_at > KEYS_MAX_AGE or not keys
+    for _ in range(2):  # the kept keys, then (if none was claimable) a fresh read
+        if fresh:
+            read_at = time.monotonic()
+            keys = [(int(s), str(e)) for s, e in conn.execute(_DUE_KEYS, {"now": request.now})]
+        while keys:
+            scope_id, event_id = keys.pop(0)
+            row = conn.execute(_DUE_BY_KEY, {"now": request.now, "sid": scope_id,
+                                             "eid": event_id}).first()
+            if row is not None:
+                _KEYS[mine] = (read_at, keys)
+                return _lease_due(conn, _due(row), request)
+        if fresh:
+            return None
+        fresh = True
     return None
 
 

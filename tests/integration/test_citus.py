@@ -23,11 +23,19 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, insert, select, text
 
 from jobs.retention import PurgeImpossible, purge
+from jobs.retention_scoped import _SCOPE_BATCH
 from ledger.clock import FixedClock
 from ledger.db import citus
 from ledger.db.engine import make_engine
 from ledger.db.schema import attempts, demo_balances, receipts
-from ledger.intake.store import _CLAIM_WITH_JOB, DriverClaim, NewEvent
+from ledger.intake.store import (
+    _CLAIM_WITH_JOB,
+    DriverClaim,
+    NewEvent,
+    claim_receipt,
+    claim_unsigned_body,
+    enqueue_job,
+)
 from ledger.reads.capacity import measure
 from ledger.worker.loop import Worker
 from ledger.worker.sql import DRIVER_COMPLETE
@@ -42,13 +50,15 @@ __all__ = ["fast_hashes"]  # the autouse fixture: cheap password hashes here too
 
 MISSING = citus_missing()
 if MISSING is not None:
-    note_skip(f"tests/integration/test_citus.py: every Citus test SKIPPED: {MISSING}")
-pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"Citus not installed: {MISSING}")
+    note_skip(f"tests/integration/test_citus.py: every test on a Citus cluster SKIPPED: "
+              f"{MISSING}")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CitusCluster]:
     """A coordinator and two workers, migrated and distributed with the ledger's commands."""
+    if MISSING is not None:
+        pytest.skip(f"Citus not installed: {MISSING}")
     nodes = CitusCluster(tmp_path_factory.mktemp("citus"))
     try:
         nodes.start()
@@ -181,6 +191,13 @@ def test_deliveries_are_answered_and_each_claim_commits_on_one_node(citus_app, o
     taken, outcome = claim.claim(new_event(sender.scope_id, "direct_0"))
     assert not taken and outcome is not None
     assert two_phase_commits(one_connection) == before  # 21 claims, no PREPARE TRANSACTION
+
+    # The unsigned-id path (GitHub): receipt, body digest and job in one engine transaction.
+    event = new_event(sender.scope_id, "unsigned_0")
+    with one_connection.begin() as conn:
+        assert claim_receipt(conn, event) and claim_unsigned_body(conn, event)
+        enqueue_job(conn, event)
+    assert two_phase_commits(one_connection) == before
 
 
 def test_the_old_one_statement_claim_would_commit_in_two_phases(cluster, one_connection):
@@ -327,6 +344,9 @@ def test_the_purge_expires_receipts_scope_by_scope(citus_app):
                                 .where(table.c.scope_id.in_(scopes))).scalar_one()
             assert left == 0, table.name
         assert conn.execute(select(func.count()).select_from(receipts)).scalar_one() >= 2
+        plan = "\n".join(r[0] for r in conn.execute(text(f"EXPLAIN {_SCOPE_BATCH.text}"), {
+            "scope": scopes[0], "cutoff": now, "batch": 3}))
+    assert task_count(plan) == 1, plan  # each batch runs on its scope's node alone
 
 
 def test_a_half_distributed_ledger_makes_the_purge_fail_loudly(citus_app, cluster):
@@ -342,6 +362,23 @@ def test_a_half_distributed_ledger_makes_the_purge_fail_loudly(citus_app, cluste
     finally:
         done = citus.distribute(svc.engine)  # idempotent: finishes the layout
     assert done["distributed"] == ["conflicts"]
+
+
+def test_a_purge_that_leaves_expired_receipts_behind_says_so(citus_app, monkeypatch):
+    """Were the per-scope deletes to miss rows, the purge fails instead of reporting 0."""
+    import jobs.retention_scoped
+
+    svc = citus_app.extensions["ledger"]
+    now = datetime.now(UTC)
+    _seed_old(svc.engine, 990_009, 2, now - timedelta(seconds=svc.settings.retention_seconds
+                                                       + 3600))
+    monkeypatch.setattr(jobs.retention_scoped, "scope_batch",
+                        lambda *_a, **_k: dict.fromkeys(("receipts", "attempts", "jobs",
+                                                         "unsigned_bodies", "conflicts"), 0))
+    with pytest.raises(PurgeImpossible, match=r"\d+ expired receipts are still there"):
+        purge(svc.engine, svc.settings, FixedClock(now))
+    monkeypatch.undo()
+    assert purge(svc.engine, svc.settings, FixedClock(now)).expired_receipts >= 2
 
 
 def test_capacity_counts_every_shard(citus_app):
