@@ -28,9 +28,11 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, bindparam, delete, func, select, text, tuple_, update
 from sqlalchemy import exc as sa_exc
 
+from jobs import retention_scoped as scoped
 from ledger.access import audit
 from ledger.clock import Clock
 from ledger.config import CLOCK_SKEW_SECONDS, DEFAULT_DUTY_CYCLE, Settings, check_duty_cycle
+from ledger.db import citus
 from ledger.db.schema import (
     UTCDateTime,
     attempts,
@@ -42,6 +44,7 @@ from ledger.db.schema import (
     unsigned_bodies,
 )
 from ledger.domain import JobStatus, ReceiptState
+from ledger.errors import LedgerError
 from ledger.logs import get_logger
 from ledger.metrics import PURGED_ROWS
 
@@ -157,6 +160,14 @@ RETURNING scope_id, event_id, body_sha256
 """).bindparams(bindparam("cutoff", type_=UTCDateTime))
 
 
+class PurgeImpossible(LedgerError):
+    """The purge cannot do its job on this database; it says why instead of deleting nothing."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PurgeResult:
     """What a purge removed (or, with dry_run, would remove)."""
@@ -211,12 +222,18 @@ def purge(engine: Engine, settings: Settings, clock: Clock, *, dry_run: bool = F
             return PurgeResult(expired_receipts=count_expired(conn, cutoff),
                                payloads_dropped=count_expired_payloads(conn, review_cutoff),
                                dry_run=True)
-    # Payloads first: a failed job past retention is also past review, so each
-    # dropped payload is counted once, whichever step removes it.
-    dropped = expire_payloads(engine, settings, review_cutoff, batch_size)
-    expire_attempts_by_time(engine, settings, cutoff, batch_size, pacer)
-    expired = expire_receipts(engine, settings, cutoff, batch_size, on_batch, pacer)
-    expire_bookkeeping(engine, settings, cutoff)
+    if _distributed(engine):
+        dropped = scoped_payloads(engine, settings, review_cutoff, batch_size)
+        expired = scoped_receipts(engine, settings, cutoff, batch_size, on_batch, pacer)
+        expire_bookkeeping(engine, settings, cutoff, scoped_conflicts=True)
+        _check_nothing_left(engine, cutoff, now)
+    else:
+        # Payloads first: a failed job past retention is also past review, so each
+        # dropped payload is counted once, whichever step removes it.
+        dropped = expire_payloads(engine, settings, review_cutoff, batch_size)
+        expire_attempts_by_time(engine, settings, cutoff, batch_size, pacer)
+        expired = expire_receipts(engine, settings, cutoff, batch_size, on_batch, pacer)
+        expire_bookkeeping(engine, settings, cutoff)
     result = PurgeResult(expired_receipts=expired, payloads_dropped=dropped, dry_run=False)
     if actor is not None and (expired or dropped):
         with engine.begin() as conn:
@@ -231,6 +248,68 @@ def run(engine: Engine, settings: Settings, clock: Clock) -> int:
     """Scheduled entry point: purge and return the rows affected."""
     result = purge(engine, settings, clock, actor=audit.Actor(name="scheduler", role="system"))
     return result.expired_receipts + result.payloads_dropped
+
+
+def _distributed(engine: Engine) -> bool:
+    """Tell, afresh, whether the ledger is distributed; refuse a half-distributed one."""
+    if engine.dialect.name != "postgresql":
+        return False
+    with engine.connect() as conn:
+        layout = citus.layout(conn)
+    problems = layout.problems()
+    if problems:
+        raise PurgeImpossible("the ledger is partly distributed, so neither the page-window "
+                              "purge nor the per-scope purge would find every expired row: "
+                              + "; ".join(problems) + " (run `ledger db distribute`)")
+    return layout.distributed
+
+
+def scoped_payloads(engine: Engine, settings: Settings, review_cutoff: datetime,
+                    batch_size: int) -> int:
+    """Distributed: drop reviewed failed payloads scope by scope, batch by batch."""
+    with engine.connect() as conn:
+        scopes = scoped.payload_scopes(conn, review_cutoff)
+    total = 0
+    for scope in scopes:
+        while True:
+            count = _with_lock_retries(engine, settings, partial(
+                scoped.scope_payloads, scope=scope, review_cutoff=review_cutoff,
+                batch=batch_size))
+            total += count
+            PURGED_ROWS.labels("payloads").inc(count)
+            if count < batch_size:
+                break
+    return total
+
+
+def scoped_receipts(engine: Engine, settings: Settings, cutoff: datetime, batch_size: int,
+                    on_batch: Callable[[int], None] | None = None,
+                    pacer: Pacer | None = None) -> int:
+    """Distributed: delete expired receipts with their dependants, scope by scope."""
+    with engine.connect() as conn:
+        scopes = scoped.expired_scopes(conn, cutoff)
+    total = 0
+    for scope in scopes:
+        while True:
+            counts = _with_lock_retries(engine, settings, partial(
+                scoped.scope_batch, scope=scope, cutoff=cutoff, batch=batch_size), pacer)
+            for kind, count in counts.items():
+                PURGED_ROWS.labels(kind).inc(count)
+            total += counts["receipts"]
+            if on_batch is not None:
+                on_batch(total)
+            if counts["receipts"] < batch_size:
+                break
+    return total
+
+
+def _check_nothing_left(engine: Engine, cutoff: datetime, started: datetime) -> None:
+    """Raise when expired receipts that finished before the purge began are still there."""
+    with engine.connect() as conn:
+        left = scoped.left_behind(conn, cutoff, started)
+    if left:
+        raise PurgeImpossible(f"{left} expired receipts are still there after the purge "
+                              "(finished before it began, accepted before the cutoff)")
 
 
 def count_expired(conn: Connection, cutoff: datetime) -> int:
@@ -410,8 +489,12 @@ def _sqlite_batch(conn: Connection, cutoff: datetime, batch_size: int) -> dict[s
     return counts
 
 
-def expire_bookkeeping(engine: Engine, settings: Settings, cutoff: datetime) -> None:
-    """Drop run records, resolved findings and orphaned conflicts older than retention."""
+def expire_bookkeeping(engine: Engine, settings: Settings, cutoff: datetime, *,
+                       scoped_conflicts: bool = False) -> None:
+    """Drop run records, resolved findings and orphaned conflicts older than retention.
+
+    With `scoped_conflicts` (a distributed ledger) the conflicts go scope by scope.
+    """
     orphan = ~select(receipts.c.scope_id).where(
         receipts.c.scope_id == conflicts.c.scope_id,
         receipts.c.event_id == conflicts.c.original_event_id).exists()
@@ -422,11 +505,19 @@ def expire_bookkeeping(engine: Engine, settings: Settings, cutoff: datetime) -> 
         # it expires with the original it pointed at.
         "conflicts": delete(conflicts).where(conflicts.c.last_seen < cutoff, orphan),
     }
+    if scoped_conflicts:
+        del statements["conflicts"]
     for kind, stmt in statements.items():
         def step(conn: Connection, stmt: Any = stmt) -> int:
             return conn.execute(stmt).rowcount
 
         PURGED_ROWS.labels(kind).inc(max(_with_lock_retries(engine, settings, step), 0))
+    if scoped_conflicts:
+        with engine.connect() as conn:
+            scopes = scoped.orphan_scopes(conn, cutoff)
+        for scope in scopes:
+            PURGED_ROWS.labels("conflicts").inc(_with_lock_retries(engine, settings, partial(
+                scoped.scope_orphans, scope=scope, cutoff=cutoff)))
 
 
 def _with_lock_retries(engine: Engine, settings: Settings, step: Callable[[Connection], _T],

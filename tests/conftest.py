@@ -31,6 +31,14 @@ TEST_MASTER_KEY = Fernet.generate_key().decode()
 TEST_AUDIT_KEY = "test-audit-key-" + uuid.uuid4().hex
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say which whole groups of tests were skipped on this machine, and why."""
+    from tests.integration.citus_cluster import LOUD_SKIPS
+
+    for reason in LOUD_SKIPS:
+        terminalreporter.write_line(f"!!! {reason} !!!", yellow=True, bold=True)
+
+
 def _pg_reachable(url: str) -> str | None:
     """Return None when the server answers, else the reason it does not."""
     engine = create_engine(url, connect_args={"connect_timeout": 3})

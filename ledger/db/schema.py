@@ -186,11 +186,14 @@ unsigned_bodies = Table(
     Column("accepted_at", UTCDateTime, nullable=False),
 )
 
+# conflicts and attempts: primary key (id, scope_id) on PostgreSQL, so that Citus can
+# distribute them by scope (migration 0005); on SQLite `id` alone stays the INTEGER
+# PRIMARY KEY that SQLite numbers itself (Alembic's comparison ignores primary keys).
 conflicts = Table(
     "conflicts",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("scope_id", Integer, nullable=False),
+    Column("scope_id", Integer, primary_key=True, autoincrement=False),
     Column("event_id", Text, nullable=False),
     Column("kind", Text, nullable=False),
     Column("original_event_id", Text, nullable=False),
@@ -210,7 +213,7 @@ attempts = Table(
     "attempts",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("scope_id", Integer, nullable=False),
+    Column("scope_id", Integer, primary_key=True, autoincrement=False),
     Column("event_id", Text, nullable=False),
     Column("number", Integer, nullable=False),
     Column("worker_id", Text, nullable=False),

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, LargeBinary, bindparam, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
+from ledger.db import citus
 from ledger.db.driver import DriverStatement, run_pooled, time_to_driver
 from ledger.db.schema import UTCDateTime, conflicts, jobs, receipts, unsigned_bodies
 from ledger.domain import ConflictKind, JobStatus, ReceiptState
@@ -126,6 +127,15 @@ _SQLITE_JOB = ("INSERT INTO jobs (scope_id, event_id, event_type, accepted_at, r
                " attempts, lease_token, payload) VALUES (?, ?, ?, ?, ?, 0, 0, 0, ?)")
 _SQLITE_OUTCOME = ("SELECT state, body_sha256, result_ref FROM receipts"
                    " WHERE scope_id = ? AND event_id = ?")
+# The same two-insert claim on a distributed (Citus) ledger. `_CLAIM_WITH_JOB` cannot be
+# routed there: Citus runs its INSERT ... SELECT from a CTE by pulling the rows to the
+# coordinator and sending them to every node, so each claim became a two-phase commit
+# across all workers. Each statement below names one scope, so all go to the node that
+# holds it and the transaction commits there, in one phase (README, "Scaling past one
+# database").
+_CITUS_RECEIPT = _SQLITE_RECEIPT.replace("?", "%s")
+_CITUS_JOB = _SQLITE_JOB.replace("?", "%s")
+_CITUS_OUTCOME = _SQLITE_OUTCOME.replace("?", "%s")
 
 
 class DriverClaim:
@@ -141,6 +151,8 @@ class DriverClaim:
       transaction): receipt + job, or the recorded receipt for a taken id.
     - SQLite: BEGIN IMMEDIATE, insert the receipt, then the job, or read the
       recorded receipt, COMMIT.
+    - PostgreSQL with the ledger distributed by Citus (`ledger db distribute`):
+      the same statements as on SQLite, in one transaction on the scope's node.
 
     Driver errors are raised as the SQLAlchemy errors the rest of the ledger
     handles (`storage_guard`), without parameters in the message, and a
@@ -153,10 +165,20 @@ class DriverClaim:
         self._postgresql = dialect.name == "postgresql"
         self._when = time_to_driver(dialect)
         self._prepared = _DRIVER_CLAIM.prepared(dialect) if self._postgresql else None
+        self._distributed: bool | None = None  # read on the first claim: no I/O here
+
+    @property
+    def distributed(self) -> bool:
+        """Tell whether the ledger is distributed (Citus): then the two-insert claim runs."""
+        if self._distributed is None:
+            self._distributed = citus.distributed(self._engine)
+        return self._distributed
 
     @property
     def statements(self) -> tuple[str, ...]:
         """Return the SQL this claim runs (it bypasses the engine's statement events)."""
+        if self._postgresql and self.distributed:
+            return (_CITUS_RECEIPT, _CITUS_JOB, _CITUS_OUTCOME)
         if self._prepared is not None:
             return (self._prepared.sql,)
         return (_SQLITE_RECEIPT, _SQLITE_JOB, _SQLITE_OUTCOME)
@@ -167,7 +189,10 @@ class DriverClaim:
         The outcome is None when the holder of the id is not visible (yet, or
         any more): the caller claims again.
         """
-        work = self._claim_postgresql if self._postgresql else self._claim_sqlite
+        if self._postgresql and self.distributed:
+            work = self._claim_distributed
+        else:
+            work = self._claim_postgresql if self._postgresql else self._claim_sqlite
         row = run_pooled(self._engine, work, event, what=_DRIVER_CLAIM.what)
         if row is True:
             return True, None
@@ -190,6 +215,21 @@ class DriverClaim:
         if row is None:
             return None
         return True if row[0] else row[1:]
+
+    def _claim_distributed(self, conn: Any, event: NewEvent) -> Any:
+        when = self._when(event.accepted_at)
+        with conn.cursor() as cursor:  # the pooled connection is not in autocommit
+            taken = cursor.execute(_CITUS_RECEIPT, (
+                when, event.scope_id, event.event_id, event.event_type,
+                event.body_sha256)).fetchone() is None
+            if taken:
+                row = cursor.execute(_CITUS_OUTCOME, (event.scope_id, event.event_id)).fetchone()
+            else:
+                cursor.execute(_CITUS_JOB, (event.scope_id, event.event_id, event.event_type,
+                                            when, when, event.payload))
+                row = True
+        conn.commit()
+        return row
 
     def _claim_sqlite(self, conn: Any, event: NewEvent) -> Any:
         when = self._when(event.accepted_at)

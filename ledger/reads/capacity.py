@@ -4,7 +4,9 @@
 
 bytes_per_receipt is the receipts table's real footprint divided by its rows:
 PostgreSQL `pg_total_relation_size` (heap + every index + TOAST, free space and
-dead tuples included, because the disk holds them too); SQLite the `dbstat`
+dead tuples included, because the disk holds them too), or on a distributed
+(Citus) ledger `citus_total_relation_size`, the same summed over every shard on
+every node (the coordinator's own table is an empty shell); SQLite the `dbstat`
 virtual table's pages of the table and its indexes. events_per_day is what the
 ledger accepted over the last 24 hours. Jobs are not counted: a finished job's
 row is deleted, so jobs scale with the backlog, not with retention.
@@ -18,6 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, text
 
 from ledger.config import Settings
+from ledger.db import citus
 from ledger.db.schema import receipts
 
 DAY = timedelta(days=1)
@@ -52,6 +55,9 @@ def measure(engine: Engine, settings: Settings, *, replicas: int = 1,
 def receipts_bytes(conn: Connection) -> int:
     """Return the bytes the receipts table occupies with its indexes (and TOAST)."""
     if conn.dialect.name == "postgresql":
+        if citus.layout(conn).tables["receipts"] == "distributed":
+            return int(conn.execute(text(
+                "SELECT citus_total_relation_size('receipts')")).scalar_one())
         return int(conn.execute(text("SELECT pg_total_relation_size('receipts')")).scalar_one())
     names = [row[0] for row in conn.execute(text(
         "SELECT name FROM sqlite_master WHERE tbl_name = 'receipts' "

@@ -46,6 +46,7 @@ from sqlalchemy import exc as sa_exc
 
 from ledger import metrics
 from ledger.access.integrations import get_integration_by_id
+from ledger.db import citus
 from ledger.db.engine import connection_is_alive, is_unavailable, make_engine
 from ledger.errors import NotFound, error_summary
 from ledger.logs import event_ref, get_logger
@@ -206,10 +207,12 @@ class Worker:
 
         The PostgreSQL claim is a single statement, hence atomic on its own:
         autocommit saves the BEGIN and COMMIT round trips. SQLite runs several
-        statements inside the engine's BEGIN IMMEDIATE. Inside `run` the claim
-        takes the loop's own connection (most claims ride on a completion there).
+        statements inside the engine's BEGIN IMMEDIATE, and so does a distributed
+        (Citus) ledger's claim by key. Inside `run` the claim takes the loop's own
+        connection (most claims ride on a completion there).
         """
-        if self._autocommit is not None and self._held is None:
+        if (self._autocommit is not None and self._held is None
+                and not citus.distributed(self.engine)):
             return self._autocommit.connect()
         return self._transaction()
 

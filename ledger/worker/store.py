@@ -17,6 +17,7 @@ BEGIN IMMEDIATE.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +32,7 @@ from sqlalchemy import (
     update,
 )
 
+from ledger.db import citus
 from ledger.db.schema import UTCDateTime, attempts, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
 from ledger.worker.sql import CLAIM_SQL, DRIVER_COMPLETE, DRIVER_COMPLETE_AND_CLAIM
@@ -117,6 +119,25 @@ def due_job_query() -> Select[Any]:
 
 
 _DUE = due_job_query()
+
+# On a distributed (Citus) ledger a locking statement must name one scope: Citus
+# refuses FOR UPDATE across shards. The claim there is two steps (claim_by_key):
+# read the keys of the oldest due jobs, without a lock, which Citus sends to every
+# shard as `ORDER BY run_at LIMIT n` on its ix_jobs_due (n rows per shard, however
+# many scopes there are), then lock one of those jobs by its primary key, which goes
+# to the one node holding its scope. A key another worker took in between is
+# skipped (locked) or no longer due (leased): the next key is tried. The read costs
+# a task per shard (32 by default), so a worker keeps the keys it read for its
+# next claims, up to KEYS_MAX_AGE: a job that falls due meanwhile waits that long
+# at most before a read sees it (README, "Scaling past one database").
+CLAIM_CANDIDATES = 16
+KEYS_MAX_AGE = 1.0  # seconds
+_KEYS: dict[tuple[int, str], tuple[float, list[tuple[int, str]]]] = {}
+_DUE_KEYS = (select(jobs.c.scope_id, jobs.c.event_id)
+             .where(jobs.c.status == JobStatus.QUEUED.value,
+                    jobs.c.run_at <= bindparam("now", type_=UTCDateTime))
+             .order_by(jobs.c.run_at).limit(CLAIM_CANDIDATES))
+_DUE_BY_KEY = _DUE.limit(None).order_by(None).where(*_job_key())
 _COUNT = (update(receipts).where(*_receipt_key()).values(attempts=receipts.c.attempts + 1)
           .returning(receipts.c.attempts, receipts.c.accepted_at))
 _LEASE = update(jobs).where(*_job_key()).values(
@@ -197,8 +218,40 @@ def claim_next(conn: Connection, request: ClaimRequest) -> Claim | None:
     receipt; nothing was counted or leased then, and the caller ends it.
     """
     if conn.dialect.name == "postgresql":
+        if citus.distributed(conn.engine):
+            return claim_by_key(conn, request)
         return _claim_of(conn, conn.execute(CLAIM_SQL, request.params()).first(), request)
-    due = select_due_job(conn, request.now)
+    return _lease_due(conn, select_due_job(conn, request.now), request)
+
+
+def claim_by_key(conn: Connection, request: ClaimRequest) -> Claim | None:
+    """Claim on a distributed ledger: one of the oldest due jobs, locked by its key.
+
+    Runs inside the caller's transaction (several statements), each locking or
+    writing statement on the job's scope alone, so it commits on one node.
+    """
+    mine = (id(conn.engine.pool), request.worker_id)
+    read_at, keys = _KEYS.pop(mine, (0.0, []))
+    fresh = time.monotonic() - read_at > KEYS_MAX_AGE or not keys
+    for _ in range(2):  # the kept keys, then (if none was claimable) a fresh read
+        if fresh:
+            read_at = time.monotonic()
+            keys = [(int(s), str(e)) for s, e in conn.execute(_DUE_KEYS, {"now": request.now})]
+        while keys:
+            scope_id, event_id = keys.pop(0)
+            row = conn.execute(_DUE_BY_KEY, {"now": request.now, "sid": scope_id,
+                                             "eid": event_id}).first()
+            if row is not None:
+                _KEYS[mine] = (read_at, keys)
+                return _lease_due(conn, _due(row), request)
+        if fresh:
+            return None
+        fresh = True
+    return None
+
+
+def _lease_due(conn: Connection, due: DueJob | None, request: ClaimRequest) -> Claim | None:
+    """Lease a locked due job unless it may not start (then (due, None)); None if none."""
     if due is None:
         return None
     limits = request.limits
@@ -345,7 +398,9 @@ def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: dat
     if conn.dialect.name == "postgresql":
         params = {**key, "now": now, "complete": ReceiptState.COMPLETE.code,
                   "result_ref": result_ref, "number": job.number}
-        if then_claim is None:
+        # Distributed: the next job is likely on another node, and one transaction
+        # writing on two nodes commits in two phases; the caller claims it apart.
+        if then_claim is None or citus.distributed(conn.engine):
             return Completion(held=bool(DRIVER_COMPLETE.row(conn, params).held))
         row = DRIVER_COMPLETE_AND_CLAIM.row(conn, {**then_claim.params(), **params})
         return Completion(held=bool(row.held),

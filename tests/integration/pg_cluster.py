@@ -31,7 +31,7 @@ def _pg_version() -> str | None:
 class PrivateCluster:
     """One throwaway cluster on a loopback port; `drop()` removes every trace."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, settings: dict[str, str] | None = None) -> None:
         self.version = _pg_version()
         if self.version is None:
             raise RuntimeError("no PostgreSQL installation found")
@@ -41,6 +41,7 @@ class PrivateCluster:
         self._datadir = tmp / "pgdata"
         self._bin = Path(f"/usr/lib/postgresql/{self.version}/bin")
         self._log = tmp / "pg.log"
+        self._settings = dict(settings or {})  # postgresql.conf lines (e.g. preload libraries)
 
     @property
     def admin_url(self) -> str:
@@ -56,9 +57,13 @@ class PrivateCluster:
         if self._debian:
             self._run("pg_createcluster", self.version, self.name, "--port", str(self.port),
                       "--start-conf", "manual", "--", "--auth=trust")
+            conf = Path(f"/etc/postgresql/{self.version}/{self.name}/postgresql.conf")
         else:
             self._run(str(self._bin / "initdb"), "-D", str(self._datadir), "-U", "postgres",
                       "--auth=trust")
+            conf = self._datadir / "postgresql.conf"
+        with conf.open("a") as lines:
+            lines.writelines(f"{name} = '{value}'\n" for name, value in self._settings.items())
 
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""

@@ -1,19 +1,31 @@
 """Every ledger statement of the intake is keyed by the consumer scope (README "Scaling past
 one database"): the ledger can then be distributed by scope_id (Citus) or split by scope
-across databases. This test keeps that plan true as the code changes."""
+across databases. This test keeps that plan true as the code changes.
+
+Keyed means one scope: `scope_id = <one bound value>`. A filter on several scopes
+(`scope_id = ANY(...)`, `scope_id IN (...)`) does not count: Citus refuses a locking
+statement across shards and commits a write on several nodes in two phases. The
+statements written for a distributed ledger (the intake's two-insert claim, the
+worker's claim by key, the purge scope by scope) are checked here on PostgreSQL,
+and on a real Citus cluster in test_citus.py."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import event
 
+from jobs import retention
+from ledger.clock import FixedClock
+from ledger.db import citus
 from ledger.intake.store import DriverClaim
-from ledger.worker.loop import process_one
+from ledger.worker.loop import Worker, process_one
 from ledger.worker.sql import DRIVER_COMPLETE
+from tests.dashboard_helpers import add_receipt
 from tests.helpers import deliver, event_body, make_sender, signed_headers
 
 LEDGER_TABLES = ("receipts", "jobs", "conflicts", "unsigned_bodies", "attempts",
@@ -22,8 +34,9 @@ TABLE = re.compile(r"\b(?:from|into|update|join)\s+(" + "|".join(LEDGER_TABLES) 
 TABLE_REFERENCE = re.compile(r"\b(from|into|update|join)\s+(" + "|".join(LEDGER_TABLES) + r")\b")
 INSERT_COLUMNS = re.compile(r"\binsert into (\w+) \(([^)]*)\)")
 CLAIM_ORDER = re.compile(r"\border by (?:jobs\.)?run_at\b")
-# scope_id compared with a bound parameter (psycopg %(name)s, SQLite ?), not a column.
-SCOPE_EQUALS_PARAM = re.compile(r"\bscope_id\s*=\s*(?:%\(\w+\)s|\?|:\w+)")
+# scope_id compared with one bound parameter (psycopg %(name)s or %s, SQLite ?), not a
+# column, and not a list of scopes (`= ANY(...)` or `IN (...)` match nothing here).
+SCOPE_EQUALS_PARAM = re.compile(r"\bscope_id\s*=\s*(?:%\(\w+\)s|%s|\?|:\w+)")
 
 
 @contextmanager
@@ -84,6 +97,11 @@ def test_the_checker_catches_an_unkeyed_statement():
     assert not keyed_by_scope("with c as ( insert into receipts (event_id) values (?) "
                               "returning event_id ) insert into jobs (scope_id, event_id) "
                               "select 1, event_id from c")
+    # Several scopes at once is not one scope.
+    assert not keyed_by_scope("select scope_id from jobs where jobs.scope_id = any(%(s)s) "
+                              "for update skip locked")
+    assert not keyed_by_scope("update jobs set run_at = ? where scope_id in (?, ?)")
+    assert keyed_by_scope("select state from receipts where scope_id = %s and event_id = %s")
 
 
 def test_every_intake_statement_is_keyed_by_scope(app, client):
@@ -147,3 +165,55 @@ def test_driver_claim_lists_the_statements_it_runs(app):
     statements = " ".join(DriverClaim(app.extensions["ledger"].engine).statements).lower()
     for part in ("insert into receipts", "insert into jobs", "from receipts"):
         assert part in " ".join(statements.split())
+
+
+def _scoped(statements: list[str]) -> tuple[list[str], list[str]]:
+    """Split the ledger statements into (keyed by one scope, the rest)."""
+    touched = ledger_statements(statements)
+    return ([s for s in touched if keyed_by_scope(s)],
+            [s for s in touched if not keyed_by_scope(s)])
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_distributed_statements_lock_and_write_one_scope_only(app, client):
+    """The statements for a distributed ledger, run here on PostgreSQL: only unlocked
+    reads span scopes (Citus runs those on every shard; it refuses a locking one)."""
+    engine = app.extensions["ledger"].engine
+    citus.use_scoped_statements(engine)
+    senders = [make_sender(app, name=f"s{i}") for i in range(2)]
+    claim = DriverClaim(engine)
+    assert claim.distributed
+    driver = [" ".join(s.split()).lower() for s in claim.statements]
+    assert [keyed_by_scope(s) for s in driver] == [True, True, True]
+    for sender in senders:
+        assert deliver(client, sender, "evt_d1").status_code == 202
+    svc = app.extensions["ledger"]
+    with captured_sql(engine) as statements:
+        worker = Worker(svc, worker_id="scoped")
+        assert worker.process_one() and worker.process_one()
+        assert not worker.process_one()
+    keyed, spanning = _scoped(statements)
+    assert any("for update" in s for s in keyed)  # the lock by key
+    assert spanning and all(s.startswith("select") and "for update" not in s
+                            for s in spanning), spanning
+    assert {s.split(" from ")[1].split()[0] for s in spanning} == {"jobs"}
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_scope_by_scope_purge_writes_one_scope_per_statement(app):
+    svc = app.extensions["ledger"]
+    old = svc.clock.now() - timedelta(seconds=svc.settings.retention_seconds + 60)
+    for scope in (1, 2):
+        for i in range(3):
+            add_receipt(app, scope, f"old-{i}", state=2 if i == 0 else 1, accepted_at=old)
+    now = FixedClock(svc.clock.now() + timedelta(days=30))  # failed payloads past review too
+    cutoff = now.now() - timedelta(seconds=svc.settings.retention_seconds)
+    with captured_sql(svc.engine) as statements:
+        dropped = retention.scoped_payloads(svc.engine, svc.settings, now.now(), 2)
+        expired = retention.scoped_receipts(svc.engine, svc.settings, cutoff, 2)
+        retention.expire_bookkeeping(svc.engine, svc.settings, cutoff, scoped_conflicts=True)
+    assert (dropped, expired) == (2, 6)
+    keyed, spanning = _scoped(statements)
+    assert any(s.startswith("with held") for s in keyed)
+    assert any(s.startswith("update jobs set payload") for s in keyed)
+    assert spanning and all(s.startswith("select distinct scope_id") for s in spanning), spanning

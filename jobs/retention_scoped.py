@@ -1,0 +1,139 @@
+"""The retention purge's statements on a distributed (Citus) ledger: one scope at a time.
+
+jobs/retention.py walks PostgreSQL tables in heap-page windows (ctid ranges,
+sized by pg_relation_size). On Citus neither works: the coordinator's table is
+an empty shell (0 pages), ctid means nothing across shards, and a locking
+statement must name one scope. So the purge there first reads which scopes
+have expired rows (a read on every shard, no lock), then deletes each scope's
+batches with statements that name that scope alone: each batch runs on the one
+node holding the scope and commits there. retention.purge checks afterwards that
+nothing it had to delete is left, and raises when something is.
+
+Same rules as the page-window purge: a pending receipt is never touched; a
+batch's receipts go with their attempts, failed job, unsigned-body record and
+conflicts in one transaction, the receipts locked first (a requeue waits).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Connection, bindparam, text
+
+from ledger.db.schema import UTCDateTime
+
+# Scopes with finished receipts accepted before the cutoff. The BRIN index on
+# accepted_at gives each shard the block ranges to read.
+_EXPIRED_SCOPES = text("""
+SELECT DISTINCT scope_id FROM receipts
+WHERE accepted_at < :cutoff AND state IN (1, 2)
+ORDER BY scope_id
+""").bindparams(bindparam("cutoff", type_=UTCDateTime))
+
+# One batch of one scope, in one statement that Citus routes to the scope's node
+# (every part names `scope_id = :scope`; Citus would pull an INSERT ... SELECT to the
+# coordinator, but these are DELETEs joined to one locked CTE).
+_SCOPE_BATCH = text("""
+WITH held AS MATERIALIZED (
+    SELECT r.event_id, r.state, r.body_sha256 FROM receipts r
+    WHERE r.scope_id = :scope AND r.accepted_at < :cutoff AND r.state IN (1, 2)
+    LIMIT :batch
+    FOR UPDATE OF r
+), gone_receipts AS (
+    DELETE FROM receipts r USING held h
+    WHERE r.scope_id = :scope AND r.event_id = h.event_id RETURNING 1
+), gone_attempts AS (
+    DELETE FROM attempts a USING held h
+    WHERE a.scope_id = :scope AND a.event_id = h.event_id RETURNING 1
+), gone_jobs AS (
+    DELETE FROM jobs j USING held h
+    WHERE j.scope_id = :scope AND h.state = 2 AND j.event_id = h.event_id RETURNING 1
+), gone_bodies AS (
+    DELETE FROM unsigned_bodies u USING held h
+    WHERE u.scope_id = :scope AND u.body_sha256 = h.body_sha256
+      AND u.event_id = h.event_id RETURNING 1
+), gone_conflicts AS (
+    DELETE FROM conflicts c USING held h
+    WHERE c.scope_id = :scope AND c.event_id = h.event_id RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone_receipts) AS receipts,
+       (SELECT count(*) FROM gone_attempts) AS attempts,
+       (SELECT count(*) FROM gone_jobs) AS jobs,
+       (SELECT count(*) FROM gone_bodies) AS unsigned_bodies,
+       (SELECT count(*) FROM gone_conflicts) AS conflicts
+""").bindparams(bindparam("cutoff", type_=UTCDateTime))
+
+_PAYLOAD_SCOPES = text("""
+SELECT DISTINCT scope_id FROM jobs
+WHERE status = 1 AND payload IS NOT NULL AND accepted_at < :review_cutoff
+ORDER BY scope_id
+""").bindparams(bindparam("review_cutoff", type_=UTCDateTime))
+
+_SCOPE_PAYLOADS = text("""
+UPDATE jobs SET payload = NULL
+WHERE scope_id = :scope AND event_id IN (
+    SELECT event_id FROM jobs
+    WHERE scope_id = :scope AND status = 1 AND payload IS NOT NULL
+      AND accepted_at < :review_cutoff
+    LIMIT :batch)
+  AND status = 1 AND payload IS NOT NULL AND accepted_at < :review_cutoff
+""").bindparams(bindparam("review_cutoff", type_=UTCDateTime))
+
+# A replayed-body conflict names a fresh event id that never had a receipt: it
+# expires with the original it pointed at (as in retention.expire_bookkeeping).
+_ORPHAN_SCOPES = text("""
+SELECT DISTINCT scope_id FROM conflicts WHERE last_seen < :cutoff ORDER BY scope_id
+""").bindparams(bindparam("cutoff", type_=UTCDateTime))
+
+_SCOPE_ORPHANS = text("""
+DELETE FROM conflicts c
+WHERE c.scope_id = :scope AND c.last_seen < :cutoff
+  AND NOT EXISTS (SELECT 1 FROM receipts r
+                  WHERE r.scope_id = :scope AND r.event_id = c.original_event_id)
+""").bindparams(bindparam("cutoff", type_=UTCDateTime))
+
+# What the purge had to delete and did not: finished before it started, accepted
+# before the cutoff. A receipt that finished while it ran may stay for the next one.
+_LEFT_BEHIND = text("""
+SELECT count(*) FROM receipts
+WHERE accepted_at < :cutoff AND state IN (1, 2)
+  AND (completed_at IS NULL OR completed_at < :started)
+""").bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("started", type_=UTCDateTime))
+
+
+def expired_scopes(conn: Connection, cutoff: datetime) -> list[int]:
+    """Return the scopes that hold finished receipts accepted before `cutoff`."""
+    return [int(s) for s in conn.execute(_EXPIRED_SCOPES, {"cutoff": cutoff}).scalars()]
+
+
+def scope_batch(conn: Connection, scope: int, cutoff: datetime, batch: int) -> dict[str, int]:
+    """Delete up to `batch` expired receipts of one scope with their dependants."""
+    row = conn.execute(_SCOPE_BATCH, {"scope": scope, "cutoff": cutoff, "batch": batch}).one()
+    return {kind: int(n) for kind, n in row._mapping.items()}
+
+
+def payload_scopes(conn: Connection, review_cutoff: datetime) -> list[int]:
+    """Return the scopes with failed jobs whose payload outlived the review window."""
+    return [int(s) for s in conn.execute(_PAYLOAD_SCOPES,
+                                         {"review_cutoff": review_cutoff}).scalars()]
+
+
+def scope_payloads(conn: Connection, scope: int, review_cutoff: datetime, batch: int) -> int:
+    """Drop up to `batch` reviewed payloads of one scope; return how many."""
+    return conn.execute(_SCOPE_PAYLOADS, {"scope": scope, "review_cutoff": review_cutoff,
+                                          "batch": batch}).rowcount
+
+
+def orphan_scopes(conn: Connection, cutoff: datetime) -> list[int]:
+    """Return the scopes with conflicts last seen before `cutoff`."""
+    return [int(s) for s in conn.execute(_ORPHAN_SCOPES, {"cutoff": cutoff}).scalars()]
+
+
+def scope_orphans(conn: Connection, scope: int, cutoff: datetime) -> int:
+    """Delete one scope's conflicts past retention whose original receipt is gone."""
+    return max(conn.execute(_SCOPE_ORPHANS, {"scope": scope, "cutoff": cutoff}).rowcount, 0)
+
+
+def left_behind(conn: Connection, cutoff: datetime, started: datetime) -> int:
+    """Count the expired receipts, finished before the purge began, that are still there."""
+    return int(conn.execute(_LEFT_BEHIND, {"cutoff": cutoff, "started": started}).scalar_one())
