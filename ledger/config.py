@@ -75,6 +75,16 @@ def _duty_cycle(env: Mapping[str, str], name: str) -> float:
     return check_duty_cycle(value, name)
 
 
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """Read a positive, finite number of seconds, refusing garbage with a clear message."""
+    value = _parsed(env, name, float, "a number of seconds > 0")
+    if value is None:
+        return default
+    if not 0 < value < float("inf"):  # NaN fails too
+        raise ValueError(f"{name} must be a number of seconds > 0, got {env[name]!r}")
+    return float(value)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """Every knob of the ledger, with the contract's defaults."""
@@ -87,6 +97,7 @@ class Settings:
     review_window_seconds: int = DEFAULT_REVIEW_WINDOW_SECONDS
     purge_duty_cycle: float = DEFAULT_DUTY_CYCLE
     max_body_bytes: int = 1024 * 1024
+    body_read_timeout_seconds: float = 10.0  # a slow sender gets 408 (web/body_deadline.py)
     max_attempts: int = 8
     retry_base_seconds: int = 10
     retry_cap_seconds: int = 3600
@@ -129,6 +140,7 @@ class Settings:
                 retention),
             purge_duty_cycle=_duty_cycle(env, "LEDGER_PURGE_DUTY_CYCLE"),
             max_body_bytes=_int(env, "LEDGER_MAX_BODY_BYTES", 1024 * 1024, 1),
+            body_read_timeout_seconds=_seconds(env, "LEDGER_BODY_READ_TIMEOUT_SECONDS", 10.0),
             max_attempts=_int(env, "LEDGER_MAX_ATTEMPTS", 8, 1),
             retry_base_seconds=_int(env, "LEDGER_RETRY_BASE_SECONDS", 10),
             retry_cap_seconds=_int(env, "LEDGER_RETRY_CAP_SECONDS", 3600),
