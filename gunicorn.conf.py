@@ -25,7 +25,12 @@ bind = os.environ.get("LEDGER_BIND", "127.0.0.1:8000")
 # processes per core, each with a few threads for requests waiting on commits.
 workers = int(os.environ.get("WEB_CONCURRENCY", max(2, multiprocessing.cpu_count() * 2)))
 worker_class = "gthread"
-threads = int(os.environ.get("LEDGER_WEB_THREADS", "4"))  # keep LEDGER_DB_POOL_SIZE > threads
+# 16, not 4: a slow sender holds a thread until its body deadline
+# (LEDGER_BODY_READ_TIMEOUT_SECONDS), so the threads are how many of them a process
+# absorbs while it keeps serving others. At most LEDGER_DB_POOL_SIZE threads use the
+# database at once; the others wait for a connection (at most the pool timeout, then 503).
+# Measured faster than 4 too (bench/README.md, "Web server").
+threads = int(os.environ.get("LEDGER_WEB_THREADS", "16"))
 # A request is bounded by the pool timeout (2 s) and statement_timeout (5 s);
 # a worker silent for 30 s is stuck and gets replaced.
 timeout = 30
