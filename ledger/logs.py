@@ -30,9 +30,10 @@ def configure_logging(level: str | None = None) -> None:
         return
     _configured = True
     # The documented logging optimisations ("Logging HOWTO", Optimization): no
-    # caller lookup (a stack walk), thread or multiprocessing lookups per record. Our lines carry their context as fields, the formatter prints
-    # only the JSON message, and these lookups cost the worker and the intake a
-    # few percent of their CPU (bench/README.md, "Workers").
+    # caller lookup (a stack walk), thread or multiprocessing lookups per record.
+    # Our lines carry their context as fields, the formatter prints only the JSON
+    # message, and these lookups cost the worker and the intake a few percent of
+    # their CPU (bench/README.md, "Workers").
     # The process id stays (one getpid() per record): gunicorn's own lines print it
     # with %(process)d, which fails on None and loses the line.
     logging._srcfile = None

@@ -97,6 +97,8 @@ def test_slow_senders_get_408_while_the_service_keeps_answering(app, test_env):
         finally:
             stop.set()
             trickler.join(timeout=5)
+            for s in slow:
+                s.sock.close()
     assert health.status_code == 200 and health_seconds < 2.5, health_seconds
     assert delivery.status_code == 202 and delivery_seconds < 2.5, delivery_seconds
     assert all(r.startswith("HTTP/1.1 408") and '"request_timeout"' in r for r in replies), \
