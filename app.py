@@ -43,7 +43,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     """
     from ledger.cli import ledger_cli
     from ledger.services import build_services
-    from ledger.web import ingest, ops, request_log
+    from ledger.web import body_deadline, ingest, ops, request_log
     from ledger.web.dashboard import register_dashboard
     from ledger.web.errors import register_error_handlers
 
@@ -58,6 +58,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     request_log.init_app(app)
     register_error_handlers(app)
     ingest.init_app(app)  # the intake's WSGI fast path goes in front of Flask
+    body_deadline.init_app(app, settings.body_read_timeout_seconds)  # in front of both
     if settings.trusted_proxies:
         # Outermost, so the intake fast path sees the same client address as Flask.
         app.wsgi_app = ProxyFix(  # type: ignore[method-assign]

@@ -123,7 +123,7 @@ class ServerShape:
 
     workers: int = 4
     worker_class: str = "gthread"
-    threads: int = 4
+    threads: int = 16  # gunicorn.conf.py's default
     max_requests: int = 5000
     max_requests_jitter: int = 500
 

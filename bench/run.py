@@ -20,12 +20,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import big, intake, report, worker_bench
+from bench import big, intake, report, servers, worker_bench
 from bench import env as benv
 from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed
 
-MEASURES = ("intake", "sqlite", "worker", "big", "memory")
+MEASURES = ("intake", "sqlite", "worker", "big", "memory", "servers")
+# `make bench` runs these; "servers" (gunicorn vs granian) is asked for by name.
+DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "memory")
 
 # Why a measure can miss on this 2-core machine, and where the evidence is (first
 # matching prefix wins: the specific ones come first).
@@ -137,6 +139,20 @@ def memory_figures(r: dict[str, Any]) -> list[Figure]:
     return [_with_met(figure, figure.met and r["requests"] >= 100_000, "<= 150 MB")]
 
 
+def server_figures(r: dict[str, Any]) -> list[Figure]:
+    """The ledger under another server (or shape) against the ledger under gunicorn."""
+    figures = []
+    for name, label in (("pg", "PostgreSQL"), ("sqlite", "SQLite")):
+        side, b = r[name], r["against"]
+        figures += [
+            at_least(f"{b} accepted/s vs gunicorn ({label})", side["ours_accepted_per_s"],
+                     "/s", "the ledger under gunicorn", side["thin_accepted_per_s"], 1.0),
+            at_most(f"{b} p99 vs gunicorn ({label})", side["ours_p99_ms"], "ms",
+                    "the ledger under gunicorn, p99", side["thin_p99_ms"], 1.0),
+        ]
+    return figures
+
+
 def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figure], dict]:
     """Run the selected measures; a broken one is reported, the rest still run."""
     shape = benv.ServerShape(worker_class=args.worker_class, workers=args.workers,
@@ -149,6 +165,7 @@ def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figur
                 big_figures),
         "memory": (lambda: intake.measure_memory(e, shape, args.memory_requests),
                    memory_figures),
+        "servers": (lambda: servers.measure(e, shape, args.seconds, args.against), server_figures),
     }
     figures: list[Figure] = []
     details: dict[str, Any] = {"shape": shape.args(), "seconds": args.seconds}
@@ -188,8 +205,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-requests", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--worker-class", default="gthread")
-    parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--only", type=lambda s: s.split(","), default=list(MEASURES))
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--against", default="granian",
+                        help='"servers": side B, granian[:N] or threads:N (gunicorn, N threads)')
+    parser.add_argument("--only", type=lambda s: s.split(","), default=list(DEFAULT_MEASURES))
     args = parser.parse_args(argv)
     unknown = set(args.only) - set(MEASURES)
     if unknown:

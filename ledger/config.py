@@ -47,6 +47,8 @@ MASTER_KEY_FILE = "master.key"
 LOG_HASH_KEY_FILE = "log-hash.key"
 AUDIT_KEY_FILE = "audit.key"
 DEFAULT_BIND = "127.0.0.1:8000"
+# A body read deadline shorter than this would cut off senders on any real network.
+MIN_BODY_READ_TIMEOUT_SECONDS = 0.1
 
 
 class SettingsError(ValueError):
@@ -234,7 +236,12 @@ class WebServerSettings:
 
     bind: str = DEFAULT_BIND
     workers: int = 2
-    threads: int = 4
+    # 16, not 4: a slow sender holds a thread until its body deadline
+    # (LEDGER_BODY_READ_TIMEOUT_SECONDS), so the threads are how many of them a process
+    # absorbs while it keeps serving others. At most LEDGER_DB_POOL_SIZE threads use the
+    # database at once; the others wait for a connection (at most the pool timeout, then
+    # 503). Measured faster than 4 too (bench/README.md, "Web server").
+    threads: int = 16
     preload: bool = True
     access_log: str | None = None
 
@@ -252,9 +259,10 @@ class WebServerSettings:
         # processes per core, each with a few threads for requests waiting on commits.
         cores = max(2, multiprocessing.cpu_count() * 2)
         return cls(bind=bind, workers=_int(env, "WEB_CONCURRENCY", cores, 1),
-                   threads=_int(env, "LEDGER_WEB_THREADS", 4, 1),
+                   threads=_int(env, "LEDGER_WEB_THREADS", 16, 1),
                    preload=_bool(env, "LEDGER_WEB_PRELOAD", True),
                    access_log=_raw(env, "LEDGER_ACCESS_LOG"))
+
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -273,6 +281,7 @@ class Settings:
     purge_duty_cycle: float = DEFAULT_DUTY_CYCLE
     max_body_bytes: int = 1024 * 1024
     max_json_depth: int = 64
+    body_read_timeout_seconds: float = 10.0  # a slow sender gets 408 (web/body_deadline.py)
     max_attempts: int = 8
     retry_base_seconds: float = 10
     retry_cap_seconds: float = 3600
@@ -338,6 +347,8 @@ class Settings:
             purge_duty_cycle=_duty_cycle(env, "LEDGER_PURGE_DUTY_CYCLE"),
             max_body_bytes=_int(env, "LEDGER_MAX_BODY_BYTES", 1024 * 1024, 1),
             max_json_depth=_int(env, "LEDGER_MAX_JSON_DEPTH", 64, 1),
+            body_read_timeout_seconds=_seconds(env, "LEDGER_BODY_READ_TIMEOUT_SECONDS", 10,
+                                               MIN_BODY_READ_TIMEOUT_SECONDS),
             max_attempts=_int(env, "LEDGER_MAX_ATTEMPTS", 8, 1),
             retry_base_seconds=_seconds(env, "LEDGER_RETRY_BASE_SECONDS", 10),
             retry_cap_seconds=_seconds(env, "LEDGER_RETRY_CAP_SECONDS", 3600),

@@ -37,6 +37,7 @@ from ledger.errors import (
 )
 from ledger.logs import event_ref, get_logger
 from ledger.services import Services
+from ledger.web.body_deadline import BodyReadTimeout
 from ledger.web.request_log import INTAKE_LOGGED_STATUSES, REQUEST_ID_HEADER, request_id_from
 
 bp = Blueprint("ingest", __name__)
@@ -68,6 +69,8 @@ def read_body_within(stream: IO[bytes], declared: int | None, limit: int) -> byt
     while size <= limit:
         try:
             chunk = stream.read(min(READ_CHUNK, limit + 1 - size))
+        except BodyReadTimeout:
+            raise  # the sender was too slow: 408, not a malformed body
         except Exception as error:  # the server's own parser: gunicorn and werkzeug differ
             raise UnreadableBody(f"body could not be read ({type(error).__name__}): "
                                  "malformed chunked encoding or an interrupted upload"
@@ -115,6 +118,12 @@ def answer_delivery(svc: Services, public_id: str, environ: dict[str, Any]) -> H
         metrics.DELIVERIES.labels("body_too_large").inc()
         # The rest of the body was never read: the connection cannot be reused.
         return HookAnswer(413, {"error": "body_too_large"}, [("Connection", "close")])
+    except BodyReadTimeout:
+        metrics.DELIVERIES.labels("request_timeout").inc()
+        web_log.warning("delivery.body_timeout", integration=public_id,
+                        seconds=svc.settings.body_read_timeout_seconds)
+        # The sender stopped sending: the rest of its body is never read.
+        return HookAnswer(408, {"error": "request_timeout"}, [("Connection", "close")])
     except StorageUnavailable as error:
         return _unavailable(str(error), public_id)
     except Exception as error:

@@ -144,6 +144,8 @@ def _intake() -> dict[str, Any]:
             "404": _error("unknown_integration", "no integration has this id"),
             "409": _json(_answer(["conflict"], STATES, ["status", "event_id"]),
                          "same scope and event id, different body; a conflict is recorded"),
+            "408": _error("request_timeout",
+                          "body not in within LEDGER_BODY_READ_TIMEOUT_SECONDS"),
             "413": _error("body_too_large", "body over the integration's limit"),
             "503": _unavailable()}}}
 

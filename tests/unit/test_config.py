@@ -299,7 +299,7 @@ def test_the_web_server_settings_read_gunicorns_variables() -> None:
         "0.0.0.0:8080", 3, 8, False, "-")
     default = WebServerSettings.from_env({})
     assert (default.bind, default.threads, default.preload, default.access_log) == (
-        "127.0.0.1:8000", 4, True, None)
+        "127.0.0.1:8000", 16, True, None)
     assert default.workers >= 2
     assert WebServerSettings.from_env({"LEDGER_BIND": "unix:/run/ledger.sock"}).bind == (
         "unix:/run/ledger.sock")
@@ -363,3 +363,18 @@ def test_gunicorn_does_not_boot_on_a_bad_setting(tmp_path: Path) -> None:
                 LEDGER_WEB_PRELOAD="yes please")
     assert done.returncode != 0
     assert "LEDGER_WEB_PRELOAD must be a boolean" in done.stderr
+
+
+def test_the_body_read_timeout_defaults_to_ten_seconds_and_reads_the_environment() -> None:
+    assert settings().body_read_timeout_seconds == 10
+    assert settings(LEDGER_BODY_READ_TIMEOUT_SECONDS="2.5").body_read_timeout_seconds == 2.5
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "0.05"])
+def test_a_body_read_timeout_below_a_tenth_of_a_second_is_refused_by_name(raw: str) -> None:
+    refused("LEDGER_BODY_READ_TIMEOUT_SECONDS", raw, "must be >= 0.1")
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "ten"])
+def test_a_body_read_timeout_that_is_not_a_number_is_refused_by_name(raw: str) -> None:
+    refused("LEDGER_BODY_READ_TIMEOUT_SECONDS", raw, "must be a number of seconds")

@@ -1,0 +1,95 @@
+"""Which HTTP server for the web tier: the ledger under gunicorn vs under granian.
+
+The same ledger, the same database, the same processes x threads, loaded in
+ABBA order (gunicorn, granian, granian, gunicorn, twice) with fresh signed
+events each run, on PostgreSQL and on SQLite. Only the ratios inside one run
+mean anything on this shared machine (bench/README.md, "Web server").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from bench import env as benv
+from bench.intake import Target, abba, ours_app, summarize
+
+
+@contextmanager
+def granian(env: dict[str, str], shape: benv.ServerShape, *,
+            log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Serve the ledger with granian (WSGI, shape.workers x shape.threads); stop it after."""
+    port = benv.free_port()
+    metrics_dir = tempfile.mkdtemp(prefix="ledger-bench-granian-metrics-")
+    with open(log, "ab") as err:
+        process = subprocess.Popen(
+            [str(benv.BIN / "granian"), "--interface", "wsgi", "--factory", "app:create_app",
+             "--host", "127.0.0.1", "--port", str(port), "--workers", str(shape.workers),
+             "--blocking-threads", str(shape.threads), "--no-ws", "--log-level", "warning"],
+            cwd=str(benv.ROOT), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1",
+                 "PROMETHEUS_MULTIPROC_DIR": metrics_dir})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        benv.wait_up(base, process)
+        yield base, process
+    finally:
+        benv.stop(process)
+
+
+def challenger(e: benv.BenchEnv, url: str, shape: benv.ServerShape, against: str,
+               log: Path) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """Start side B: "granian[:N]" (same shape, or N threads) or "threads:N" (gunicorn)."""
+    if against == "granian":
+        return granian(e.app_env(url), shape, log=log)
+    if against.startswith("granian:"):
+        threads = int(against.removeprefix("granian:"))
+        return granian(e.app_env(url), replace(shape, threads=threads), log=log)
+    if against.startswith("threads:"):
+        wider = replace(shape, threads=int(against.removeprefix("threads:")))
+        return benv.gunicorn("app:create_app()", e.app_env(url), wider, cwd=benv.ROOT, log=log)
+    raise ValueError(f"unknown server to compare against: {against!r}")
+
+
+def twin_databases(e: benv.BenchEnv, name: str) -> tuple[str, str, str]:
+    """Return two identical ledgers (same bench integration) and its public id.
+
+    Both sides replay the same signed files, so each needs its own database:
+    on a shared one the second side would only see duplicates.
+    """
+    if name == "pg":
+        first = e.migrated_pg("servers_a")
+        public_id = ours_app(e, first)
+        second = e.pg_url("servers_b", template=make_url(first).database)
+        return first, second, public_id
+    first = e.sqlite_url("servers_a")
+    public_id = ours_app(e, first)
+    path = e.tmp / "servers_b.sqlite3"
+    shutil.copyfile(make_url(first).database or "", path)
+    return first, f"sqlite:///{path}", public_id
+
+
+def measure(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float,
+            against: str = "granian") -> dict[str, Any]:
+    """Gunicorn at `shape` ("thin" side of the ABBA) vs `against` ("ours" side), PG then SQLite."""
+    out: dict[str, Any] = {"against": against}
+    for name in ("pg", "sqlite"):
+        a_url, b_url, public_id = twin_databases(e, name)
+        log = e.tmp / f"servers-{name}.log"
+        with benv.gunicorn("app:create_app()", e.app_env(a_url), shape, cwd=benv.ROOT,
+                           log=log) as (a_base, _), \
+                challenger(e, b_url, shape, against, log) as (b_base, _):
+            path = f"/hooks/{public_id}"
+            runs = abba(e, Target(a_base, a_url, path), Target(b_base, b_url, path), seconds,
+                        f"servers-{name}")
+        out[name] = summarize(runs)
+    return out

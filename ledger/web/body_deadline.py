@@ -1,0 +1,189 @@
+"""A deadline on reading each request body: a slow sender gets 408 and frees its thread.
+
+Without one, a sender that sends its headers and then trickles the body holds a
+server thread for as long as it likes: ten such sockets stopped a 4 x 4 server
+(issue 14, finding 4). gunicorn has no body read timeout (its `timeout` watches
+workers, not requests), and a socket timeout would bound each recv() only: a
+sender trickling one byte just before each timeout would still hold the thread.
+
+So one watchdog thread per process keeps the deadlines of the bodies being read
+and, when one passes, shuts that connection's socket for reading (SHUT_RD). The
+blocked read returns at once, `DeadlineInput` turns it into `BodyReadTimeout`
+(408), and the answer still goes out on the open write side. A body read in
+time costs a lock and a deque append.
+
+It needs the server to hand the app the connection's socket: gunicorn does
+(`gunicorn.socket`), so does werkzeug's server (`werkzeug.socket`, `ledger
+dev`). Under a server that does not, bodies are read without this deadline
+(README, "Production layout", says which servers carry it).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Flask
+from werkzeug.exceptions import RequestTimeout
+
+SOCKET_KEYS = ("gunicorn.socket", "werkzeug.socket")
+
+
+class BodyReadTimeout(RequestTimeout):
+    """The request body did not arrive within LEDGER_BODY_READ_TIMEOUT_SECONDS."""
+
+    description = "The request body did not arrive in time."
+
+
+@dataclass(slots=True, eq=False)
+class Watch:
+    """One body being read: its socket, its deadline, and whether the deadline passed."""
+
+    sock: socket.socket
+    deadline: float
+    done: bool = False
+    expired: bool = False
+
+
+class Watchdog:
+    """Shuts the read side of sockets whose body is still unread at its deadline."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        # Every deadline is now + the same `seconds`: arrival order is deadline order.
+        self._queue: deque[Watch] = deque()
+        self._pid: int | None = None
+
+    def watch(self, sock: socket.socket) -> Watch:
+        """Start the deadline of one body read on `sock`."""
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this (possibly forked) process
+                self._pid = os.getpid()
+                self._queue.clear()
+                threading.Thread(target=self._run, name="body-deadline", daemon=True).start()
+            entry = Watch(sock, time.monotonic() + self.seconds)
+            self._queue.append(entry)
+            if len(self._queue) == 1:
+                self._wake.notify()
+        return entry
+
+    def release(self, entry: Watch) -> None:
+        """End a body's deadline; once this returns its socket is never touched again."""
+        with self._lock:
+            entry.done = True
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while self._queue and self._queue[0].done:
+                    self._queue.popleft()
+                if not self._queue:
+                    self._wake.wait()
+                    continue
+                delay = self._queue[0].deadline - time.monotonic()
+                if delay > 0:
+                    self._wake.wait(delay)
+                    continue
+                entry = self._queue.popleft()
+                entry.expired = True
+                # Under the lock: after release() returns, the socket (which the
+                # server may reuse for the next request) is never shut here.
+                with suppress(OSError):
+                    entry.sock.shutdown(socket.SHUT_RD)
+
+
+class DeadlineInput:
+    """`wsgi.input` whose reads raise BodyReadTimeout once the body's deadline passed."""
+
+    def __init__(self, inner: Any, watchdog: Watchdog, entry: Watch,
+                 length: int | None) -> None:
+        self._inner = inner
+        self._watchdog = watchdog
+        self._entry = entry
+        self._left = length
+
+    def _checked(self, read: Callable[[], bytes]) -> bytes:
+        try:
+            data = read()
+        except OSError:
+            if self._entry.expired:
+                raise BodyReadTimeout() from None
+            raise
+        if self._entry.expired:
+            raise BodyReadTimeout()
+        if self._left is not None:
+            self._left -= len(data)
+        if not data or self._left == 0:
+            self._watchdog.release(self._entry)  # the whole body is in: no more deadline
+        return data
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Read up to `size` bytes (all when negative or None)."""
+        return self._checked(lambda: self._inner.read(-1 if size is None else size))
+
+    def readline(self, size: int | None = -1) -> bytes:
+        """Read one line of at most `size` bytes."""
+        return self._checked(lambda: self._inner.readline(-1 if size is None else size))
+
+    def readlines(self, hint: int = -1) -> list[bytes]:
+        """Read the remaining lines."""
+        lines: list[bytes] = []
+        for line in self:
+            lines.append(line)
+            if 0 < hint <= sum(map(len, lines)):
+                break
+        return lines
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Yield the body line by line."""
+        while line := self.readline():
+            yield line
+
+
+def _body_length(environ: dict[str, Any]) -> tuple[bool, int | None]:
+    """Return whether the request has a body and its declared length (None: chunked)."""
+    raw = environ.get("CONTENT_LENGTH")
+    if raw:
+        with suppress(ValueError):  # the server refuses a malformed length before the app
+            length = int(raw)
+            return length > 0, length
+        return False, None
+    return bool(environ.get("HTTP_TRANSFER_ENCODING")), None
+
+
+class BodyDeadline:
+    """WSGI middleware: give every request body LEDGER_BODY_READ_TIMEOUT_SECONDS to arrive."""
+
+    def __init__(self, inner: Callable[..., Iterable[bytes]], seconds: float) -> None:
+        self._inner = inner
+        self.watchdog = Watchdog(seconds)
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        """Serve the request with its body under the deadline."""
+        has_body, length = _body_length(environ)
+        sock = next((environ[k] for k in SOCKET_KEYS if k in environ), None)
+        if not has_body or sock is None:
+            return self._inner(environ, start_response)
+        entry = self.watchdog.watch(sock)
+        environ["wsgi.input"] = DeadlineInput(environ["wsgi.input"], self.watchdog, entry,
+                                              length)
+        try:
+            return self._inner(environ, start_response)
+        finally:
+            self.watchdog.release(entry)
+
+
+def init_app(app: Flask, seconds: float) -> None:
+    """Put the body deadline in front of everything (the intake's fast path included)."""
+    # why: wrapping the wsgi_app attribute is Flask's documented middleware hook; mypy sees a
+    # method being replaced.
+    app.wsgi_app = BodyDeadline(app.wsgi_app, seconds)  # type: ignore[method-assign]
