@@ -13,11 +13,8 @@ audit rows stay (the audit log is append-only and keeps the record).
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,7 +38,7 @@ from ledger.db.schema import (
     unsigned_bodies,
 )
 from ledger.domain import ReceiptState
-from ledger.drill.profiles import ProfileDrill
+from ledger.drill.profiles import ProfileDrill, post_signed
 from ledger.drill.sandbox import (
     PROFILE,
     SandboxSender,
@@ -57,7 +54,6 @@ if TYPE_CHECKING:
     from ledger.services import Services
 
 POLL_SECONDS = 0.2
-HTTP_TIMEOUT_SECONDS = 10.0
 # Tables keyed by scope id that a sandbox integration can leave rows in.
 SCOPED_TABLES = (receipts, jobs, attempts, conflicts, unsigned_bodies, demo_balances,
                  scope_counts, hourly_series)
@@ -95,18 +91,7 @@ def post_event(base_url: str, sender: SandboxSender, event_id: str, *, now: date
     """Sign and POST one delivery like the sender would; return (status, JSON answer)."""
     body = event_body(event_id)
     headers = sign(secret or sender.secret, body, event_id, now)
-    request = urllib.request.Request(f"{base_url.rstrip('/')}/hooks/{sender.public_id}",
-                                     data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as error:
-        with error:
-            raw = error.read()
-        try:
-            return error.code, json.loads(raw or b"{}")
-        except ValueError:
-            return error.code, {}
+    return post_signed(base_url, sender.public_id, body, headers)
 
 
 def scope_snapshot(conn: Connection, scope_id: int) -> dict[str, Any]:

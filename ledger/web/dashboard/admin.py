@@ -6,8 +6,10 @@ whatever its scopes, manages operators or tokens (CONTRACT section 7).
 
 from __future__ import annotations
 
+import functools
 import secrets
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec
 
 from flask import Response, request
 
@@ -26,6 +28,7 @@ from ledger.errors import LedgerError, NotFound
 from ledger.web.auth import actor, confirm_password, requires, services
 from ledger.web.dashboard import bp, render
 
+P = ParamSpec("P")
 TOKEN_LIFETIMES = ((86400, "1 day"), (7 * 86400, "7 days"), (30 * 86400, "30 days"),
                    (DEFAULT_TOKEN_SECONDS, "90 days"), (365 * 86400, "365 days"))
 
@@ -42,6 +45,19 @@ def _answer(*, status: int = 200, shown_once: dict[str, Any] | None = None,
                   message=message, error=error)
 
 
+def _with_password(view: Callable[P, Response]) -> Callable[P, Response]:
+    """Run the view only after the admin entered their password again (403 otherwise)."""
+
+    @functools.wraps(view)
+    def confirmed(*args: P.args, **kwargs: P.kwargs) -> Response:
+        refused = confirm_password(request.form.get("password", ""))
+        if refused:
+            return _answer(status=403, error=refused)
+        return view(*args, **kwargs)
+
+    return confirmed
+
+
 def _refused(error: LedgerError) -> Response:
     """Answer a refused or missing record."""
     return _answer(status=404 if isinstance(error, NotFound) else 409, error=str(error))
@@ -56,12 +72,10 @@ def operators_page() -> Response:
 
 @bp.post("/operators")
 @requires("admin", session_only=True)
+@_with_password
 def operator_create() -> Response:
     """Create an operator with a generated password, shown once."""
     svc = services()
-    refused = confirm_password(request.form.get("password", ""))
-    if refused:
-        return _answer(status=403, error=refused)
     username, role = request.form.get("username", "").strip(), request.form.get("role", "")
     password = secrets.token_urlsafe(18)
     try:
@@ -76,12 +90,10 @@ def operator_create() -> Response:
 
 @bp.post("/operators/<username>/role")
 @requires("admin", session_only=True)
+@_with_password
 def operator_role(username: str) -> Response:
     """Change an operator's role (their sessions end)."""
     svc = services()
-    refused = confirm_password(request.form.get("password", ""))
-    if refused:
-        return _answer(status=403, error=refused)
     try:
         with svc.engine.begin() as conn:
             set_role(conn, actor(), username, request.form.get("role", ""),
@@ -94,12 +106,10 @@ def operator_role(username: str) -> Response:
 
 @bp.post("/operators/<username>/disable")
 @requires("admin", session_only=True)
+@_with_password
 def operator_disable(username: str) -> Response:
     """Disable an operator: sessions end, tokens stop working."""
     svc = services()
-    refused = confirm_password(request.form.get("password", ""))
-    if refused:
-        return _answer(status=403, error=refused)
     try:
         with svc.engine.begin() as conn:
             disable_operator(conn, actor(), username,
@@ -112,12 +122,10 @@ def operator_disable(username: str) -> Response:
 
 @bp.post("/operators/<username>/token")
 @requires("admin", session_only=True)
+@_with_password
 def operator_token(username: str) -> Response:
     """Issue an API token for an operator (read-only unless `write`), shown once."""
     svc = services()
-    refused = confirm_password(request.form.get("password", ""))
-    if refused:
-        return _answer(status=403, error=refused)
     try:
         expires_in = int(request.form.get("expires_in", DEFAULT_TOKEN_SECONDS))
         with svc.engine.begin() as conn:
@@ -136,12 +144,10 @@ def operator_token(username: str) -> Response:
 
 @bp.post("/tokens/<token_id>/revoke")
 @requires("admin", session_only=True)
+@_with_password
 def token_revoke(token_id: str) -> Response:
     """Revoke one API token: it answers 401 from then on."""
     svc = services()
-    refused = confirm_password(request.form.get("password", ""))
-    if refused:
-        return _answer(status=403, error=refused)
     try:
         with svc.engine.begin() as conn:
             revoke_token(conn, actor(), token_id, now=svc.clock.now())
