@@ -87,7 +87,7 @@ def receipt_page(public_id: str, event_id: str) -> Response:
             integration, item = read_receipt(conn, public_id, event_id)
     except NotFound:
         abort(404)
-    return render("receipt.html", receipt=item, integration=integration)
+    return render("receipt.html", receipt=item, integration=integration, now=svc.clock.now())
 
 
 @bp.get("/stuck")
