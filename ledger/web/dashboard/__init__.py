@@ -94,6 +94,7 @@ def register_dashboard(app: Flask) -> None:
     from ledger.web.dashboard import (  # noqa: F401  (routes on import)
         actions,
         admin,
+        drill_page,
         evidence,
         pages,
     )
