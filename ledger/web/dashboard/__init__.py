@@ -96,6 +96,7 @@ def register_dashboard(app: Flask) -> None:
         admin,
         drill_page,
         evidence,
+        export,
         pages,
     )
 
