@@ -141,7 +141,8 @@ def test_phone_width_dark_mode_local_times_and_slash(browser: Any, live: tuple[s
     width = tab.evaluate("document.documentElement.scrollWidth")
     wide = tab.evaluate("""[...document.querySelectorAll('body *')]
         .filter(e => e.getBoundingClientRect().right > 391 && !e.closest('table'))
-        .map(e => e.tagName + '.' + e.className + '#' + e.id + ':' + Math.round(e.getBoundingClientRect().right))
+        .map(e => e.tagName + '.' + e.className + ':'
+                  + Math.round(e.getBoundingClientRect().right))
         .slice(0, 8)""")
     assert width <= 390, (width, wide)
     table = tab.locator("#failures table.grid").first
