@@ -73,7 +73,8 @@ class DrillRuns:
 
 def drill_runs(app: Flask) -> DrillRuns:
     """Return the app's drill registry (created on first use)."""
-    return app.extensions.setdefault("ledger_drills", DrillRuns())
+    runs: DrillRuns = app.extensions.setdefault("ledger_drills", DrillRuns())
+    return runs
 
 
 def _finish(app: Flask, run: DrillRun, who: audit.Actor) -> None:
@@ -141,7 +142,7 @@ def drill_start() -> Response:
 @requires("security")
 def drill_status(run_id: str) -> Response:
     """A run's steps so far; the fragment stops polling once the run is done."""
-    run = drill_runs(current_app).get(run_id)  # type: ignore[arg-type]
+    run = drill_runs(current_app).get(run_id)
     if run is None:
         abort(404)
     return _status(run)
