@@ -102,6 +102,7 @@ def register_dashboard(app: Flask) -> None:
         drill_page,
         evidence,
         export,
+        health,
         pages,
     )
 
