@@ -78,6 +78,12 @@ def test_security_runs_the_drill_and_watches_it_pass(app) -> None:  # type: igno
     assert left == ["acme"]  # the sandbox is gone, the real account stays
     audit_page = security.get("/audit?action=drill.finish").get_data(as_text=True)
     assert f"drill:{run_id}" in audit_page
+    # Another gunicorn worker has no memory of the run: it answers from the audit rows.
+    app.extensions.pop("ledger_drills")
+    elsewhere = security.get(f"/credentials/drill/{run_id}",
+                             headers={"HX-Request": "true"}).get_data(as_text=True)
+    assert "passed" in elsewhere and "PASS</strong> cleanup" in elsewhere
+    assert "hx-trigger" not in elsewhere
 
 
 def test_the_drill_is_for_security_with_a_session(app) -> None:  # type: ignore[no-untyped-def]

@@ -4,11 +4,14 @@ The drill runs in a background thread of this process against an in-process loop
 server of this same app (ledger.web.loopback), on the deployment's database: its
 revocation step also waits for every live web instance of the deployment to report
 credentials newer than the revocation. One run at a time per process; every run
-writes drill.start and drill.finish audit rows.
+writes drill.start and drill.finish audit rows, from which another process answers a
+status poll (without the live per-step view).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 import threading
 from dataclasses import dataclass, field
@@ -16,9 +19,11 @@ from datetime import datetime
 from typing import Any
 
 from flask import Flask, Response, abort, current_app, request
+from sqlalchemy import select
 
 from ledger.access import audit
-from ledger.drill.run import Drill, DrillReport
+from ledger.db.schema import audit_log
+from ledger.drill.run import Drill, DrillReport, DrillStep
 from ledger.logs import get_logger
 from ledger.web.auth import actor, confirm_password, requires, services
 from ledger.web.dashboard import bp, render
@@ -27,6 +32,7 @@ from ledger.web.loopback import local_server
 log = get_logger("ledger.drill")
 POLL_SECONDS = 1
 KEPT_RUNS = 20  # the audit log keeps every run; the page only follows recent ones
+RUN_ID = re.compile(r"[0-9a-f]{12}")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -138,11 +144,41 @@ def drill_start() -> Response:
     return _status(run, 202)
 
 
+def run_from_audit(run_id: str) -> DrillRun | None:
+    """Rebuild a run another process started from its audit rows (steps once it finished).
+
+    Under gunicorn a status poll may reach a worker that is not running the drill: it
+    answers from the drill.start and drill.finish rows every process shares.
+    """
+    if not RUN_ID.fullmatch(run_id):
+        return None
+    with services().engine.connect() as conn:
+        rows = {r.action: r for r in conn.execute(
+            select(audit_log.c.action, audit_log.c.actor, audit_log.c.at, audit_log.c.detail)
+            .where(audit_log.c.target == f"drill:{run_id}",
+                   audit_log.c.action.in_(("drill.start", "drill.finish"))))}
+    start, finish = rows.get("drill.start"), rows.get("drill.finish")
+    if start is None:
+        return None
+    run = DrillRun(run_id=run_id, started_by=start.actor, started_at=start.at)
+    if finish is not None:
+        detail = json.loads(finish.detail or "{}")
+        failed = detail.get("failed_step") or {}
+        run.report.steps.extend(
+            DrillStep(name=str(s.get("name")), passed=bool(s.get("passed")),
+                      detail=failed.get("detail", "") if s.get("name") == failed.get("name")
+                      else "(run in another process: details in the audit log)")
+            for s in detail.get("steps", []))
+        run.crashed = detail.get("error")
+        run.done = True
+    return run
+
+
 @bp.get("/credentials/drill/<run_id>")
 @requires("security")
 def drill_status(run_id: str) -> Response:
     """A run's steps so far; the fragment stops polling once the run is done."""
-    run = drill_runs(current_app).get(run_id)
+    run = drill_runs(current_app).get(run_id) or run_from_audit(run_id)
     if run is None:
         abort(404)
     return _status(run)
