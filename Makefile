@@ -24,11 +24,11 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(RUN_STAMP)
 
-## run: migrate the embedded SQLite ledger, seed a demo, serve on http://127.0.0.1:5000
+## run: migrate the embedded SQLite ledger, seed a demo, serve on http://127.0.0.1:5000 (PORT=…)
+PORT ?= 5000
 run: $(RUN_STAMP)
 	$(BIN)/ledger db upgrade
-	$(BIN)/ledger demo seed
-	$(BIN)/ledger dev
+	$(BIN)/ledger dev --demo --port $(PORT)
 
 ## test: the whole suite on SQLite and PostgreSQL, then its core again through PgBouncer
 test: $(TEST_STAMP) system-deps js-deps

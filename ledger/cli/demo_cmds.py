@@ -21,6 +21,13 @@ def demo_group() -> None:
 @demo_group.command("seed")
 def demo_seed() -> None:
     """Create demo accounts and send signed deliveries (a duplicate and a conflict included)."""
+    password = seed_demo()
+    if password:
+        click.echo(password_line(password))
+
+
+def seed_demo() -> str | None:
+    """Seed the demo (printing each delivery); return the new admin password, if one was made."""
     client = current_flask_app().test_client()
 
     def post(path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
@@ -33,11 +40,17 @@ def demo_seed() -> None:
     for delivery in sent:
         click.echo(f"{delivery.scope:<22} {delivery.event_id:<8} {delivery.status} "
                    f"{delivery.answer.get('status') or delivery.answer.get('error')}")
-    _seed_dashboard()
+    return _seed_dashboard()
 
 
-def _seed_dashboard() -> None:
-    """Create the dashboard's demo admin (password printed once) and compute the rollups."""
+def password_line(password: str) -> str:
+    """Return the line that tells the demo admin's password (shown once)."""
+    return (f"dashboard: log in as admin with password {password} (shown once; "
+            "set LEDGER_DEMO_ADMIN_PASSWORD to choose it)")
+
+
+def _seed_dashboard() -> str | None:
+    """Create the dashboard's demo admin and compute the rollups; return a new password."""
     svc = services()
     with svc.engine.begin() as conn:
         password = seed_admin(conn, svc.clock.now(), svc.settings.demo_admin_password)
@@ -47,9 +60,7 @@ def _seed_dashboard() -> None:
         refresh(svc.engine, svc.clock, full_series=True)
     except ImportError:
         pass  # the scheduler computes them on its first run
-    if password:
-        click.echo(f"dashboard: log in as admin with password {password} (shown once; "
-                   "set LEDGER_DEMO_ADMIN_PASSWORD to choose it)")
+    return password
 
 
 @demo_group.command("balance")

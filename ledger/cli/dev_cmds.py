@@ -9,7 +9,10 @@ from werkzeug.serving import run_simple
 
 from ledger.cli import ledger_cli
 from ledger.cli.common import current_flask_app, services
+from ledger.cli.demo_cmds import password_line, seed_demo
 from ledger.services import Services
+
+ANNOUNCE_AFTER_SECONDS = 3.0
 
 
 def _start_worker(svc: Services, stop: threading.Event) -> threading.Thread:
@@ -36,14 +39,24 @@ def _start_scheduler(svc: Services, stop: threading.Event) -> threading.Thread:
 @ledger_cli.command("dev")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=5000, show_default=True, type=int)
-def dev(host: str, port: int) -> None:
+@click.option("--demo", is_flag=True,
+              help="Seed the demo first; print the admin's password last, after startup.")
+def dev(host: str, port: int, demo: bool) -> None:
     """Serve the dashboard and intake with a worker and the scheduler in one process."""
     svc = services()
+    password = seed_demo() if demo else None
     stop = threading.Event()
     _start_worker(svc, stop)
     _start_scheduler(svc, stop)
     click.echo(f"Replay Ledger on http://{host}:{port}/  (dashboard: /login, "
                f"intake: POST /hooks/<integration id>, health: /healthz)")
+    if password:
+        # After the startup burst of worker and scheduler log lines, so it is not buried.
+        announce = threading.Timer(ANNOUNCE_AFTER_SECONDS, click.echo,
+                                   args=(f"\n{password_line(password)}\n"
+                                         f"open http://{host}:{port}/login\n",))
+        announce.daemon = True
+        announce.start()
     try:
         run_simple(host, port, current_flask_app(),
                    threaded=True, use_reloader=False)

@@ -3,40 +3,14 @@
 from __future__ import annotations
 
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import click
-from flask import Flask
-from werkzeug.serving import WSGIRequestHandler, make_server
 
 from ledger.access import audit
 from ledger.cli import ledger_cli
 from ledger.cli.common import current_flask_app, emit, json_option, services
 from ledger.drill.run import run_drill
-
-
-class _QuietHandler(WSGIRequestHandler):
-    """The ledger logs every delivery itself; skip werkzeug's access lines."""
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        """Log nothing."""
-
-
-@contextmanager
-def local_server(app: Flask, host: str = "127.0.0.1") -> Iterator[str]:
-    """Serve `app` on a free loopback port from a thread; yield its base URL; stop it."""
-    server = make_server(host, 0, app, threaded=True, request_handler=_QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, name="ledger-drill-server",
-                              daemon=True)
-    thread.start()
-    try:
-        yield f"http://{host}:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+from ledger.web.loopback import local_server
 
 
 @ledger_cli.command("drill")

@@ -205,6 +205,10 @@ conflicts = Table(
     Column("acknowledged_at", UTCDateTime),
     Column("acknowledged_by", Text),
     Column("ack_note", Text),
+    # The conflicting body, kept (up to CONFLICT_BODY_LIMIT bytes) for the payload
+    # review window so an operator can see what differs; the retention purge drops it.
+    Column("incoming_body", Text),
+    Column("incoming_size", Integer),
     UniqueConstraint("scope_id", "event_id", "incoming_sha256", name="uq_conflicts_delivery"),
 )
 Index("ix_conflicts_last_seen", conflicts.c.last_seen)

@@ -209,7 +209,8 @@ class Intake:
                         conn, scope_id=event.scope_id, event_id=event.event_id,
                         kind=ConflictKind.DIFFERENT_BODY, original_event_id=event.event_id,
                         original_sha256=existing.body_sha256,
-                        incoming_sha256=event.body_sha256, now=event.accepted_at)
+                        incoming_sha256=event.body_sha256, now=event.accepted_at,
+                        incoming_body=event.payload)
                 return 409, {"status": "conflict", "event_id": event.event_id}
             return duplicate_answer(event.event_id, existing)
         raise StorageUnavailable("the ledger changed under this delivery three times")

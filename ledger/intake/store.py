@@ -289,15 +289,29 @@ def recorded_outcome(conn: Connection, scope_id: int, event_id: str) -> Recorded
                            body_sha256=bytes(row.body_sha256), result_ref=row.result_ref)
 
 
+# A conflicting body is kept for review up to this many bytes (UTF-8); a larger
+# one keeps only its size, so a flood of large forgeries under a taken id cannot
+# fill the conflicts table.
+CONFLICT_BODY_LIMIT = 64 * 1024
+
+
 def record_conflict(
     conn: Connection, *, scope_id: int, event_id: str, kind: ConflictKind,
     original_event_id: str, original_sha256: bytes, incoming_sha256: bytes, now: datetime,
+    incoming_body: str | None = None,
 ) -> None:
-    """Record (or count again) a delivery that contradicts the ledger."""
+    """Record (or count again) a delivery that contradicts the ledger.
+
+    The first delivery of a conflicting body keeps it (when under the cap) for
+    the review window; later deliveries of the same body only count.
+    """
+    size = len(incoming_body.encode()) if incoming_body is not None else None
+    kept = incoming_body if size is not None and size <= CONFLICT_BODY_LIMIT else None
     stmt = _insert(conn, conflicts).values(
         scope_id=scope_id, event_id=event_id, kind=kind.value,
         original_event_id=original_event_id, original_sha256=original_sha256,
         incoming_sha256=incoming_sha256, first_seen=now, last_seen=now, count=1,
+        incoming_body=kept, incoming_size=size,
     )
     stmt = stmt.on_conflict_do_update(
         index_elements=["scope_id", "event_id", "incoming_sha256"],

@@ -12,7 +12,7 @@ from ledger.access.integrations import get_integration
 from ledger.db.schema import audit_log, conflicts, credentials, integrations
 from ledger.domain import Integration
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
-from ledger.reads.receipts import MAX_LIMIT, conflict_item, scope_names
+from ledger.reads.receipts import MAX_LIMIT, conflict_columns, conflict_item, scope_names
 
 
 def list_conflicts(conn: Connection, *, scope_id: int | None = None,
@@ -29,7 +29,7 @@ def list_conflicts(conn: Connection, *, scope_id: int | None = None,
         seen, ident = decode_cursor(cursor, (datetime, int))
         terms += [conflicts.c.last_seen <= seen,
                   tuple_(conflicts.c.last_seen, conflicts.c.id) < tuple_(seen, ident)]
-    rows = conn.execute(select(conflicts).where(*terms)
+    rows = conn.execute(select(*conflict_columns()).where(*terms)
                         .order_by(conflicts.c.last_seen.desc(), conflicts.c.id.desc())
                         .limit(limit + 1)).all()
     more = len(rows) > limit

@@ -220,7 +220,7 @@ def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, 
         .order_by(attempts.c.number, attempts.c.id))]
     item["last_error"] = last_error_of(row.state, [a["error"] for a in item["attempt_rows"]])
     item["conflicts"] = [conflict_item(c) for c in conn.execute(
-        select(conflicts).where(conflicts.c.scope_id == scope_id,
+        select(*conflict_columns()).where(conflicts.c.scope_id == scope_id,
                                 (conflicts.c.event_id == event_id)
                                 | (conflicts.c.original_event_id == event_id))
         .order_by(conflicts.c.last_seen.desc()).limit(50))]
@@ -274,9 +274,20 @@ def pretty_payload(raw: str) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
+def conflict_columns() -> list[Any]:
+    """Return the conflict columns a list shows: the kept body only as a flag."""
+    return [*(c for c in conflicts.c if c.name != "incoming_body"),
+            conflicts.c.incoming_body.is_not(None).label("body_kept")]
+
+
 def conflict_item(row: Any) -> dict[str, Any]:
     """Turn a conflict row into a dict with hex digests."""
     item = dict(row._mapping)
+    # The kept body is evidence for oncall (ledger.reads.evidence), never part of a list.
+    if "incoming_body" in item:
+        item["body_kept"] = item.pop("incoming_body") is not None
+    if "body_kept" in item:
+        item["body_kept"] = bool(item["body_kept"])
     item["original_sha256"] = bytes(row.original_sha256).hex()
     item["incoming_sha256"] = bytes(row.incoming_sha256).hex()
     return item

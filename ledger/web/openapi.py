@@ -57,7 +57,7 @@ _CONFLICT = _record(
     id=_INT, scope_id=_INT, event_id=_STRING, kind=_STRING, original_event_id=_STRING,
     original_sha256=_STRING, incoming_sha256=_STRING, count=_INT, first_seen=_STRING,
     last_seen=_STRING, acknowledged_at=_OPT_STRING, acknowledged_by=_OPT_STRING,
-    ack_note=_OPT_STRING)
+    ack_note=_OPT_STRING, body_kept=_BOOL, incoming_size=_OPT_INT)
 _INTEGRATION = _record(
     id=_INT, public_id={"type": "string", "pattern": "^in_[0-9A-Za-z]{22}$"}, account=_STRING,
     name=_STRING, scope=_STRING, profile=_STRING, tolerance_seconds=_INT,

@@ -17,6 +17,7 @@ from flask import (
     request,
 )
 from flask.typing import ResponseReturnValue
+from markupsafe import Markup
 from werkzeug.exceptions import HTTPException
 
 from ledger.web.auth import init_security, require_login
@@ -71,8 +72,12 @@ def ago(seconds: float | None) -> str:
 
 
 def ts(moment: datetime | None) -> str:
-    """Return a compact UTC timestamp."""
-    return "—" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S") + "Z"
+    """Return a compact UTC timestamp in a `<time datetime=…>` (static/ledger.js may show it
+    in the browser's zone)."""
+    if moment is None:
+        return "—"
+    text = moment.strftime("%Y-%m-%d %H:%M:%S") + "Z"
+    return Markup('<time datetime="{}">{}</time>').format(moment.isoformat(), text)
 
 
 def _template_context() -> dict[str, Any]:
@@ -91,7 +96,16 @@ def query_without(*names: str) -> str:
 def register_dashboard(app: Flask) -> None:
     """Install security (sessions, CSRF), the dashboard pages and the JSON API."""
     from ledger.web import api, openapi
-    from ledger.web.dashboard import actions, admin, connect, pages  # noqa: F401  (routes)
+    from ledger.web.dashboard import (  # noqa: F401  (routes on import)
+        actions,
+        admin,
+        connect,
+        drill_page,
+        evidence,
+        export,
+        health,
+        pages,
+    )
 
     init_security(app)
     app.jinja_env.filters["ago"] = ago

@@ -28,6 +28,7 @@ from ledger.web.filters import (
 )
 
 OVERVIEW_REFRESH_SECONDS = 10
+LIST_REFRESH_SECONDS = 15  # Failures, Stuck work and an integration's credentials
 
 
 def _cursor() -> str | None:
@@ -88,7 +89,7 @@ def receipt_page(public_id: str, event_id: str) -> Response:
             integration, item = read_receipt(conn, public_id, event_id)
     except NotFound:
         abort(404)
-    return render("receipt.html", receipt=item, integration=integration)
+    return render("receipt.html", receipt=item, integration=integration, now=svc.clock.now())
 
 
 @bp.get("/stuck")
@@ -100,6 +101,7 @@ def stuck_page() -> Response:
     with svc.engine.connect() as conn:
         view = read_stuck_work(conn, now, threshold_seconds=svc.settings.stuck_pending_seconds)
     return render("stuck.html", "partials/_stuck.html", now=now,
+                  refresh_seconds=LIST_REFRESH_SECONDS,
                   threshold=view.threshold_seconds, grace=view.grace_seconds,
                   pending=view.pending, overdue=view.overdue_jobs, findings=view.findings)
 
@@ -122,6 +124,7 @@ def failures_page() -> Response:
     """Terminal failures with their last error; requeue one or all matching."""
     context = failures_context(request.args)
     return render("failures.html", "partials/_failures.html",
+                  refresh_seconds=LIST_REFRESH_SECONDS,
                   status=400 if context["error"] else 200, args=request.args, **context)
 
 
@@ -174,6 +177,7 @@ def credentials_page(public_id: str) -> Response:
     except NotFound:
         abort(404)
     return render("credentials.html", "partials/_credentials.html", integration=integration,
+                  refresh_seconds=LIST_REFRESH_SECONDS,
                   credentials=rows, secret=None, message=None)
 
 

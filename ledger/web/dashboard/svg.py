@@ -93,3 +93,30 @@ def projection_chart(*, events_per_day: float, bytes_per_receipt: float,
 def human_bytes(value: float) -> str:
     """Return a readable decimal byte count."""
     return _human_bytes(value)
+
+
+def volume_bars(buckets: Sequence[tuple[datetime, int, int]], *, label: str,
+                width: int = 336, height: int = 64, fmt: str = "%H:%M") -> Markup:
+    """Return bars of accepted per bucket with the failed share in red, and a text title."""
+    top = max([a for _, a, _ in buckets] + [1])
+    slot = width / max(1, len(buckets))
+    bars = []
+    for i, (start, accepted, failed) in enumerate(buckets):
+        x = i * slot + 1
+        tall = (height - 14) * accepted / top
+        red = (height - 14) * min(failed, accepted) / top
+        when = f"{start:%Y-%m-%d}" + (f" {start:{fmt}}" if fmt else "")
+        tip = escape(f"{when} UTC: {accepted} accepted, {failed} failed")
+        bars.append(
+            f'<g><title>{tip}</title>'
+            f'<rect x="{x:.1f}" y="{height - 12 - tall:.1f}" width="{slot - 2:.1f}" '
+            f'height="{tall:.1f}" fill="{ACCEPTED_COLOUR}"/>'
+            f'<rect x="{x:.1f}" y="{height - 12 - red:.1f}" width="{slot - 2:.1f}" '
+            f'height="{red:.1f}" fill="{FAILED_COLOUR}"/></g>')
+    first = buckets[0][0] if buckets else None
+    start_text = (f"{first:%m-%d}" + (f" {first:{fmt}}" if fmt else "")) if first else ""
+    return Markup(
+        f'<svg class="bars" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}"><title>{escape(label)}</title>{"".join(bars)}'
+        f'<text x="0" y="{height - 1}">{escape(start_text)}</text>'
+        f'<text x="{width}" y="{height - 1}" text-anchor="end">now</text></svg>')
