@@ -48,6 +48,7 @@ class IntakeAnswer:
     scope: str
     event_id: str
     event_type: str
+    key_id: str  # the credential whose signature matched
 
 
 class _ReplayedBody(Exception):
@@ -77,11 +78,15 @@ class Intake:
         integration = auth.integration
         profile = get_profile(integration.profile)
         now = self._clock.now()
-        self._authenticate_fresh(auth, headers, body)
-        payload = parse_json_object(body, self._max_json_depth)
-        identity = profile.identity(headers, payload)
-        event_id = validate_event_id(identity.event_id)
-        event_type = validate_event_type(identity.event_type)
+        key_id = self._authenticate_fresh(auth, headers, body)
+        try:
+            payload = parse_json_object(body, self._max_json_depth)
+            identity = profile.identity(headers, payload)
+            event_id = validate_event_id(identity.event_id)
+            event_type = validate_event_type(identity.event_type)
+        except InvalidEvent as invalid:
+            invalid.key_id = key_id
+            raise
         event = NewEvent(
             scope_id=integration.id, event_id=event_id, event_type=event_type,
             body_sha256=hashlib.sha256(body).digest(), payload=body.decode("utf-8"),
@@ -90,13 +95,16 @@ class Intake:
         with storage_guard():
             answer = self._claim(event, id_is_signed=profile.id_is_signed)
         return IntakeAnswer(status=answer[0], body=answer[1], scope=integration.scope,
-                            event_id=event_id, event_type=event_type)
+                            event_id=event_id, event_type=event_type, key_id=key_id)
 
     def _authenticate_fresh(self, auth: IntegrationAuth, headers: HeaderMap,
-                            body: bytes) -> None:
-        """Authenticate; when no cached key matched, re-read the keys once and try again."""
+                            body: bytes) -> str:
+        """Authenticate; when no cached key matched, re-read the keys once and try again.
+
+        Returns the key id of the credential that signed.
+        """
         try:
-            self._authenticate(auth, headers, body)
+            return self._authenticate(auth, headers, body)
         except AuthenticationFailed as failure:
             if failure.reason not in ("bad_signature", "no_secret"):
                 raise
@@ -107,17 +115,17 @@ class Intake:
                 raise failure from None
             if fresh is None:
                 raise
-            self._authenticate(fresh, headers, body)
+            return self._authenticate(fresh, headers, body)
 
-    def _authenticate(self, auth: IntegrationAuth, headers: HeaderMap, body: bytes) -> None:
-        """Verify against live keys; name a dead key that matches, for the logs."""
+    def _authenticate(self, auth: IntegrationAuth, headers: HeaderMap, body: bytes) -> str:
+        """Verify against live keys (return the signer's key id); name a matching dead key."""
         profile = get_profile(auth.integration.profile)
         now = self._clock.now()
         tolerance = auth.integration.tolerance_seconds
         live = auth.live_keys(now)
         try:
-            profile.verify(headers, body, [k.secret for k in live], now=unix(now),
-                           tolerance=tolerance)
+            verified = profile.verify(headers, body, [k.secret for k in live], now=unix(now),
+                                      tolerance=tolerance)
         except AuthenticationFailed as failure:
             # "no_secret": every key of the integration is dead, the sole key was revoked.
             if failure.reason in ("bad_signature", "no_secret"):
@@ -131,6 +139,7 @@ class Intake:
                 state = "revoked" if key.state is CredentialState.REVOKED else "expired"
                 raise AuthenticationFailed(f"{state}_key", key_id=key.key_id) from None
             raise
+        return live[verified.secret_index].key_id
 
     def _claim(self, event: NewEvent, *, id_is_signed: bool) -> tuple[int, dict[str, Any]]:
         """Claim the event id in one transaction; answer from the ledger if it is taken."""

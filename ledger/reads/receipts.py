@@ -231,6 +231,7 @@ def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, 
         .where(audit_log.c.scope == item["scope"],
                audit_log.c.target.in_([event_id, f"{item['scope']}:{event_id}"]))
         .order_by(audit_log.c.id.desc()).limit(50))]
+    item["deliveries"] = event_deliveries(conn, scope_id, event_id)
     job = conn.execute(select(jobs.c.status, jobs.c.run_at, jobs.c.leased_by,
                               jobs.c.leased_until, jobs.c.payload)
                        .where(jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).first()
@@ -238,6 +239,13 @@ def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, 
                                             if k != "payload"}
     item["payload"] = pretty_payload(job.payload) if job is not None and job.payload else None
     return item
+
+
+def event_deliveries(conn: Connection, scope_id: int, event_id: str) -> list[dict[str, Any]]:
+    """Return the delivery log's rows of one event (imported late: deliveries imports us)."""
+    from ledger.reads.deliveries import event_deliveries as read
+
+    return read(conn, scope_id, event_id)
 
 
 def payload_value(raw: str) -> Any:
