@@ -11,13 +11,15 @@ without bound, so:
   that failed validation) always get an exact row: each needs a valid key, so
   their volume is the sender's own, and an accepted one writes a receipt anyway;
 - refusals of unauthenticated requests (401, 404, 413, an unreadable body) get
-  exact rows up to `refusals_per_minute` per process for each (integration,
-  matched dead key) pair, a token bucket; beyond it they are only counted, and
-  the count is written once per minute as one row with `count` = N.
+  exact rows at `refusals_per_minute` per process for each (integration,
+  matched dead key) pair, a token bucket that starts with STARTING_TOKENS;
+  beyond it they are only counted, and the count is written once per minute as
+  one row with `count` = N.
 
-So one process writes at most about 2 x `refusals_per_minute` exact refusal rows
-plus a handful of count rows per minute for each integration and dead key,
-whatever the flood's rate. If the database is away, the buffer stops growing at
+So one process writes at most `refusals_per_minute` exact refusal rows plus one
+count row per refusal reason per minute for each integration and dead key,
+whatever the flood's rate, and STARTING_TOKENS more per bucket in each new
+process life (gunicorn's max_requests recycling). If the database is away, the buffer stops growing at
 MAX_BUFFERED rows and further rows are dropped (and counted in metrics).
 """
 
@@ -41,6 +43,7 @@ log = get_logger("ledger.delivery_log")
 FLUSH_SECONDS = 0.5
 MAX_BUFFERED = 20_000
 MAX_REASON = 300
+STARTING_TOKENS = 5
 # Key of a token bucket: (integration id, matched key id); (None, None) for unknown paths.
 BucketKey = tuple[int | None, str | None]
 
@@ -72,12 +75,17 @@ class Delivery:
 
 
 class _Bucket:
-    """A token bucket: `rate` tokens per minute, at most `rate` saved up."""
+    """A token bucket: `rate` tokens per minute, at most `rate` saved up.
+
+    A new bucket holds only STARTING_TOKENS: a process that gunicorn recycles
+    (max_requests) every few thousand requests must not bring a full minute's
+    worth of rows with each new life.
+    """
 
     __slots__ = ("_tokens", "_updated")
 
     def __init__(self, rate: int, now: float) -> None:
-        self._tokens = float(rate)
+        self._tokens = float(min(rate, STARTING_TOKENS))
         self._updated = now
 
     def take(self, rate: int, now: float) -> bool:
