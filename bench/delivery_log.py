@@ -63,7 +63,8 @@ def flood(e: benv.BenchEnv, on: Target, url: str, public_id: str, shape: benv.Se
     rate = DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE
     bound = lives * (STARTING_TOKENS + rate * minutes + minutes)
     return {"forged_requests": result.requests, "forged_per_s": result.requests / result.seconds,
-            "connection_errors": result.errors, "rows_added": after[0] - before[0], "refusals_counted": after[1] - before[1],
+            "connection_errors": result.errors, "rows_added": after[0] - before[0],
+            "refusals_counted": after[1] - before[1],
             "bound_rows": bound, "minutes": minutes, "process_lives": lives}
 
 

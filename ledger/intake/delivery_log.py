@@ -19,8 +19,9 @@ without bound, so:
 So one process writes at most `refusals_per_minute` exact refusal rows plus one
 count row per refusal reason per minute for each integration and dead key,
 whatever the flood's rate, and STARTING_TOKENS more per bucket in each new
-process life (gunicorn's max_requests recycling). If the database is away, the buffer stops growing at
-MAX_BUFFERED rows and further rows are dropped (and counted in metrics).
+process life (gunicorn's max_requests recycling). If the database is away, the
+buffer stops growing at MAX_BUFFERED rows and further rows are dropped (and
+counted in metrics).
 """
 
 from __future__ import annotations
