@@ -1,8 +1,9 @@
 """Delivery log measures: accepted/s with the log on vs off, and a forged flood's growth.
 
-Two gunicorn servers of the ledger on ONE database and one integration, the same
-shape, one with LEDGER_DELIVERY_LOG=off: loaded in ABBA order (off, on, on, off)
-with fresh events each run, so the ratio is measured in the same minutes.
+Two gunicorn servers of the ledger, the same shape, each on its own database
+holding the same integration (a clone), one with LEDGER_DELIVERY_LOG=off: loaded
+in ABBA order (off, on, on, off) with fresh events each run, so the ratio is
+measured in the same minutes.
 
 The flood then replays requests signed with a key the integration never had
 (401 bad_signature) at the log-on server as fast as wrk can send them, and
@@ -70,16 +71,19 @@ def flood(e: benv.BenchEnv, on: Target, url: str, public_id: str, shape: benv.Se
 
 def measure(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[str, Any]:
     """Accepted/s log on vs off (ABBA), then the forged flood against the log-on server."""
-    url = e.migrated_pg("dlog")
+    url = e.migrated_pg("dlog_on")
     public_id = ours_app(e, url)
+    # abba() replays each file at both sides: each side needs its own ledger, with the
+    # same integration (a clone), or the second replay would be all duplicates.
+    off_url = e.pg_url("dlog_off", template=f"ledger_bench_{e.run_id}_dlog_on")
     log = e.tmp / "delivery-log.log"
     on_env = e.app_env(url)
-    off_env = {**on_env, "LEDGER_DELIVERY_LOG": "off"}
+    off_env = {**e.app_env(off_url), "LEDGER_DELIVERY_LOG": "off"}
     with benv.gunicorn("app:create_app()", off_env, shape, cwd=benv.ROOT,
                        log=log) as (off_base, _), \
             benv.gunicorn("app:create_app()", on_env, shape, cwd=benv.ROOT,
                           log=log) as (on_base, _):
-        off = Target(off_base, url, f"/hooks/{public_id}")
+        off = Target(off_base, off_url, f"/hooks/{public_id}")
         on = Target(on_base, url, f"/hooks/{public_id}")
         runs = abba(e, off, on, seconds, "dlog")
         result = summarize(runs)
