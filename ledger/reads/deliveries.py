@@ -6,6 +6,7 @@ integration is named, the partial (key_id, at) index for a key, else (at, id).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -85,7 +86,7 @@ def event_deliveries(conn: Connection, scope_id: int, event_id: str) -> list[dic
     return delivery_items(conn, rows)
 
 
-def delivery_items(conn: Connection, rows: list[Any]) -> list[dict[str, Any]]:
+def delivery_items(conn: Connection, rows: Sequence[Any]) -> list[dict[str, Any]]:
     """Turn deliveries rows into the dicts the API and the pages show."""
     names = scope_names(conn, {r.integration_id for r in rows if r.integration_id is not None})
     items = []
