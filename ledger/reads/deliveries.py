@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, case, func, select, tuple_
+from sqlalchemy import Connection, Select, case, func, select, tuple_
 
 from ledger.db.schema import deliveries
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
@@ -60,15 +60,8 @@ def list_deliveries(conn: Connection, f: DeliveryFilter, *, cursor: str | None =
                     limit: int = 50) -> Page:
     """Return one page of the delivery log, newest first."""
     limit = max(1, min(limit, MAX_LIMIT))
-    terms = _terms(f)
-    if cursor is not None:
-        at, ident = decode_cursor(cursor, (datetime, int))
-        # The plain bound lets the index range-scan; the row comparison breaks ties.
-        terms += [deliveries.c.at <= at,
-                  tuple_(deliveries.c.at, deliveries.c.id) < tuple_(at, ident)]
-    rows = conn.execute(select(*ITEM_COLUMNS).where(*terms)
-                        .order_by(deliveries.c.at.desc(), deliveries.c.id.desc())
-                        .limit(limit + 1)).all()
+    key = None if cursor is None else decode_cursor(cursor, (datetime, int))
+    rows = conn.execute(deliveries_stmt(f, key, limit + 1)).all()
     more = len(rows) > limit
     rows = rows[:limit]
     items = delivery_items(conn, rows)
@@ -76,14 +69,29 @@ def list_deliveries(conn: Connection, f: DeliveryFilter, *, cursor: str | None =
                 if more else None)
 
 
+def deliveries_stmt(f: DeliveryFilter, key: tuple[datetime, int] | None,
+                    limit: int) -> Select[Any]:
+    """Deliveries matching `f` after the keyset `key`, newest first."""
+    terms = _terms(f)
+    if key is not None:
+        at, ident = key
+        # The plain bound lets the index range-scan; the row comparison breaks ties.
+        terms += [deliveries.c.at <= at,
+                  tuple_(deliveries.c.at, deliveries.c.id) < tuple_(at, ident)]
+    return (select(*ITEM_COLUMNS).where(*terms)
+            .order_by(deliveries.c.at.desc(), deliveries.c.id.desc()).limit(limit))
+
+
 def event_deliveries(conn: Connection, scope_id: int, event_id: str) -> list[dict[str, Any]]:
     """Return every logged delivery of one event, oldest first (a receipt's timeline)."""
-    rows = conn.execute(select(*ITEM_COLUMNS)
-                        .where(deliveries.c.integration_id == scope_id,
-                               deliveries.c.event_id == event_id)
-                        .order_by(deliveries.c.at, deliveries.c.id)
-                        .limit(EVENT_TIMELINE_LIMIT)).all()
-    return delivery_items(conn, rows)
+    return delivery_items(conn, conn.execute(event_deliveries_stmt(scope_id, event_id)).all())
+
+
+def event_deliveries_stmt(scope_id: int, event_id: str) -> Select[Any]:
+    """One event's deliveries, oldest first: the partial (integration_id, event_id) index."""
+    return (select(*ITEM_COLUMNS)
+            .where(deliveries.c.integration_id == scope_id, deliveries.c.event_id == event_id)
+            .order_by(deliveries.c.at, deliveries.c.id).limit(EVENT_TIMELINE_LIMIT))
 
 
 def delivery_items(conn: Connection, rows: Sequence[Any]) -> list[dict[str, Any]]:
