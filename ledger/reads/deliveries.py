@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, case, func, select, tuple_
+from sqlalchemy import Connection, Select, func, select, tuple_
 
 from ledger.db.schema import deliveries
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
@@ -22,6 +22,7 @@ OUTCOMES = ("accepted", "duplicate", "conflict", "unauthenticated", "invalid_eve
             "body_too_large", "unknown_integration", "unavailable", "internal")
 EVENT_TIMELINE_LIMIT = 200
 USAGE_WINDOW = timedelta(hours=24)
+USAGE_CAP_ROWS = 100_000
 
 ITEM_COLUMNS = (deliveries.c.id, deliveries.c.at, deliveries.c.integration_id,
                 deliveries.c.public_id, deliveries.c.outcome, deliveries.c.http_status,
@@ -109,27 +110,36 @@ def delivery_items(conn: Connection, rows: Sequence[Any]) -> list[dict[str, Any]
 
 def credential_usage(conn: Connection, creds: list[dict[str, Any]],
                      now: datetime) -> dict[str, dict[str, Any]]:
-    """Return {key_id: last_used_at, uses_24h, uses_after_dead} from the delivery log.
+    """Return {key_id: last_used_at, uses_24h, uses_after_dead, uses_capped} from the log.
 
     "After dead" counts the key's matching signatures at or after its revocation or
-    expiry: refused ones, and any accepted while the revocation propagated.
+    expiry: refused ones, and any accepted while the revocation propagated. Each count
+    reads at most USAGE_CAP_ROWS rows of the (key_id, at) index; `uses_capped` says a
+    count stopped there (a busy live key has a row per delivery).
     """
-    key_ids = [c["key_id"] for c in creds]
-    usage = {k: {"last_used_at": None, "uses_24h": 0, "uses_after_dead": 0} for k in key_ids}
-    if not key_ids:
-        return usage
-    recent = case((deliveries.c.at >= now - USAGE_WINDOW, deliveries.c.count), else_=0)
-    for row in conn.execute(
-            select(deliveries.c.key_id, func.max(deliveries.c.at).label("last"),
-                   func.sum(recent).label("recent"))
-            .where(deliveries.c.key_id.in_(key_ids)).group_by(deliveries.c.key_id)):
-        usage[row.key_id].update(last_used_at=row.last, uses_24h=int(row.recent or 0))
+    usage = {}
     for cred in creds:
+        key_id = cred["key_id"]
+        last = conn.execute(select(func.max(deliveries.c.at))
+                            .where(deliveries.c.key_id == key_id)).scalar()
+        item = {"last_used_at": last, "uses_24h": 0, "uses_after_dead": 0,
+                "uses_capped": False}
         deaths = [t for t in (cred.get("revoked_at"), cred.get("expires_at")) if t is not None]
-        if not deaths or usage[cred["key_id"]]["last_used_at"] is None:
-            continue
-        usage[cred["key_id"]]["uses_after_dead"] = int(conn.execute(
-            select(func.coalesce(func.sum(deliveries.c.count), 0))
-            .where(deliveries.c.key_id == cred["key_id"], deliveries.c.at >= min(deaths))
-        ).scalar() or 0)
+        if last is not None:
+            item["uses_24h"], capped = _uses_since(conn, key_id, now - USAGE_WINDOW)
+            if deaths:
+                item["uses_after_dead"], dead_capped = _uses_since(conn, key_id, min(deaths))
+                capped = capped or dead_capped
+            item["uses_capped"] = capped
+        usage[key_id] = item
     return usage
+
+
+def _uses_since(conn: Connection, key_id: str, since: datetime) -> tuple[int, bool]:
+    """Return (deliveries signed by the key since `since`, whether the count was capped)."""
+    rows = (select(deliveries.c.count).where(deliveries.c.key_id == key_id,
+                                             deliveries.c.at >= since)
+            .limit(USAGE_CAP_ROWS + 1).subquery())
+    total, read = conn.execute(select(func.coalesce(func.sum(rows.c.count), 0),
+                                      func.count())).one()
+    return int(total), int(read) > USAGE_CAP_ROWS

@@ -71,7 +71,7 @@ _CREDENTIAL = _record(
     state={"type": "string", "enum": ["active", "retiring", "revoked", "expired"]},
     created_at=_STRING, expires_at=_OPT_STRING, revoked_at=_OPT_STRING,
     revoked_reason=_OPT_STRING, fingerprint={"type": "string", "pattern": "^hmac:[0-9a-f]{16}$"},
-    last_used_at=_OPT_STRING, uses_24h=_INT, uses_after_dead=_INT)
+    last_used_at=_OPT_STRING, uses_24h=_INT, uses_after_dead=_INT, uses_capped=_BOOL)
 # The delivery log (CONTRACT section 7): never a body, signature or secret (closed);
 # `reason` is null for roles below security; `count` > 1 on a row that counts refusals
 # over the log's per-integration rate.

@@ -304,3 +304,23 @@ def test_receipt_page_lists_every_delivery_of_its_event(app) -> None:  # type: i
                         headers={"Authorization": f"Bearer {token}"}).get_json()
     assert [d["outcome"] for d in detail["deliveries"]] == ["accepted", "duplicate",
                                                             "duplicate"]
+
+
+def test_credential_use_counts_stop_at_their_cap_and_say_so(app, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import ledger.reads.deliveries
+
+    monkeypatch.setattr(ledger.reads.deliveries, "USAGE_CAP_ROWS", 3)
+    sender = make_sender(app)
+    client = app.test_client()
+    for n in range(6):
+        deliver(client, sender, f"evt_busy_{n}")
+    app.extensions["ledger"].delivery_log.flush(everything=True)
+    make_operator(app, "cap-viewer", "viewer")
+    creds = client.get(f"/api/v1/integrations/{sender.public_id}/credentials",
+                       headers={"Authorization": f"Bearer {make_token(app, 'cap-viewer')}"})
+    (cred,) = creds.get_json()["credentials"]
+    assert cred["uses_capped"] is True
+    assert 3 <= cred["uses_24h"] < 6
+    page = logged_in(app, "viewer").get(f"/credentials/{sender.public_id}").get_data(
+        as_text=True)
+    assert f'{cred["uses_24h"]}+</td>' in page
