@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import big, intake, report, servers, worker_bench
+from bench import delivery_log as dlog_bench
 from bench import env as benv
 from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed
 
-MEASURES = ("intake", "sqlite", "worker", "big", "memory", "servers")
+MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog", "servers")
 # `make bench` runs these; "servers" (gunicorn vs granian) is asked for by name.
-DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "memory")
+DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog")
 
 # Why a measure can miss on this 2-core machine, and where the evidence is (first
 # matching prefix wins: the specific ones come first).
@@ -153,6 +154,20 @@ def server_figures(r: dict[str, Any]) -> list[Figure]:
     return figures
 
 
+def dlog_figures(r: dict[str, Any]) -> list[Figure]:
+    """Accepted/s with the delivery log on vs off; a forged flood's rows vs the log's bound."""
+    f = r["flood"]
+    return [
+        at_least("intake accepted/s, delivery log on (PostgreSQL)", r["on_accepted_per_s"], "/s",
+                 "delivery log off", r["off_accepted_per_s"], 0.95),
+        at_most("delivery log rows added by a forged flood", f["rows_added"], "rows",
+                "the log's bound", f["bound_rows"], 1.0,
+                f"{f['forged_requests']} forged requests at {f['forged_per_s']:.0f}/s ="
+                f" {f['forged_per_s'] / max(r['on_accepted_per_s'], 1):.1f}x the accepted rate;"
+                f" {f['refusals_counted']} refusals counted in the rows"),
+    ]
+
+
 def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figure], dict]:
     """Run the selected measures; a broken one is reported, the rest still run."""
     shape = benv.ServerShape(worker_class=args.worker_class, workers=args.workers,
@@ -166,6 +181,7 @@ def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figur
         "memory": (lambda: intake.measure_memory(e, shape, args.memory_requests),
                    memory_figures),
         "servers": (lambda: servers.measure(e, shape, args.seconds, args.against), server_figures),
+        "dlog": (lambda: dlog_bench.measure(e, shape, args.seconds), dlog_figures),
     }
     figures: list[Figure] = []
     details: dict[str, Any] = {"shape": shape.args(), "seconds": args.seconds}

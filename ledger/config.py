@@ -27,6 +27,11 @@ REPAIR_WINDOW_SECONDS = 4 * 86400
 CLOCK_SKEW_SECONDS = 300
 DEFAULT_RETENTION_SECONDS = SENDER_RETRY_WINDOW_SECONDS + REPAIR_WINDOW_SECONDS + CLOCK_SKEW_SECONDS
 DEFAULT_REVIEW_WINDOW_SECONDS = 14 * 86400
+# The delivery log (README "Delivery log"): how long its rows are kept, and how many
+# exact refusal rows per minute one process writes per integration (and per dead key)
+# before it only counts them.
+DEFAULT_DELIVERY_LOG_SECONDS = 14 * 86400
+DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE = 60
 # Share of wall time the retention purge may spend deleting (jobs/retention.py
 # Pacer); the rest is left to the intake. 1 = full speed.
 DEFAULT_DUTY_CYCLE = 0.5
@@ -312,6 +317,10 @@ class Settings:
     demo_admin_password: str | None = None
     # Reverse proxies in front that set X-Forwarded-For (README "Behind a proxy").
     trusted_proxies: int = 0
+    # The delivery log: on by default; off only for a bench or an emergency.
+    delivery_log: bool = True
+    delivery_log_seconds: float = DEFAULT_DELIVERY_LOG_SECONDS
+    delivery_log_refusals_per_minute: int = DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE
 
     @property
     def production(self) -> bool:
@@ -376,6 +385,12 @@ class Settings:
             scheduler_period_scale=_scale(env, "LEDGER_SCHEDULER_PERIOD_SCALE"),
             demo_admin_password=_raw(env, "LEDGER_DEMO_ADMIN_PASSWORD"),
             trusted_proxies=_int(env, "LEDGER_TRUSTED_PROXIES", 0),
+            delivery_log=_bool(env, "LEDGER_DELIVERY_LOG", True),
+            delivery_log_seconds=_seconds(env, "LEDGER_DELIVERY_LOG_SECONDS",
+                                          DEFAULT_DELIVERY_LOG_SECONDS, 60),
+            delivery_log_refusals_per_minute=_int(
+                env, "LEDGER_DELIVERY_LOG_REFUSALS_PER_MINUTE",
+                DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE, 1, 100_000),
         )
 
     def with_(self, **changes: Any) -> Settings:

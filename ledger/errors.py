@@ -57,9 +57,11 @@ class AuthenticationFailed(LedgerError):
 class InvalidEvent(LedgerError):
     """The authenticated delivery does not carry a valid event."""
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, *, key_id: str | None = None) -> None:
         super().__init__(detail)
         self.detail = detail
+        # The credential that signed the refused body (the delivery log names it).
+        self.key_id = key_id
 
 
 class UnreadableBody(InvalidEvent):

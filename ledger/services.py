@@ -12,6 +12,7 @@ from ledger.clock import Clock, SystemClock
 from ledger.config import Settings, log_hash_key
 from ledger.db.engine import make_engine
 from ledger.intake.credential_view import CredentialView, ttl_for_bound
+from ledger.intake.delivery_log import DeliveryLog
 from ledger.intake.pipeline import Intake
 from ledger.logs import use_event_ref_key
 from ledger.scheduling.instances import InstanceHeartbeat, beat_interval
@@ -27,12 +28,14 @@ class Services:
     clock: Clock
     view: CredentialView
     intake: Intake
+    delivery_log: DeliveryLog
     heartbeat: InstanceHeartbeat | None = None
 
     def close(self) -> None:
-        """Stop the heartbeat (if this process served) and release the connection pool."""
+        """Stop the heartbeat and write the delivery log's buffer; release the pool."""
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        self.delivery_log.close()
         self.engine.dispose()
 
 
@@ -57,4 +60,7 @@ def build_services(settings: Settings, clock: Clock | None = None,
     heartbeat.attach(view)
     return Services(settings=settings, engine=engine, box=box, clock=clock, view=view,
                     intake=Intake(engine, view, clock, max_json_depth=settings.max_json_depth),
+                    delivery_log=DeliveryLog(
+                        engine, clock, enabled=settings.delivery_log,
+                        refusals_per_minute=settings.delivery_log_refusals_per_minute),
                     heartbeat=heartbeat)

@@ -373,3 +373,33 @@ hourly_series = Table(
     Column("failed", BigInteger, nullable=False),
     Column("refreshed_at", UTCDateTime, nullable=False),
 )
+
+# The delivery log (README "Delivery log"): one row per request to /hooks/, or one row
+# counting the refusals of a minute that went over the per-integration log rate
+# (`count` > 1). Never a body, a signature or a secret. Purged by age (jobs/delivery_log.py).
+deliveries = Table(
+    "deliveries",
+    metadata,
+    # BIGINT on PostgreSQL; SQLite's rowid alias must be declared INTEGER.
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+           autoincrement=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("integration_id", Integer),  # NULL: the path named no known integration
+    Column("public_id", Text),
+    Column("outcome", Text, nullable=False),
+    Column("http_status", SmallInteger, nullable=False),
+    Column("key_id", Text),
+    Column("event_id", Text),
+    Column("client", Text),
+    Column("reason", Text),
+    Column("count", Integer, nullable=False),
+)
+Index("ix_deliveries_at", deliveries.c.at, deliveries.c.id)
+Index("ix_deliveries_integration", deliveries.c.integration_id, deliveries.c.at,
+      deliveries.c.id)
+Index("ix_deliveries_key", deliveries.c.key_id, deliveries.c.at,
+      postgresql_where=deliveries.c.key_id.is_not(None),
+      sqlite_where=deliveries.c.key_id.is_not(None))
+Index("ix_deliveries_event", deliveries.c.integration_id, deliveries.c.event_id,
+      postgresql_where=deliveries.c.event_id.is_not(None),
+      sqlite_where=deliveries.c.event_id.is_not(None))

@@ -25,7 +25,7 @@ from ledger.errors import (
     UnknownIntegration,
 )
 from ledger.ids import EVENT_ID, EVENT_TYPE
-from ledger.intake.credential_view import CredentialView, IntegrationAuth
+from ledger.intake.credential_view import CredentialView, IntegrationAuth, KeyMaterial
 from ledger.intake.signatures import HeaderMap, SenderProfile, profile_for
 from ledger.intake.signatures.profile import FORM, JSON, JSON_ARRAY
 from ledger.intake.store import (
@@ -52,6 +52,7 @@ class IntakeAnswer:
     event_id: str
     event_type: str
     outcome: str  # accepted, duplicate, conflict, batch or handshake (logs and metrics)
+    key_id: str  # the credential whose signature matched (the delivery log)
 
 
 class _ReplayedBody(Exception):
@@ -81,22 +82,34 @@ class Intake:
         integration = auth.integration
         profile = profile_for(integration)
         now = self._clock.now()
-        secret = self._authenticate_fresh(auth, profile, headers, body)
+        key = self._authenticate_fresh(auth, profile, headers, body)
+        try:
+            return self._accept_authenticated(auth, profile, key, headers, body, now)
+        except InvalidEvent as invalid:
+            invalid.key_id = key.key_id  # a signed body that is refused: the log names its key
+            raise
+
+    def _accept_authenticated(self, auth: IntegrationAuth, profile: SenderProfile,
+                              key: KeyMaterial, headers: HeaderMap, body: bytes,
+                              now: Any) -> IntakeAnswer:
+        """Answer an authenticated delivery: a handshake, a batch, or one event."""
+        integration = auth.integration
         payload = (parse_json_object(body, self._max_json_depth) if profile.body_format == JSON
                    else parse_body(profile.body_format, body, self._max_json_depth))
         if profile.handshake is not None:
-            reply = profile.handshake(payload, secret)
+            reply = profile.handshake(payload, key.secret)
             if reply is not None:  # answered at once, after authentication; nothing written
                 return IntakeAnswer(status=200, body=reply, scope=integration.scope,
-                                    event_id="", event_type="", outcome="handshake")
+                                    event_id="", event_type="", outcome="handshake",
+                                    key_id=key.key_id)
         if isinstance(payload, list):  # a JSON_ARRAY profile's batch (parse_body)
-            return self._accept_batch(auth, profile, headers, payload, now)
+            return self._accept_batch(auth, profile, key, headers, payload, now)
         event = self._new_event(integration.id, profile, headers, payload, body, now)
         with storage_guard():
             answer = self._claim(event, id_is_signed=profile.id_is_signed)
         return IntakeAnswer(status=answer[0], body=answer[1], scope=integration.scope,
                             event_id=event.event_id, event_type=event.event_type,
-                            outcome=answer[1]["status"])
+                            outcome=answer[1]["status"], key_id=key.key_id)
 
     def _new_event(self, scope_id: int, profile: SenderProfile, headers: HeaderMap,
                    payload: Any, body: bytes, now: Any) -> NewEvent:
@@ -115,8 +128,8 @@ class Intake:
         return NewEvent(scope_id=scope_id, event_id=event_id, event_type=event_type,
                         body_sha256=digest, payload=text, accepted_at=now)
 
-    def _accept_batch(self, auth: IntegrationAuth, profile: SenderProfile, headers: HeaderMap,
-                      events: list[Any], now: Any) -> IntakeAnswer:
+    def _accept_batch(self, auth: IntegrationAuth, profile: SenderProfile, key: KeyMaterial,
+                      headers: HeaderMap, events: list[Any], now: Any) -> IntakeAnswer:
         """Give each event of a batch its own receipt and job, all in one transaction."""
         integration = auth.integration
         batch = []
@@ -141,11 +154,15 @@ class Intake:
         return IntakeAnswer(status=status,
                             body={"status": "batch", "events": [a[1] for a in answers]},
                             scope=integration.scope, event_id=batch[0].event_id,
-                            event_type=batch[0].event_type, outcome="batch")
+                            event_type=batch[0].event_type, outcome="batch",
+                            key_id=key.key_id)
 
     def _authenticate_fresh(self, auth: IntegrationAuth, profile: SenderProfile,
-                            headers: HeaderMap, body: bytes) -> str:
-        """Authenticate; when no cached key matched, re-read the keys once and try again."""
+                            headers: HeaderMap, body: bytes) -> KeyMaterial:
+        """Authenticate; when no cached key matched, re-read the keys once and try again.
+
+        Returns the live credential that signed.
+        """
         try:
             return self._authenticate(auth, profile, headers, body)
         except AuthenticationFailed as failure:
@@ -161,7 +178,7 @@ class Intake:
             return self._authenticate(fresh, profile, headers, body)
 
     def _authenticate(self, auth: IntegrationAuth, profile: SenderProfile, headers: HeaderMap,
-                      body: bytes) -> str:
+                      body: bytes) -> KeyMaterial:
         """Verify against live keys and return the one that matched; name a dead one."""
         now = self._clock.now()
         tolerance = auth.integration.tolerance_seconds
@@ -182,7 +199,7 @@ class Intake:
                 state = "revoked" if key.state is CredentialState.REVOKED else "expired"
                 raise AuthenticationFailed(f"{state}_key", key_id=key.key_id) from None
             raise
-        return live[verified.secret_index].secret
+        return live[verified.secret_index]
 
     def _claim(self, event: NewEvent, *, id_is_signed: bool) -> tuple[int, dict[str, Any]]:
         """Claim the event id in one transaction; answer from the ledger if it is taken."""

@@ -37,6 +37,11 @@ TERMINAL_FAILURES = Counter(
     "ledger_terminal_failures_total", "Receipts that became failed, by event type",
     ["event_type"],
 )
+DELIVERY_LOG_ROWS = Counter(
+    "ledger_delivery_log_rows_total",
+    "Delivery log: exact rows written, refusals only counted (over the rate), rows dropped",
+    ["kind"],
+)
 PURGED_ROWS = Counter("ledger_purged_rows_total", "Rows removed by the purge", ["kind"])
 SCHEDULER_RUNS = Counter(
     "ledger_scheduler_runs_total", "Scheduled job runs by job and outcome", ["job", "outcome"],

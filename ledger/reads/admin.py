@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, select, tuple_
@@ -12,6 +12,7 @@ from ledger.access.integrations import get_integration
 from ledger.db.schema import audit_log, conflicts, credentials, integrations
 from ledger.domain import Integration
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
+from ledger.reads.deliveries import credential_usage
 from ledger.reads.receipts import MAX_LIMIT, conflict_columns, conflict_item, scope_names
 
 
@@ -63,21 +64,28 @@ def list_integrations(conn: Connection, *, account: str | None = None,
                 if more else None)
 
 
-def read_credentials(conn: Connection, public_id: str) -> tuple[Integration, list[dict[str, Any]]]:
+def read_credentials(conn: Connection, public_id: str, now: datetime | None = None,
+                     ) -> tuple[Integration, list[dict[str, Any]]]:
     """Return an integration and its credentials (never a secret); NotFound when unknown."""
     integration = get_integration(conn, public_id)
-    return integration, credential_rows(conn, integration.id)
+    return integration, credential_rows(conn, integration.id, now)
 
 
-def credential_rows(conn: Connection, integration_id: int) -> list[dict[str, Any]]:
-    """Return an integration's credentials, newest first, never the secret."""
+def credential_rows(conn: Connection, integration_id: int,
+                    now: datetime | None = None) -> list[dict[str, Any]]:
+    """Return an integration's credentials, newest first, never the secret, with their use.
+
+    Use comes from the delivery log: `last_used_at`, `uses_24h`, `uses_after_dead`.
+    """
     rows = conn.execute(
         select(credentials.c.key_id, credentials.c.state, credentials.c.fingerprint,
                credentials.c.created_at, credentials.c.expires_at, credentials.c.revoked_at,
                credentials.c.revoked_reason)
         .where(credentials.c.integration_id == integration_id)
         .order_by(credentials.c.id.desc()))
-    return [dict(r._mapping) for r in rows]
+    items = [dict(r._mapping) for r in rows]
+    usage = credential_usage(conn, items, now or datetime.now(UTC))
+    return [dict(item, **usage[item["key_id"]]) for item in items]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

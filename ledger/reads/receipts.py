@@ -230,6 +230,7 @@ def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, 
         .where(audit_log.c.scope == item["scope"],
                audit_log.c.target.in_([event_id, f"{item['scope']}:{event_id}"]))
         .order_by(audit_log.c.id.desc()).limit(50))]
+    item["deliveries"] = event_deliveries(conn, scope_id, event_id)
     job = conn.execute(select(jobs.c.status, jobs.c.run_at, jobs.c.leased_by,
                               jobs.c.leased_until, jobs.c.payload)
                        .where(jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).first()
@@ -250,6 +251,12 @@ def last_error_of(state: int, errors: list[str | None]) -> str | None:
     found = [error for error in errors if error]
     return found[-1] if found else None
 
+
+def event_deliveries(conn: Connection, scope_id: int, event_id: str) -> list[dict[str, Any]]:
+    """Return the delivery log's rows of one event (imported late: deliveries imports us)."""
+    from ledger.reads.deliveries import event_deliveries as read
+
+    return read(conn, scope_id, event_id)
 
 
 def payload_value(raw: str) -> Any:

@@ -59,10 +59,11 @@ class ScheduledJob:
 
 def default_jobs(settings: Settings) -> list[ScheduledJob]:
     """Return the ledger's scheduled jobs with their default periods."""
-    from jobs import retention, rollups, sweep
+    from jobs import delivery_log, retention, rollups, sweep
 
     jobs = [
         ScheduledJob(name="retention", period_seconds=3600, func=retention.run),
+        ScheduledJob(name="delivery_log_retention", period_seconds=600, func=delivery_log.run),
         ScheduledJob(name="sweep", period_seconds=60, func=sweep.run),
         ScheduledJob(name="rollups", period_seconds=60, func=rollups.run),
     ]

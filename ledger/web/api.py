@@ -12,6 +12,7 @@ from ledger.errors import NotFound
 from ledger.reads import BadCursor, Page
 from ledger.reads.admin import list_audit, list_conflicts, list_integrations, read_credentials
 from ledger.reads.capacity import measure
+from ledger.reads.deliveries import list_deliveries
 from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, payload_value, read_receipt
 from ledger.reads.work import read_failures, read_stuck_work
@@ -20,6 +21,7 @@ from ledger.web.filters import (
     BadFilter,
     account_of,
     audit_filter,
+    delivery_filter,
     page_size,
     receipt_filter,
     scope_id_of,
@@ -124,6 +126,7 @@ def receipt(public_id: str, event_id: str) -> Response:
     svc = services()
     with svc.engine.connect() as conn:
         _integration, item = read_receipt(conn, public_id, event_id)
+    item["deliveries"] = visible_deliveries(item["deliveries"])
     if not g.operator.can("oncall"):
         item.pop("payload", None)
     elif item.get("payload") is not None:
@@ -176,12 +179,29 @@ def integrations() -> Response:
     return _page(page)
 
 
-@bp.get("/integrations/<public_id>/credentials")
-def credentials(public_id: str) -> Response:
-    """An integration's credentials: states, fingerprints, dates; never a secret."""
+@bp.get("/deliveries")
+def deliveries() -> Response:
+    """The delivery log newest first; `reason` only for security and admin."""
     svc = services()
     with svc.engine.connect() as conn:
-        integration, rows = read_credentials(conn, public_id)
+        page = list_deliveries(conn, delivery_filter(conn, request.args), cursor=_cursor(),
+                               limit=page_size(request.args))
+    return _page(Page(items=visible_deliveries(page.items), next_cursor=page.next_cursor))
+
+
+def visible_deliveries(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Blank the refusal reasons for roles below security (CONTRACT section 7)."""
+    if g.operator.can("security"):
+        return items
+    return [dict(item, reason=None) for item in items]
+
+
+@bp.get("/integrations/<public_id>/credentials")
+def credentials(public_id: str) -> Response:
+    """An integration's credentials: states, fingerprints, dates, use; never a secret."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        integration, rows = read_credentials(conn, public_id, svc.clock.now())
     return jsonify(plain({"integration": public_id, "scope": integration.scope,
                           "credentials": rows}))
 

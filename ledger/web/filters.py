@@ -10,9 +10,10 @@ from sqlalchemy import Connection
 from ledger.access.integrations import get_integration, get_integration_by_scope
 from ledger.domain import ReceiptState
 from ledger.errors import NotFound
-from ledger.ids import EVENT_ID, EVENT_TYPE, INTEGRATION_ID, SLUG
+from ledger.ids import EVENT_ID, EVENT_TYPE, INTEGRATION_ID, KEY_ID, SLUG
 from ledger.reads.admin import AuditFilter
 from ledger.reads.cursor import EARLIEST_INSTANT, LATEST_INSTANT, in_instant_range
+from ledger.reads.deliveries import OUTCOMES, DeliveryFilter
 from ledger.reads.receipts import ReceiptFilter
 
 MAX_FIELD = 200
@@ -77,6 +78,23 @@ def receipt_filter(conn: Connection, args: Mapping[str, str]) -> ReceiptFilter:
                          state=ReceiptState(state) if state else None,
                          event_type=event_type or None, since=since, until=until,
                          prefix=prefix or None)
+
+
+def delivery_filter(conn: Connection, args: Mapping[str, str]) -> DeliveryFilter:
+    """Build a delivery log filter from request arguments, or raise BadFilter."""
+    key_id = (args.get("key_id") or "").strip()
+    if key_id and not KEY_ID.fullmatch(key_id):
+        raise BadFilter("key_id must look like key_ followed by 22 letters and digits")
+    outcome = (args.get("outcome") or "").strip()
+    if outcome and outcome not in OUTCOMES:
+        raise BadFilter(f"outcome must be one of {', '.join(OUTCOMES)}")
+    since, until = parse_time(args.get("since"), "since"), parse_time(args.get("until"), "until")
+    if since and until and since >= until:
+        raise BadFilter("since must be before until")
+    integration = (args.get("integration") or "").strip()
+    return DeliveryFilter(integration_id=scope_id_of(conn, integration),
+                          key_id=key_id or None, outcome=outcome or None,
+                          since=since, until=until)
 
 
 def _printable(value: str, label: str) -> str:

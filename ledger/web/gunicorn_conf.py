@@ -99,6 +99,13 @@ def child_exit(_server: Any, worker: Any) -> None:
     multiprocess.mark_process_dead(worker.pid)
 
 
+def worker_exit(_server: Any, worker: Any) -> None:
+    """Write the delivery log's buffer and counts before a worker exits (recycle or stop)."""
+    services = getattr(getattr(worker, "wsgi", None), "extensions", {}).get("ledger")
+    if services is not None:
+        services.delivery_log.close()
+
+
 def on_exit(_server: Any) -> None:
     """Remove the private metrics directory this master made."""
     for path in _PRIVATE_DIR:

@@ -35,6 +35,9 @@ from ledger.errors import (
     UnknownIntegration,
     UnreadableBody,
 )
+from ledger.ids import INTEGRATION_ID
+from ledger.intake.credential_view import IntegrationAuth
+from ledger.intake.delivery_log import Delivery
 from ledger.logs import event_ref, get_logger
 from ledger.services import Services
 from ledger.web.body_deadline import BodyReadTimeout
@@ -98,23 +101,56 @@ def environ_headers(environ: dict[str, Any]) -> dict[str, list[str]]:
     return headers
 
 
+@dataclass(slots=True)
+class _Seen:
+    """What the intake learned about a delivery before it answered (for the delivery log)."""
+
+    auth: IntegrationAuth | None = None
+    outcome: str = "internal"
+    reason: str | None = None
+    key_id: str | None = None
+    event_id: str | None = None
+    authenticated: bool = False
+
+
 def answer_delivery(svc: Services, public_id: str, environ: dict[str, Any]) -> HookAnswer:
     """Authenticate, validate and durably claim one delivery; answer after commit."""
+    seen = _Seen()
+    at = svc.clock.now()
+    answer = _answer(svc, public_id, environ, seen)
+    if svc.delivery_log.enabled:
+        integration = seen.auth.integration if seen.auth is not None else None
+        svc.delivery_log.record(Delivery(
+            at=at, integration_id=integration.id if integration else None,
+            public_id=public_id if INTEGRATION_ID.fullmatch(public_id) else None,
+            outcome=seen.outcome, http_status=answer.status, key_id=seen.key_id,
+            event_id=seen.event_id, client=environ.get("REMOTE_ADDR"), reason=seen.reason,
+            authenticated=seen.authenticated))
+    return answer
+
+
+def _answer(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen) -> HookAnswer:
+    """Run the pipeline and map its domain errors to the CONTRACT's answers."""
     try:
-        return _deliver(svc, public_id, environ)
+        return _deliver(svc, public_id, environ, seen)
     except UnknownIntegration:
+        seen.outcome, seen.reason = "unknown_integration", "no integration has this public id"
         metrics.DELIVERIES.labels("unknown_integration").inc()
         return HookAnswer(404, {"error": "unknown_integration"})
     except AuthenticationFailed as failure:
+        seen.outcome, seen.reason, seen.key_id = "unauthenticated", failure.reason, failure.key_id
         metrics.DELIVERIES.labels("unauthenticated").inc()
         metrics.AUTH_FAILURES.labels(failure.reason).inc()
         return HookAnswer(401, {"error": "unauthenticated"})
     except InvalidEvent as invalid:
+        seen.outcome, seen.reason, seen.key_id = "invalid_event", invalid.detail, invalid.key_id
+        seen.authenticated = invalid.key_id is not None
         metrics.DELIVERIES.labels("invalid_event").inc()
         # A body that could not be read leaves the stream in an unknown place.
         close = [("Connection", "close")] if isinstance(invalid, UnreadableBody) else []
         return HookAnswer(400, {"error": "invalid_event", "detail": invalid.detail}, close)
-    except BodyTooLarge:
+    except BodyTooLarge as large:
+        seen.outcome, seen.reason = "body_too_large", f"body over {large.limit} bytes"
         metrics.DELIVERIES.labels("body_too_large").inc()
         # The rest of the body was never read: the connection cannot be reused.
         return HookAnswer(413, {"error": "body_too_large"}, [("Connection", "close")])
@@ -125,11 +161,14 @@ def answer_delivery(svc: Services, public_id: str, environ: dict[str, Any]) -> H
         # The sender stopped sending: the rest of its body is never read.
         return HookAnswer(408, {"error": "request_timeout"}, [("Connection", "close")])
     except StorageUnavailable as error:
+        seen.outcome, seen.reason = "unavailable", str(error)
         return _unavailable(str(error), public_id)
     except Exception as error:
         if is_unavailable(error):
+            seen.outcome, seen.reason = "unavailable", type(error).__name__
             return _unavailable(type(error).__name__, public_id)
         # Log the class only: messages of driver errors can quote bound parameters.
+        seen.reason = type(error).__name__
         web_log.error("request.failed", error_class=type(error).__name__,
                       path=PREFIX + public_id)
         return HookAnswer(500, {"error": "internal"})
@@ -142,10 +181,10 @@ def _unavailable(reason: str, public_id: str) -> HookAnswer:
     return HookAnswer(503, {"error": "unavailable"}, [("Retry-After", RETRY_AFTER_SECONDS)])
 
 
-def _deliver(svc: Services, public_id: str, environ: dict[str, Any]) -> HookAnswer:
-    """The pipeline with domain errors raised (answer_delivery maps them)."""
+def _deliver(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen) -> HookAnswer:
+    """The pipeline with domain errors raised (_answer maps them)."""
     started = time.perf_counter()
-    auth = svc.intake.lookup(public_id)
+    auth = seen.auth = svc.intake.lookup(public_id)
     limit = svc.settings.max_body_bytes
     if auth is not None and auth.integration.max_body_bytes:
         limit = auth.integration.max_body_bytes
@@ -163,6 +202,8 @@ def _deliver(svc: Services, public_id: str, environ: dict[str, Any]) -> HookAnsw
         raise
     elapsed = time.perf_counter() - started
     outcome = answer.outcome
+    seen.outcome, seen.key_id, seen.authenticated = outcome, answer.key_id, True
+    seen.event_id = answer.event_id
     metrics.DELIVERIES.labels(outcome).inc()
     metrics.INTAKE_LATENCY.observe(elapsed)
     log.info("delivery." + outcome, outcome=outcome, scope=answer.scope,

@@ -71,8 +71,26 @@ _CREDENTIAL = _record(
     state={"type": "string", "enum": ["active", "retiring", "revoked", "expired"]},
     created_at=_STRING, expires_at=_OPT_STRING, revoked_at=_OPT_STRING,
     revoked_reason=_OPT_STRING, fingerprint={"type": "string", "pattern": "^hmac:[0-9a-f]{16}$"},
-    last_used_at=_OPT_STRING)
-_CREDENTIAL["required"] = [k for k in _CREDENTIAL["required"] if k != "last_used_at"]
+    last_used_at=_OPT_STRING, uses_24h=_INT, uses_after_dead=_INT, uses_capped=_BOOL)
+# The delivery log (CONTRACT section 7): never a body, signature or secret (closed);
+# `reason` is null for roles below security; `count` > 1 on a row that counts refusals
+# over the log's per-integration rate.
+_DELIVERY = _record(
+    closed=True, at=_STRING, integration=_OPT_STRING, scope=_OPT_STRING,
+    outcome={"type": "string", "enum": ["accepted", "duplicate", "conflict", "unauthenticated",
+                                        "invalid_event", "body_too_large",
+                                        "unknown_integration", "unavailable", "internal"]},
+    http_status=_INT, key_id={"type": "string", "nullable": True,
+                              "pattern": "^key_[0-9A-Za-z]{22}$"},
+    event_id=_OPT_STRING, client=_OPT_STRING, reason=_OPT_STRING,
+    count={"type": "integer", "minimum": 1})
+_DELIVERY_FILTERS = [
+    ("integration", "`account/integration` or an integration id (`in_…`)"),
+    ("key_id", "the credential whose signature matched (`key_…`)"),
+    ("outcome", "accepted, duplicate, conflict, unauthenticated, invalid_event, "
+                "body_too_large, unknown_integration, unavailable, internal"),
+    ("since", "ISO 8601, UTC when no offset"), ("until", "ISO 8601, exclusive"),
+    ("limit", "1-200, default 50"), ("cursor", "next_cursor of the previous page")]
 _RECEIPT_FILTERS = [
     ("scope", "`account/integration` or an integration id (`in_…`)"),
     ("state", "pending, complete or failed"), ("event_type", "exact event type"),
@@ -223,7 +241,7 @@ def _api() -> dict[str, Any]:
     receipt = {**_RECEIPT, "properties": {
         **_RECEIPT["properties"], "body_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
         "attempt_rows": _list(attempt), "last_error": _OPT_STRING,
-        "conflicts": _list(_CONFLICT),
+        "conflicts": _list(_CONFLICT), "deliveries": _list(_DELIVERY),
         "audit": _list(_record(id=_INT, at=_STRING, actor=_STRING, role=_STRING,
                                action=_STRING, reason=_OPT_STRING)),
         "job": {**_record(status=_INT, run_at=_STRING, leased_by=_OPT_STRING,
@@ -231,7 +249,7 @@ def _api() -> dict[str, Any]:
         # Any JSON value for oncall and up (text when the stored body is not strict JSON).
         "payload": {"nullable": True}},
         "required": [*_RECEIPT["required"], "body_sha256", "attempt_rows", "last_error",
-                     "conflicts", "audit", "job"]}
+                     "conflicts", "deliveries", "audit", "job"]}
     pending = {**_RECEIPT, "properties": {**_RECEIPT["properties"], "age_seconds": _NUMBER},
                "required": [*_RECEIPT["required"], "age_seconds"]}
     overdue = _record(scope=_STRING, integration=_STRING, event_id=_STRING,
@@ -268,6 +286,9 @@ def _api() -> dict[str, Any]:
         "/api/v1/integrations/{integration}/credentials": _read(
             "An integration's credentials (never a secret)", credentials,
             path_params=("integration",)),
+        "/api/v1/deliveries": _read(
+            "The delivery log, newest first: every request to /hooks/, refusals included",
+            _page_of(_DELIVERY), _DELIVERY_FILTERS),
         "/api/v1/audit": _read("Audit rows, newest first", _page_of(_AUDIT_ROW), audit_params),
         "/api/v1/audit/verify": _read("Hash-chain verification", verify),
         "/api/v1/capacity": _read("Capacity equation inputs and projection", capacity),

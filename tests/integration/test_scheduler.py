@@ -69,8 +69,8 @@ def test_build_scheduler_registers_every_job_with_overrides_and_scale(app):
                                 period_scale=0.5)
     assert isinstance(scheduler, BlockingScheduler)
     periods = {j.id: j.trigger.interval.total_seconds() for j in scheduler.get_jobs()}
-    assert periods == {"retention": 1800, "sweep": 5, "credential_expiry": 30,
-                       "revocation_propagation": 15}
+    assert periods == {"retention": 1800, "delivery_log_retention": 300, "sweep": 5,
+                       "credential_expiry": 30, "revocation_propagation": 15}
     assert isinstance(build_scheduler(svc, background=True), BackgroundScheduler)
 
 

@@ -63,6 +63,7 @@ def live(request, tmp_path_factory):  # type: ignore[no-untyped-def]
             create_operator(conn, actor, username="pager", role="oncall",
                             password="pager-password-123", now=datetime.now(UTC))
             TOKENS["oncall"] = issue_token(conn, actor, "pager", now=datetime.now(UTC)).token
+        app.extensions["ledger"].delivery_log.flush(everything=True)  # rows for /deliveries
         with thread_server(app) as base_url:
             yield base_url, sender, token
     finally:

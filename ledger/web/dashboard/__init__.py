@@ -100,6 +100,7 @@ def register_dashboard(app: Flask) -> None:
         actions,
         admin,
         connect,
+        deliveries,
         drill_page,
         evidence,
         export,

@@ -173,7 +173,7 @@ def credentials_page(public_id: str) -> Response:
     svc = services()
     try:
         with svc.engine.connect() as conn:
-            integration, rows = read_credentials(conn, public_id)
+            integration, rows = read_credentials(conn, public_id, svc.clock.now())
     except NotFound:
         abort(404)
     return render("credentials.html", "partials/_credentials.html", integration=integration,

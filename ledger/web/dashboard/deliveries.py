@@ -1,0 +1,37 @@
+"""The Deliveries page: the delivery log, filtered and keyset-paged; reasons for security."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Response, g, request
+
+from ledger.reads import BadCursor
+from ledger.reads.deliveries import OUTCOMES, list_deliveries
+from ledger.web.auth import requires, services
+from ledger.web.dashboard import bp, render
+from ledger.web.filters import BadFilter, delivery_filter, page_size
+
+
+def deliveries_context(args: Any) -> dict[str, Any]:
+    """Run the delivery log query for the request's filters; errors become a message."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        try:
+            page = list_deliveries(conn, delivery_filter(conn, args),
+                                   cursor=args.get("cursor") or None, limit=page_size(args))
+        except (BadFilter, BadCursor) as error:
+            return {"error": str(error), "page": None}
+    if not g.operator.can("security"):
+        page.items[:] = [dict(item, reason=None) for item in page.items]
+    return {"error": None, "page": page}
+
+
+@bp.get("/deliveries")
+@requires("viewer")
+def deliveries_page() -> Response:
+    """Every request to /hooks/: accepted, duplicate, conflict and each refusal, with its key."""
+    context = deliveries_context(request.args)
+    return render("deliveries.html", "partials/_deliveries.html",
+                  status=400 if context["error"] else 200, args=request.args,
+                  outcomes=OUTCOMES, log_on=services().settings.delivery_log, **context)

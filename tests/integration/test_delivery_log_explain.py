@@ -1,0 +1,66 @@
+"""EXPLAIN on PostgreSQL: the delivery log's reads use their indexes, never a sequential scan."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from ledger.config import Settings
+from ledger.db.engine import make_engine
+from ledger.reads.deliveries import DeliveryFilter, deliveries_stmt, event_deliveries_stmt
+from tests.integration.test_dashboard_explain import _plan
+
+pytestmark = pytest.mark.postgres_only
+
+ROWS = 100_000
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+KEY = "key_" + "0" * 21 + "7"
+
+
+@pytest.fixture(scope="module")
+def big_log(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Any:
+    """A PostgreSQL delivery log of 100k rows over 50 integrations and 500 keys, analysed."""
+    from tests.conftest import _pg_database
+
+    admin = request.getfixturevalue("pg_admin_url")
+    template = request.getfixturevalue("pg_template")
+    if admin is None or template is None:
+        pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
+    for url in _pg_database(admin, template):
+        engine = make_engine(Settings(database_url=url, var_dir=tmp_path_factory.mktemp("x")))
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO deliveries (at, integration_id, public_id, outcome, http_status,"
+                " key_id, event_id, client, reason, count)"
+                " SELECT :now - make_interval(secs => :n - g), 1 + g % 50, NULL,"
+                " CASE WHEN g % 10 = 0 THEN 'unauthenticated' ELSE 'accepted' END,"
+                " CASE WHEN g % 10 = 0 THEN 401 ELSE 202 END,"
+                " 'key_' || lpad((g % 500)::text, 22, '0'), 'evt_' || g, '10.0.0.1', NULL, 1"
+                " FROM generate_series(1, :n) g"), {"now": NOW, "n": ROWS})
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("ANALYZE deliveries"))
+        yield engine
+        engine.dispose()
+
+
+def _uses_index(plan: str, index: str) -> None:
+    assert index in plan, plan
+    assert "Seq Scan on deliveries" not in plan, plan
+
+
+def test_delivery_lists_use_their_indexes(big_log: Engine) -> None:
+    later = (NOW - timedelta(hours=3), 5)
+    _uses_index(_plan(big_log, deliveries_stmt(DeliveryFilter(), None, 51)), "ix_deliveries_at")
+    _uses_index(_plan(big_log, deliveries_stmt(DeliveryFilter(outcome="unauthenticated"),
+                                               later, 51)), "ix_deliveries_at")
+    _uses_index(_plan(big_log, deliveries_stmt(DeliveryFilter(integration_id=7), later, 51)),
+                "ix_deliveries_integration")
+    _uses_index(_plan(big_log, deliveries_stmt(DeliveryFilter(key_id=KEY), None, 51)),
+                "ix_deliveries_key")
+
+
+def test_an_events_deliveries_use_the_event_index(big_log: Engine) -> None:
+    _uses_index(_plan(big_log, event_deliveries_stmt(3, "evt_1002")), "ix_deliveries_event")
