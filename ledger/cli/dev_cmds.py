@@ -9,15 +9,31 @@ from werkzeug.serving import run_simple
 
 from ledger.cli import ledger_cli
 from ledger.cli.common import current_flask_app, services
+from ledger.scheduling.instances import InstanceKind, beat_interval, registered
 from ledger.services import Services
+
+
+def _registered_worker(svc: Services, stop: threading.Event) -> None:
+    """Run a worker registered as a worker instance until `stop` is set."""
+    from ledger.worker.loop import run_worker
+
+    interval = beat_interval(svc.settings.revocation_bound_seconds)
+    with registered(svc.engine, svc.clock, InstanceKind.WORKER, interval=interval) as me:
+        run_worker(svc, stop=stop, worker_id=me.instance_id)
+
+
+def _registered_scheduler(svc: Services, stop: threading.Event) -> None:
+    """Run the scheduled jobs registered as a scheduler instance until `stop` is set."""
+    from ledger.scheduling.runner import run_scheduler
+
+    interval = beat_interval(svc.settings.revocation_bound_seconds)
+    with registered(svc.engine, svc.clock, InstanceKind.SCHEDULER, interval=interval) as me:
+        run_scheduler(svc, stop=stop, instance_id=me.instance_id)
 
 
 def _start_worker(svc: Services, stop: threading.Event) -> threading.Thread:
     """Run a worker in a daemon thread until `stop` is set."""
-    from ledger.worker.loop import run_worker
-
-    thread = threading.Thread(target=run_worker, args=(svc,),
-                              kwargs={"stop": stop, "worker_id": "dev-worker"},
+    thread = threading.Thread(target=_registered_worker, args=(svc, stop),
                               name="ledger-worker", daemon=True)
     thread.start()
     return thread
@@ -25,9 +41,7 @@ def _start_worker(svc: Services, stop: threading.Event) -> threading.Thread:
 
 def _start_scheduler(svc: Services, stop: threading.Event) -> threading.Thread:
     """Run the scheduled jobs in a daemon thread until `stop` is set."""
-    from ledger.scheduling.runner import run_scheduler
-
-    thread = threading.Thread(target=run_scheduler, args=(svc,), kwargs={"stop": stop},
+    thread = threading.Thread(target=_registered_scheduler, args=(svc, stop),
                               name="ledger-scheduler", daemon=True)
     thread.start()
     return thread
@@ -38,10 +52,9 @@ def _start_scheduler(svc: Services, stop: threading.Event) -> threading.Thread:
 @click.option("--port", default=5000, show_default=True, type=int)
 def dev(host: str, port: int) -> None:
     """Serve the dashboard and intake with a worker and the scheduler in one process."""
-    svc = services()
+    svc = services(serving=True)
     stop = threading.Event()
-    _start_worker(svc, stop)
-    _start_scheduler(svc, stop)
+    threads = [_start_worker(svc, stop), _start_scheduler(svc, stop)]
     click.echo(f"Replay Ledger on http://{host}:{port}/  (dashboard: /login, "
                f"intake: POST /hooks/<integration id>, health: /healthz)")
     try:
@@ -49,3 +62,7 @@ def dev(host: str, port: int) -> None:
                    threaded=True, use_reloader=False)
     finally:
         stop.set()
+        for thread in threads:  # each deregisters its instance on the way out
+            thread.join(timeout=10)
+        if svc.heartbeat is not None:
+            svc.heartbeat.stop()
