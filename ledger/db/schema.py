@@ -354,3 +354,17 @@ hourly_series = Table(
     Column("failed", BigInteger, nullable=False),
     Column("refreshed_at", UTCDateTime, nullable=False),
 )
+
+# Failure groups an operator acknowledged or muted (ledger.worker.failure_review); a
+# group's id is a digest of its event type and error signature (ledger.reads.groups).
+failure_groups = Table(
+    "failure_groups",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("event_type", Text, nullable=False),
+    Column("signature", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("note", Text, nullable=False),
+    Column("updated_by", Text, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
