@@ -91,7 +91,13 @@ def query_without(*names: str) -> str:
 def register_dashboard(app: Flask) -> None:
     """Install security (sessions, CSRF), the dashboard pages and the JSON API."""
     from ledger.web import api, openapi
-    from ledger.web.dashboard import actions, admin, pages  # noqa: F401  (routes on import)
+    from ledger.web.dashboard import (  # noqa: F401  (routes on import)
+        actions,
+        admin,
+        groups,
+        pages,
+        search,
+    )
 
     init_security(app)
     app.jinja_env.filters["ago"] = ago
