@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import threading
+from types import FrameType
 
 import click
 from werkzeug.serving import run_simple
@@ -47,6 +49,11 @@ def _start_scheduler(svc: Services, stop: threading.Event) -> threading.Thread:
     return thread
 
 
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    """Stop serving on SIGTERM as on Ctrl-C, so that every instance deregisters."""
+    raise KeyboardInterrupt
+
+
 @ledger_cli.command("dev")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=5000, show_default=True, type=int)
@@ -57,6 +64,8 @@ def dev(host: str, port: int) -> None:
     threads = [_start_worker(svc, stop), _start_scheduler(svc, stop)]
     click.echo(f"Replay Ledger on http://{host}:{port}/  (dashboard: /login, "
                f"intake: POST /hooks/<integration id>, health: /healthz)")
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         run_simple(host, port, current_flask_app(),
                    threaded=True, use_reloader=False)
