@@ -92,10 +92,10 @@ class FailureGroups:
 
 def _scan(conn: Connection, f: ReceiptFilter, limit: int) -> list[Any]:
     """Return the newest failures matching the filter with their last error."""
-    return conn.execute(newest_first(
+    return list(conn.execute(newest_first(
         select(receipts.c.scope_id, receipts.c.event_id, receipts.c.event_type,
                receipts.c.accepted_at, receipts.c.completed_at, _last_error())
-        .where(*filter_terms(failures_filter(f)))).limit(limit)).all()
+        .where(*filter_terms(failures_filter(f)))).limit(limit)).all())
 
 
 def read_groups(conn: Connection, f: ReceiptFilter, *, scan: int = GROUP_SCAN) -> FailureGroups:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from flask import Response, redirect, request, url_for
+from flask import redirect, request, url_for
+from werkzeug.wrappers import Response
 
 from ledger.reads.search import Hit, search
 from ledger.web.auth import requires, services
