@@ -163,6 +163,7 @@ def test_an_account_filter_and_the_failure_groups_stay_on_indexes(big_ledger: En
 
         def __init__(self, conn: Any) -> None:
             self.conn = conn
+            self.dialect = conn.dialect
 
         def execute(self, stmt: Any, *args: Any) -> Any:
             statements.append(stmt)
