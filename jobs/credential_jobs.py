@@ -19,7 +19,12 @@ from ledger.config import Settings
 from ledger.db.schema import credentials, findings
 from ledger.domain import CredentialState
 from ledger.logs import get_logger
-from ledger.scheduling.instances import Instance, live_instances, prune_instances
+from ledger.scheduling.instances import (
+    Instance,
+    InstanceKind,
+    live_instances,
+    prune_instances,
+)
 
 log = get_logger("ledger.jobs.credentials")
 REVOCATION_LAG = "revocation_lag"
@@ -50,13 +55,17 @@ def lagging(instance: Instance, revoked_at: datetime) -> bool:
 
 
 def check_revocation_propagation(engine: Engine, settings: Settings, clock: Clock) -> int:
-    """Flag every live instance still on a view older than the newest revocation + bound."""
+    """Flag every live web instance still on a view older than the newest revocation + bound.
+
+    Dead instances (no beat within the bound) are not flagged: they serve nothing.
+    Workers and schedulers are not either: they verify no signature, hold no view.
+    """
     now = clock.now()
     bound = settings.revocation_bound_seconds
     with engine.begin() as conn:
         prune_instances(conn, silent_since=now - INSTANCE_MEMORY)
         # "Live" = beat within the bound; a beat is due every quarter of it.
-        live = live_instances(conn, now=now, within_seconds=bound)
+        live = live_instances(conn, now=now, within_seconds=bound, kind=InstanceKind.WEB)
         revoked_at = latest_revocation(conn)
         flagged: list[Instance] = []
         if revoked_at is not None and now >= revoked_at + timedelta(seconds=bound):

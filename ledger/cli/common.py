@@ -18,9 +18,17 @@ from ledger.services import Services
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 
 
-def services() -> Services:
-    """Return the current app's services."""
+def services(*, serving: bool = False) -> Services:
+    """Return the current app's services.
+
+    A CLI command does not serve HTTP, so its process never registers as a web
+    instance, not even when it posts through a test client (`ledger demo seed`):
+    it would stay listed, as a lagging instance, after the command exits. Only
+    `ledger dev`, which serves, passes `serving=True`.
+    """
     svc: Services = current_app.extensions["ledger"]
+    if not serving and svc.heartbeat is not None:
+        svc.heartbeat.disable()
     return svc
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import threading
+from types import FrameType
 
 import click
 from werkzeug.serving import run_simple
@@ -10,17 +12,33 @@ from werkzeug.serving import run_simple
 from ledger.cli import ledger_cli
 from ledger.cli.common import current_flask_app, services
 from ledger.cli.demo_cmds import password_line, seed_demo
+from ledger.scheduling.instances import InstanceKind, beat_interval, registered
 from ledger.services import Services
 
 ANNOUNCE_AFTER_SECONDS = 3.0
 
 
-def _start_worker(svc: Services, stop: threading.Event) -> threading.Thread:
-    """Run a worker in a daemon thread until `stop` is set."""
+def _registered_worker(svc: Services, stop: threading.Event) -> None:
+    """Run a worker registered as a worker instance until `stop` is set."""
     from ledger.worker.loop import run_worker
 
-    thread = threading.Thread(target=run_worker, args=(svc,),
-                              kwargs={"stop": stop, "worker_id": "dev-worker"},
+    interval = beat_interval(svc.settings.revocation_bound_seconds)
+    with registered(svc.engine, svc.clock, InstanceKind.WORKER, interval=interval) as me:
+        run_worker(svc, stop=stop, worker_id=me.instance_id)
+
+
+def _registered_scheduler(svc: Services, stop: threading.Event) -> None:
+    """Run the scheduled jobs registered as a scheduler instance until `stop` is set."""
+    from ledger.scheduling.runner import run_scheduler
+
+    interval = beat_interval(svc.settings.revocation_bound_seconds)
+    with registered(svc.engine, svc.clock, InstanceKind.SCHEDULER, interval=interval) as me:
+        run_scheduler(svc, stop=stop, instance_id=me.instance_id)
+
+
+def _start_worker(svc: Services, stop: threading.Event) -> threading.Thread:
+    """Run a worker in a daemon thread until `stop` is set."""
+    thread = threading.Thread(target=_registered_worker, args=(svc, stop),
                               name="ledger-worker", daemon=True)
     thread.start()
     return thread
@@ -28,12 +46,15 @@ def _start_worker(svc: Services, stop: threading.Event) -> threading.Thread:
 
 def _start_scheduler(svc: Services, stop: threading.Event) -> threading.Thread:
     """Run the scheduled jobs in a daemon thread until `stop` is set."""
-    from ledger.scheduling.runner import run_scheduler
-
-    thread = threading.Thread(target=run_scheduler, args=(svc,), kwargs={"stop": stop},
+    thread = threading.Thread(target=_registered_scheduler, args=(svc, stop),
                               name="ledger-scheduler", daemon=True)
     thread.start()
     return thread
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    """Stop serving on SIGTERM as on Ctrl-C, so that every instance deregisters."""
+    raise KeyboardInterrupt
 
 
 @ledger_cli.command("dev")
@@ -43,13 +64,14 @@ def _start_scheduler(svc: Services, stop: threading.Event) -> threading.Thread:
               help="Seed the demo first; print the admin's password last, after startup.")
 def dev(host: str, port: int, demo: bool) -> None:
     """Serve the dashboard and intake with a worker and the scheduler in one process."""
-    svc = services()
+    svc = services(serving=True)
     password = seed_demo() if demo else None
     stop = threading.Event()
-    _start_worker(svc, stop)
-    _start_scheduler(svc, stop)
+    threads = [_start_worker(svc, stop), _start_scheduler(svc, stop)]
     click.echo(f"Replay Ledger on http://{host}:{port}/  (dashboard: /login, "
                f"intake: POST /hooks/<integration id>, health: /healthz)")
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     if password:
         # After the startup burst of worker and scheduler log lines, so it is not buried.
         announce = threading.Timer(ANNOUNCE_AFTER_SECONDS, click.echo,
@@ -62,3 +84,7 @@ def dev(host: str, port: int, demo: bool) -> None:
                    threaded=True, use_reloader=False)
     finally:
         stop.set()
+        for thread in threads:  # each deregisters its instance on the way out
+            thread.join(timeout=10)
+        if svc.heartbeat is not None:
+            svc.heartbeat.stop()

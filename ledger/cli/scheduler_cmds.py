@@ -15,11 +15,14 @@ from ledger.db.engine import storage_guard
 def scheduler_command(instance_id: str | None) -> None:
     """Run the scheduled jobs until stopped (any number of instances; each job runs once
     per period across all of them)."""
+    from ledger.scheduling.instances import InstanceKind, beat_interval, registered
     from ledger.scheduling.runner import run_scheduler
 
     svc = services()  # periods: LEDGER_SCHEDULER_PERIODS / _PERIOD_SCALE, read at start
     click.echo("scheduler running; stop with Ctrl-C or SIGTERM", err=True)
-    run_scheduler(svc, instance_id=instance_id)
+    interval = beat_interval(svc.settings.revocation_bound_seconds)
+    with registered(svc.engine, svc.clock, InstanceKind.SCHEDULER, interval=interval) as me:
+        run_scheduler(svc, instance_id=instance_id or me.instance_id)
 
 
 @ledger_cli.command("purge")

@@ -12,6 +12,7 @@ import click
 from ledger.cli import ledger_cli
 from ledger.cli.common import services
 from ledger.logs import get_logger
+from ledger.scheduling.instances import InstanceKind, beat_interval, registered
 from ledger.worker.loop import run_worker
 
 log = get_logger("ledger.worker")
@@ -42,8 +43,12 @@ def worker(burst: bool, concurrency: int) -> None:
     svc = services()
     stop = threading.Event()
     previous = _install_stop_signals(stop)
+    interval = beat_interval(svc.settings.revocation_bound_seconds)
     try:
-        processed = run_worker(svc, burst=burst, concurrency=concurrency, stop=stop)
+        # Registered while it runs, under the id its leases carry (leased_by).
+        with registered(svc.engine, svc.clock, InstanceKind.WORKER, interval=interval) as me:
+            processed = run_worker(svc, burst=burst, concurrency=concurrency, stop=stop,
+                                   worker_id=me.instance_id)
     except ValueError as error:  # a bad LEDGER_HANDLER_MODULES entry, for instance
         raise click.UsageError(str(error)) from None
     finally:

@@ -403,3 +403,17 @@ Index("ix_deliveries_key", deliveries.c.key_id, deliveries.c.at,
 Index("ix_deliveries_event", deliveries.c.integration_id, deliveries.c.event_id,
       postgresql_where=deliveries.c.event_id.is_not(None),
       sqlite_where=deliveries.c.event_id.is_not(None))
+
+# Failure groups an operator acknowledged or muted (ledger.worker.failure_review); a
+# group's id is a digest of its event type and error signature (ledger.reads.groups).
+failure_groups = Table(
+    "failure_groups",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("event_type", Text, nullable=False),
+    Column("signature", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("note", Text, nullable=False),
+    Column("updated_by", Text, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)

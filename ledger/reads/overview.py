@@ -12,13 +12,15 @@ from ledger.db.schema import (
     conflicts,
     hourly_series,
     instances,
+    jobs,
     receipts,
     scheduler_runs,
     scope_counts,
 )
-from ledger.domain import ReceiptState
+from ledger.domain import JobStatus, ReceiptState
 from ledger.reads.admin import list_integrations
 from ledger.reads.cursor import Page
+from ledger.scheduling.instances import InstanceKind
 
 HEADLINE_CAP = 100_000
 SERIES_HOURS = 48
@@ -32,15 +34,28 @@ class Overview:
     headline: dict[str, Any]
     scopes: Page
     rollups_refreshed_at: datetime | None  # the age of the scopes' counts
-    instances: list[dict[str, Any]]
+    instances: list[dict[str, Any]]  # each with `live`: a beat within the bound
+    live_counts: dict[str, int]  # live instances per kind: web, worker, scheduler
+    work_due: bool  # a queued job is due now
     scheduler_runs: list[dict[str, Any]]
 
+    @property
+    def no_live_worker(self) -> bool:
+        """Tell whether work is due and no worker is alive to take it (the banner)."""
+        return self.work_due and not self.live_counts.get(InstanceKind.WORKER, 0)
 
-def read_overview(conn: Connection, now: datetime, *, cursor: str | None = None) -> Overview:
-    """Return the overview with one page of scopes (BadCursor for a cursor we did not make)."""
+
+def read_overview(conn: Connection, now: datetime, *, live_within: float,
+                  cursor: str | None = None) -> Overview:
+    """Return the overview with one page of scopes (BadCursor for a cursor we did not make).
+
+    An instance is live when its heartbeat is at most `live_within` seconds old.
+    """
     scopes, refreshed = scope_rows(conn, now, cursor=cursor)
+    rows = instance_rows(conn, now, live_within=live_within)
     return Overview(headline=headline(conn, now), scopes=scopes, rollups_refreshed_at=refreshed,
-                    instances=instance_rows(conn, now), scheduler_runs=last_runs(conn))
+                    instances=rows, live_counts=live_counts(rows),
+                    work_due=work_due(conn, now), scheduler_runs=last_runs(conn))
 
 
 def _capped_count(conn: Connection, stmt: Any) -> int:
@@ -94,17 +109,35 @@ def scope_rows(conn: Connection, now: datetime, *, cursor: str | None = None,
     return page, refreshed
 
 
-def instance_rows(conn: Connection, now: datetime) -> list[dict[str, Any]]:
-    """Return the most recently alive instances with heartbeat age and credential lag."""
+def instance_rows(conn: Connection, now: datetime, *,
+                  live_within: float) -> list[dict[str, Any]]:
+    """Return the most recently alive instances with heartbeat age, liveness and key lag."""
     rows = conn.execute(select(instances).order_by(instances.c.heartbeat_at.desc())
                         .limit(INSTANCE_LIMIT))
     items = []
     for r in rows:
         lag = (now - r.credentials_refreshed_at).total_seconds() \
             if r.credentials_refreshed_at else None
-        items.append(dict(r._mapping, heartbeat_age_seconds=(now - r.heartbeat_at)
-                          .total_seconds(), refresh_lag_seconds=lag))
+        age = (now - r.heartbeat_at).total_seconds()
+        items.append(dict(r._mapping, heartbeat_age_seconds=age, refresh_lag_seconds=lag,
+                          live=age <= live_within))
     return items
+
+
+def live_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Count the live instances per kind (every kind present, zero included)."""
+    counts = {kind.value: 0 for kind in InstanceKind}
+    for row in rows:
+        if row["live"]:
+            counts[row["kind"]] = counts.get(row["kind"], 0) + 1
+    return counts
+
+
+def work_due(conn: Connection, now: datetime) -> bool:
+    """Tell whether a queued job is due (the partial due-jobs index, one row)."""
+    return conn.execute(select(jobs.c.run_at).where(
+        jobs.c.status == JobStatus.QUEUED.value, jobs.c.run_at <= now).limit(1)).first() \
+        is not None
 
 
 def last_runs(conn: Connection) -> list[dict[str, Any]]:

@@ -40,6 +40,8 @@ class ReceiptFilter:
     """What an operator asked to see; every field optional."""
 
     scope_id: int | None = None
+    # Several scopes: every integration of one account (`scope_id IN (...)`, the primary key).
+    scope_ids: tuple[int, ...] | None = None
     state: ReceiptState | None = None
     event_type: str | None = None
     since: datetime | None = None
@@ -52,6 +54,8 @@ def filter_terms(f: ReceiptFilter) -> list[ColumnElement[bool]]:
     terms: list[ColumnElement[bool]] = []
     if f.scope_id is not None:
         terms.append(receipts.c.scope_id == f.scope_id)
+    if f.scope_ids is not None:
+        terms.append(receipts.c.scope_id.in_(f.scope_ids))
     if f.state is not None:
         terms.append(receipts.c.state == f.state.code)
         if f.state is not ReceiptState.COMPLETE:
@@ -160,6 +164,8 @@ def _list_by_prefix(conn: Connection, f: ReceiptFilter, cursor: str | None,
     key = None if cursor is None else decode_cursor(cursor, (str, int))
     if f.scope_id is not None:
         scope_ids = [f.scope_id]
+    elif f.scope_ids is not None:
+        scope_ids = list(f.scope_ids)
     else:
         scope_ids = list(conn.execute(select(integrations.c.id)).scalars())
     if not scope_ids:

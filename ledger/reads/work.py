@@ -44,7 +44,7 @@ def _last_error() -> Label[Any]:
 
 def failures_filter(f: ReceiptFilter) -> ReceiptFilter:
     """Return the filter restricted to failed receipts."""
-    return ReceiptFilter(scope_id=f.scope_id, state=ReceiptState.FAILED,
+    return ReceiptFilter(scope_id=f.scope_id, scope_ids=f.scope_ids, state=ReceiptState.FAILED,
                          event_type=f.event_type, since=f.since, until=f.until)
 
 
@@ -133,8 +133,14 @@ def open_findings(conn: Connection, limit: int = STUCK_LIMIT) -> list[dict[str, 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StuckWork:
-    """Receipts pending past the threshold, overdue jobs and open findings."""
+    """Stuck work with its reason, retrying work apart from it, and open findings.
 
+    `pending` and `overdue_jobs` are the older, reason-less lists the API keeps.
+    """
+
+    stuck: list[dict[str, Any]]  # each with `reason` (ledger.reads.stuck)
+    retrying: list[dict[str, Any]]  # attempt n of N, next attempt, last error
+    live_workers: int
     pending: list[dict[str, Any]]
     overdue_jobs: list[dict[str, Any]]
     findings: list[dict[str, Any]]
@@ -142,12 +148,24 @@ class StuckWork:
     grace_seconds: int  # a job due longer than this is overdue
 
 
-def read_stuck_work(conn: Connection, now: datetime, *, threshold_seconds: float) -> StuckWork:
-    """Return what on-call looks at first: stuck receipts, overdue jobs, open findings."""
-    return StuckWork(pending=stuck_pending(conn, now, threshold_seconds),
-                     overdue_jobs=overdue_jobs(conn, now, STUCK_GRACE_SECONDS),
+def read_stuck_work(conn: Connection, now: datetime, *, threshold_seconds: float,
+                    max_attempts: int = 8, live_within: float = 30) -> StuckWork:
+    """Return what on-call looks at first: stuck work and why, retrying work, findings."""
+    from ledger.reads import stuck
+
+    workers = stuck.live_workers(conn, now, within_seconds=live_within)
+    grace = STUCK_GRACE_SECONDS
+    stuck_items = (stuck.stuck_jobs(conn, now, grace_seconds=grace, max_attempts=max_attempts,
+                                    worker_alive=workers > 0)
+                   + stuck.pending_without_job(conn, now, grace_seconds=grace))
+    return StuckWork(stuck=stuck_items,
+                     retrying=stuck.retrying_jobs(conn, now, grace_seconds=grace,
+                                                  max_attempts=max_attempts),
+                     live_workers=workers,
+                     pending=stuck_pending(conn, now, threshold_seconds),
+                     overdue_jobs=overdue_jobs(conn, now, grace),
                      findings=open_findings(conn), threshold_seconds=threshold_seconds,
-                     grace_seconds=STUCK_GRACE_SECONDS)
+                     grace_seconds=grace)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,12 +1,16 @@
-"""The instance registry: each web process reports that it lives and how fresh its keys are.
+"""The instance registry: every process reports that it lives (web ones: how fresh their keys are).
 
-A web process registers itself on its first request and then a daemon thread
+A web process registers itself on its first request, a worker or a scheduler when
+it starts (`registered`), and then a daemon thread
 beats every quarter of the revocation bound: it drops the credential view if
 the view outlived its ttl (so an idle process holds no stale keys either) and
 records `heartbeat_at` (alive) and `credentials_refreshed_at` (the moment its
 view was last emptied). `jobs.credential_jobs.check_revocation_propagation`
-compares the latter with the newest revocation. Nothing here runs on a
-delivery's path: a failed heartbeat is logged and retried, never raised.
+compares the latter with the newest revocation (web instances only: they are
+the ones that verify signatures). An instance whose heartbeat is older than the
+revocation bound is dead: the overview greys it out and counts only the live
+ones. Nothing here runs on a delivery's path: a failed heartbeat is logged and
+retried, never raised. Short-lived CLI processes never register.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ import os
 import secrets
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from sqlalchemy import Connection, Engine, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -28,6 +35,14 @@ from ledger.logs import get_logger
 
 log = get_logger("ledger.instances")
 MIN_BEAT_SECONDS = 0.25
+
+
+class InstanceKind(StrEnum):
+    """What a registered process does; the stored `instances.kind`."""
+
+    WEB = "web"  # serves HTTP and verifies signatures
+    WORKER = "worker"
+    SCHEDULER = "scheduler"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,7 +112,7 @@ class InstanceHeartbeat:
     """Registers this process and keeps its instance row fresh from a daemon thread."""
 
     def __init__(self, engine: Engine, clock: Clock, *, interval: float,
-                 kind: str = "web") -> None:
+                 kind: str = InstanceKind.WEB) -> None:
         self._engine = engine
         self._clock = clock
         self._interval = interval
@@ -108,7 +123,12 @@ class InstanceHeartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._disabled = False
         self.instance_id: str | None = None
+
+    def disable(self) -> None:
+        """Never register this process (a short-lived CLI command that may serve a request)."""
+        self._disabled = True
 
     def attach(self, view: CredentialView) -> None:
         """Name the credential view whose freshness this heartbeat reports."""
@@ -121,7 +141,7 @@ class InstanceHeartbeat:
 
     def ensure_started(self) -> None:
         """Start beating in this process (idempotent; restarts after a fork)."""
-        if self._pid == os.getpid() or self._stop.is_set():
+        if self._pid == os.getpid() or self._stop.is_set() or self._disabled:
             return
         with self._start_lock:
             if self._pid == os.getpid():
@@ -169,3 +189,24 @@ class InstanceHeartbeat:
                 log.warning("instance.heartbeat_failed", instance=self.instance_id,
                             error=type(error).__name__)
             self._wake.wait(self._interval)
+
+
+@contextmanager
+def registered(engine: Engine, clock: Clock, kind: InstanceKind, *,
+               interval: float) -> Iterator[InstanceHeartbeat]:
+    """Register a worker or scheduler for the duration of the block; deregister on exit.
+
+    The first beat is written before the block starts, so the overview sees the
+    process at once; the instance id names the process in leases and runs too.
+    """
+    heartbeat = InstanceHeartbeat(engine, clock, interval=interval, kind=kind)
+    heartbeat.ensure_started()
+    try:
+        heartbeat.beat_once()
+    except Exception as error:  # the thread keeps trying; the process still starts
+        log.warning("instance.heartbeat_failed", instance=heartbeat.instance_id,
+                    error=type(error).__name__)
+    try:
+        yield heartbeat
+    finally:
+        heartbeat.stop()

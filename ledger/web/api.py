@@ -102,11 +102,13 @@ def overview() -> Response:
     svc = services()
     now = svc.clock.now()
     with svc.engine.connect() as conn:
-        view = read_overview(conn, now, cursor=_cursor())
+        view = read_overview(conn, now, cursor=_cursor(),
+                             live_within=svc.settings.revocation_bound_seconds)
     return jsonify(plain({
         "headline": view.headline, "rollups_refreshed_at": view.rollups_refreshed_at,
         "scopes": view.scopes.items, "next_cursor": view.scopes.next_cursor,
-        "instances": view.instances, "scheduler_runs": view.scheduler_runs}))
+        "instances": view.instances, "live_instances": view.live_counts,
+        "scheduler_runs": view.scheduler_runs}))
 
 
 @bp.get("/receipts")
@@ -140,8 +142,12 @@ def stuck() -> Response:
     svc = services()
     now = svc.clock.now()
     with svc.engine.connect() as conn:
-        view = read_stuck_work(conn, now, threshold_seconds=svc.settings.stuck_pending_seconds)
-    return jsonify(plain({"pending": view.pending, "overdue_jobs": view.overdue_jobs,
+        view = read_stuck_work(conn, now, threshold_seconds=svc.settings.stuck_pending_seconds,
+                               max_attempts=svc.settings.max_attempts,
+                               live_within=svc.settings.revocation_bound_seconds)
+    return jsonify(plain({"stuck": view.stuck, "retrying": view.retrying,
+                          "live_workers": view.live_workers,
+                          "pending": view.pending, "overdue_jobs": view.overdue_jobs,
                           "findings": view.findings,
                           "threshold_seconds": view.threshold_seconds}))
 

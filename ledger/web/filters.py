@@ -52,6 +52,20 @@ def scope_id_of(conn: Connection, raw: str | None) -> int | None:
         raise BadFilter(f"no such scope: {raw}") from None
 
 
+def scopes_of(conn: Connection, raw: str | None) -> tuple[int | None, tuple[int, ...] | None]:
+    """Resolve a scope filter: `account/name` or an integration id to one scope id, or an
+    account alone to the scope ids of all its integrations; raise BadFilter otherwise."""
+    from ledger.reads.search import account_scope_ids
+
+    raw = (raw or "").strip()[:MAX_FIELD]
+    if raw and "/" not in raw and not INTEGRATION_ID.fullmatch(raw) and SLUG.fullmatch(raw):
+        ids = account_scope_ids(conn, raw)
+        if not ids:
+            raise BadFilter(f"no such scope or account: {raw}")
+        return None, ids
+    return scope_id_of(conn, raw), None
+
+
 def account_of(raw: str | None) -> str | None:
     """Return an account slug filter, or raise BadFilter for what no account can be."""
     raw = (raw or "").strip()
@@ -74,7 +88,8 @@ def receipt_filter(conn: Connection, args: Mapping[str, str]) -> ReceiptFilter:
     since, until = parse_time(args.get("since"), "since"), parse_time(args.get("until"), "until")
     if since and until and since >= until:
         raise BadFilter("since must be before until")
-    return ReceiptFilter(scope_id=scope_id_of(conn, args.get("scope")),
+    scope_id, scope_ids = scopes_of(conn, args.get("scope"))
+    return ReceiptFilter(scope_id=scope_id, scope_ids=scope_ids,
                          state=ReceiptState(state) if state else None,
                          event_type=event_type or None, since=since, until=until,
                          prefix=prefix or None)

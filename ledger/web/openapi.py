@@ -256,7 +256,13 @@ def _api() -> dict[str, Any]:
                       event_type=_STRING, run_at=_STRING, attempts=_INT)
     finding = _record(id=_INT, kind=_STRING, subject=_STRING, detail=_OPT_STRING,
                       first_seen=_STRING, last_seen=_STRING, resolved_at=_OPT_STRING)
-    stuck = _record(pending=_list(pending), overdue_jobs=_list(overdue),
+    stuck_item = _record(scope=_STRING, integration=_STRING, event_id=_STRING,
+                         event_type=_STRING, reason=_STRING)
+    retrying = _record(scope=_STRING, integration=_STRING, event_id=_STRING,
+                       event_type=_STRING, run_at=_STRING, attempts=_INT, max_attempts=_INT,
+                       last_error=_OPT_STRING)
+    stuck = _record(stuck=_list(stuck_item), retrying=_list(retrying), live_workers=_INT,
+                    pending=_list(pending), overdue_jobs=_list(overdue),
                     findings=_list(finding), threshold_seconds=_INT)
     credentials = _record(closed=True, integration=_STRING, scope=_STRING,
                           credentials=_list(_CREDENTIAL))

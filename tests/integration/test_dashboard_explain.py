@@ -143,3 +143,34 @@ def test_stuck_failures_conflicts_and_audit_lists_use_indexes(big_ledger: Engine
         assert "ix_receipts_open" in plan, plan
     conflict_reads = [s for s in statements if conflicts in s.get_final_froms()]
     assert "ix_conflicts_last_seen" in _plan(big_ledger, conflict_reads[0])
+
+
+def test_an_account_filter_and_the_failure_groups_stay_on_indexes(big_ledger: Engine) -> None:
+    from ledger.reads.groups import _scan
+
+    account = ReceiptFilter(scope_ids=(3, 4, 5))
+    lo, hi = NOW - timedelta(hours=1), NOW
+    for plan in (_plan(big_ledger, window_stmt(account, None, lo, hi, 51)),
+                 _plan(big_ledger, open_receipts_stmt(
+                     ReceiptFilter(scope_ids=(3, 4, 5), state=ReceiptState.FAILED), None, 51)),
+                 _plan(big_ledger, prefix_stmt(ReceiptFilter(prefix="evt_a", scope_ids=(3, 4)),
+                                               [3, 4], None, 51))):
+        _no_receipts_seq_scan(plan)
+    statements: list[Any] = []
+
+    class Recorder:
+        """Capture the statement the group scan executes."""
+
+        def __init__(self, conn: Any) -> None:
+            self.conn = conn
+            self.dialect = conn.dialect
+
+        def execute(self, stmt: Any, *args: Any) -> Any:
+            statements.append(stmt)
+            return self.conn.execute(stmt, *args)
+
+    with big_ledger.connect() as conn:
+        _scan(Recorder(conn), ReceiptFilter(), 5001)  # type: ignore[arg-type]
+    plan = _plan(big_ledger, statements[0])
+    assert "ix_receipts_open" in plan, plan
+    _no_receipts_seq_scan(plan)

@@ -153,8 +153,15 @@ def test_stuck_page_lists_old_pending_and_overdue_jobs(app) -> None:  # type: ig
     add_receipt(app, sender.scope_id, "evt_old", state=0, accepted_at=now - timedelta(hours=2))
     add_receipt(app, sender.scope_id, "evt_new", state=0, accepted_at=now)
     _seed_rollups(app, sender.scope_id)
-    page = _text(logged_in(app, "viewer").get("/stuck"))
-    assert "evt_old" in page and "due, unclaimed" in page and "stuck_pending" in page
+    client = logged_in(app, "viewer")
+    page = _text(client.get("/stuck"))  # no worker is alive: all due work is stuck, said why
+    assert "evt_old" in page and "evt_new" in page and "no live worker" in page
+    assert "stuck_pending" in page and "No worker is alive" in page
+    with app.extensions["ledger"].engine.begin() as conn:
+        conn.execute(insert(instances).values(
+            id="h:1:w", kind="worker", hostname="h", pid=1, started_at=now, heartbeat_at=now))
+    page = _text(client.get("/stuck"))
+    assert "evt_old" in page and "due, unclaimed" in page and "no live worker" not in page
     assert page.count("evt_new") == 0
 
 

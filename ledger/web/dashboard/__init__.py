@@ -104,8 +104,10 @@ def register_dashboard(app: Flask) -> None:
         drill_page,
         evidence,
         export,
+        groups,
         health,
         pages,
+        search,
     )
 
     init_security(app)

@@ -19,8 +19,9 @@ from ledger.access.integrations import get_integration
 from ledger.errors import LedgerError, NotFound, TooLong
 from ledger.intake.conflict_review import acknowledge_conflict
 from ledger.reads.admin import credential_rows, list_conflicts
+from ledger.reads.groups import count_group, group_chunk
 from ledger.reads.receipts import scope_names
-from ledger.reads.work import count_failures, failures_chunk
+from ledger.reads.work import COUNT_CAP, count_failures, failures_chunk
 from ledger.web.auth import actor, confirm_password, requires, services
 from ledger.web.dashboard import bp, render
 from ledger.web.filters import BadFilter, receipt_filter
@@ -56,8 +57,11 @@ def requeue_one() -> Response:
 
 
 def _filter_args() -> dict[str, str]:
-    """Return the failure filter carried by a batch form."""
-    return {k: request.form.get(k, "") for k in ("scope", "event_type", "since", "until")}
+    """Return the failure filter carried by a batch form (and the failure group, if one)."""
+    args = {k: request.form.get(k, "") for k in ("scope", "event_type", "since", "until")}
+    if request.form.get("group"):  # one failure group (ledger.reads.groups) of the filter
+        args["group"] = request.form["group"][:64]
+    return args
 
 
 @bp.post("/failures/requeue-all/preview")
@@ -68,7 +72,9 @@ def requeue_all_preview() -> Response:
     args, reason = _filter_args(), request.form.get("reason", "").strip()
     try:
         with svc.engine.connect() as conn:
-            total, capped = count_failures(conn, receipt_filter(conn, args))
+            f = receipt_filter(conn, args)
+            total, capped = (count_group(conn, f, args["group"], cap=COUNT_CAP)
+                             if args.get("group") else count_failures(conn, f))
     except BadFilter as problem:
         return render("action.html", "partials/_requeue_confirm.html", status=400,
                       error=str(problem), total=0, capped=False, args=args, reason=reason)
@@ -92,7 +98,12 @@ def requeue_all_step() -> Response:
         abort(400)
     try:
         with svc.engine.begin() as conn:
-            keys = failures_chunk(conn, receipt_filter(conn, args), after, BATCH_SIZE)
+            f = receipt_filter(conn, args)
+            if args.get("group"):  # scan the filter's failures; requeue the group's only
+                keys, last, scanned = group_chunk(conn, f, args["group"], after, BATCH_SIZE)
+            else:
+                keys = failures_chunk(conn, f, after, BATCH_SIZE)
+                last, scanned = (keys[-1] if keys else None), len(keys)
             names = scope_names(conn, {k[1] for k in keys})
             for key in keys:
                 if _requeue_quietly(conn, names[key[1]][0], key[2], reason):
@@ -101,8 +112,8 @@ def requeue_all_step() -> Response:
                     skipped += 1
     except BadFilter:
         abort(400)
-    running = len(keys) == BATCH_SIZE
-    next_after = _encode_key(keys[-1]) if keys else request.form.get("after", "")
+    running = scanned == BATCH_SIZE
+    next_after = _encode_key(last) if last else request.form.get("after", "")
     return render("action.html", "partials/_requeue_progress.html", running=running,
                   done=done, skipped=skipped, total=max(total, done + skipped), args=args,
                   reason=reason, after=next_after)

@@ -44,7 +44,8 @@ def overview() -> Response:
     now = svc.clock.now()
     try:
         with svc.engine.connect() as conn:
-            view = read_overview(conn, now, cursor=_cursor())
+            view = read_overview(conn, now, cursor=_cursor(),
+                                 live_within=svc.settings.revocation_bound_seconds)
     except BadCursor:
         abort(400)
     for item in view.scopes.items:
@@ -53,7 +54,8 @@ def overview() -> Response:
                   refresh_seconds=OVERVIEW_REFRESH_SECONDS,
                   bound=svc.settings.revocation_bound_seconds, head=view.headline,
                   scopes=view.scopes, refreshed_at=view.rollups_refreshed_at,
-                  instances=view.instances, runs=view.scheduler_runs)
+                  instances=view.instances, live_counts=view.live_counts,
+                  no_live_worker=view.no_live_worker, runs=view.scheduler_runs)
 
 
 def _receipts_context(args: Any) -> dict[str, Any]:
@@ -99,11 +101,14 @@ def stuck_page() -> Response:
     svc = services()
     now = svc.clock.now()
     with svc.engine.connect() as conn:
-        view = read_stuck_work(conn, now, threshold_seconds=svc.settings.stuck_pending_seconds)
+        view = read_stuck_work(conn, now, threshold_seconds=svc.settings.stuck_pending_seconds,
+                               max_attempts=svc.settings.max_attempts,
+                               live_within=svc.settings.revocation_bound_seconds)
     return render("stuck.html", "partials/_stuck.html", now=now,
                   refresh_seconds=LIST_REFRESH_SECONDS,
                   threshold=view.threshold_seconds, grace=view.grace_seconds,
-                  pending=view.pending, overdue=view.overdue_jobs, findings=view.findings)
+                  stuck=view.stuck, retrying=view.retrying, live_workers=view.live_workers,
+                  findings=view.findings)
 
 
 def failures_context(args: Any) -> dict[str, Any]:

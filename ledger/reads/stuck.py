@@ -1,0 +1,129 @@
+"""Honest stuck work: a job that is merely retrying is not stuck, and a stuck one says why.
+
+*Retrying*: a queued job that failed at least once and waits on its backoff (or is
+due within the grace): attempt n of N, the next attempt's time, the last error.
+*Stuck*, with the reason in a column:
+  - no live worker: work is due and no worker instance has a heartbeat within the bound;
+  - lease expired, not retaken: a worker took the job and went silent past the grace;
+  - due, unclaimed: due for longer than the grace and no worker took it;
+  - pending without a job: the receipt waits but no queued job exists to run it.
+Ages count from the job's retry window (acceptance, or an operator's last requeue),
+so a requeued receipt is not aged from its first acceptance.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Label, and_, select
+
+from ledger.db.schema import attempts, jobs, receipts
+from ledger.domain import JobStatus, ReceiptState
+from ledger.reads.receipts import scope_names
+from ledger.scheduling.instances import InstanceKind, live_instances
+
+LIST_LIMIT = 100
+# Only the oldest pending receipts are checked for a missing job: a bounded probe.
+ORPHAN_PROBE = 1000
+NO_WORKER = "no live worker"
+EXPIRED_LEASE = "lease expired, not retaken"
+UNCLAIMED = "due, unclaimed"
+NO_JOB = "pending without a job"
+
+# The receipt's first acceptance, looked up per listed job by primary key: a join
+# would let the planner hash all of receipts for a page of 100 jobs.
+_FIRST_ACCEPTED = (select(receipts.c.accepted_at)
+                   .where(receipts.c.scope_id == jobs.c.scope_id,
+                          receipts.c.event_id == jobs.c.event_id)
+                   .correlate(jobs).scalar_subquery().label("accepted_at"))
+_JOB_COLUMNS = (jobs.c.scope_id, jobs.c.event_id, jobs.c.event_type, jobs.c.run_at,
+                jobs.c.attempts, jobs.c.leased_by, jobs.c.leased_until,
+                jobs.c.accepted_at.label("window_start"), _FIRST_ACCEPTED)
+
+
+def _last_error() -> Label[Any]:
+    """Return a scalar subquery: the newest attempt's error of the outer job."""
+    return (select(attempts.c.error)
+            .where(attempts.c.scope_id == jobs.c.scope_id,
+                   attempts.c.event_id == jobs.c.event_id, attempts.c.error.is_not(None))
+            .order_by(attempts.c.number.desc(), attempts.c.id.desc())
+            .limit(1).correlate(jobs).scalar_subquery().label("last_error"))
+
+
+def _item(row: Any, names: dict[int, tuple[str, str]], now: datetime,
+          max_attempts: int) -> dict[str, Any]:
+    """Turn a job row into what the page shows."""
+    scope, public_id = names.get(row.scope_id, (str(row.scope_id), ""))
+    item = dict(row._mapping, scope=scope, integration=public_id, max_attempts=max_attempts,
+                window_age_seconds=(now - row.window_start).total_seconds(),
+                requeued=row.accepted_at is not None and row.window_start > row.accepted_at)
+    item.setdefault("last_error", None)
+    return item
+
+
+def retrying_jobs(conn: Connection, now: datetime, *, grace_seconds: float,
+                  max_attempts: int) -> list[dict[str, Any]]:
+    """Return queued jobs that failed before and wait on their backoff, soonest first."""
+    rows = conn.execute(
+        select(*_JOB_COLUMNS, _last_error())
+        .where(jobs.c.status == JobStatus.QUEUED.value,
+               jobs.c.run_at > now - timedelta(seconds=grace_seconds),
+               jobs.c.attempts >= 1, jobs.c.leased_by.is_(None))
+        .order_by(jobs.c.run_at).limit(LIST_LIMIT)).all()
+    names = scope_names(conn, {r.scope_id for r in rows})
+    return [dict(_item(r, names, now, max_attempts),
+                 next_in_seconds=(r.run_at - now).total_seconds()) for r in rows]
+
+
+def _stuck_reason(row: Any, now: datetime, *, worker_alive: bool) -> str:
+    """Return why a due job is stuck."""
+    if not worker_alive:
+        return NO_WORKER
+    if row.leased_by is not None and row.leased_until is not None and row.leased_until <= now:
+        return EXPIRED_LEASE
+    return UNCLAIMED
+
+
+def stuck_jobs(conn: Connection, now: datetime, *, grace_seconds: float, max_attempts: int,
+               worker_alive: bool) -> list[dict[str, Any]]:
+    """Return due jobs nobody runs: past the grace, or due at all when no worker lives."""
+    cutoff = now if not worker_alive else now - timedelta(seconds=grace_seconds)
+    rows = conn.execute(
+        select(*_JOB_COLUMNS, _last_error())
+        .where(jobs.c.status == JobStatus.QUEUED.value, jobs.c.run_at <= cutoff)
+        .order_by(jobs.c.run_at).limit(LIST_LIMIT)).all()
+    names = scope_names(conn, {r.scope_id for r in rows})
+    return [dict(_item(r, names, now, max_attempts),
+                 reason=_stuck_reason(r, now, worker_alive=worker_alive),
+                 overdue_seconds=(now - r.run_at).total_seconds()) for r in rows]
+
+
+def pending_without_job(conn: Connection, now: datetime, *,
+                        grace_seconds: float) -> list[dict[str, Any]]:
+    """Return pending receipts (among the oldest ORPHAN_PROBE) with no queued job."""
+    oldest = (select(receipts.c.scope_id, receipts.c.event_id, receipts.c.event_type,
+                     receipts.c.accepted_at, receipts.c.attempts)
+              .where(receipts.c.state == ReceiptState.PENDING.code,
+                     receipts.c.state != ReceiptState.COMPLETE.code,  # the partial index
+                     receipts.c.accepted_at < now - timedelta(seconds=grace_seconds))
+              .order_by(receipts.c.accepted_at).limit(ORPHAN_PROBE).subquery())
+    queued = and_(jobs.c.scope_id == oldest.c.scope_id, jobs.c.event_id == oldest.c.event_id,
+                  jobs.c.status == JobStatus.QUEUED.value)
+    rows = conn.execute(
+        select(oldest).outerjoin(jobs, queued).where(jobs.c.event_id.is_(None))
+        .order_by(oldest.c.accepted_at).limit(LIST_LIMIT)).all()
+    names = scope_names(conn, {r.scope_id for r in rows})
+    items = []
+    for r in rows:
+        scope, public_id = names.get(r.scope_id, (str(r.scope_id), ""))
+        items.append(dict(r._mapping, scope=scope, integration=public_id, reason=NO_JOB,
+                          window_age_seconds=(now - r.accepted_at).total_seconds(),
+                          requeued=False, run_at=None, leased_by=None, last_error=None))
+    return items
+
+
+def live_workers(conn: Connection, now: datetime, *, within_seconds: float) -> int:
+    """Count the worker instances with a heartbeat within the bound."""
+    return len(live_instances(conn, now=now, within_seconds=within_seconds,
+                              kind=InstanceKind.WORKER))
