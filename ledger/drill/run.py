@@ -38,6 +38,7 @@ from ledger.db.schema import (
     jobs,
     receipts,
     scope_counts,
+    scope_totals,
     unsigned_bodies,
 )
 from ledger.domain import ReceiptState
@@ -59,7 +60,7 @@ POLL_SECONDS = 0.2
 HTTP_TIMEOUT_SECONDS = 10.0
 # Tables keyed by scope id that a sandbox integration can leave rows in.
 SCOPED_TABLES = (receipts, jobs, attempts, conflicts, unsigned_bodies, demo_balances,
-                 scope_counts, hourly_series)
+                 scope_counts, scope_totals, hourly_series)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
