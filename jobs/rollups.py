@@ -100,24 +100,42 @@ def settled_band(now: datetime, retention_seconds: float) -> Band:
     return Band(start=min(start, end), end=end)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mark:
+    """Where the last run left the settled band, and when it last recounted in full."""
+
+    band: Band
+    counted_at: datetime
+    recounted_at: datetime
+
+
+def read_mark(conn: Connection) -> Mark | None:
+    """Return the stored mark of scope_totals, if any."""
+    row = conn.execute(select(rollup_marks).where(rollup_marks.c.name == MARK)).first()
+    if row is None:
+        return None
+    start, end = as_utc(row.settled_from), as_utc(row.settled_until)
+    counted, recounted = as_utc(row.counted_at), as_utc(row.recounted_at)
+    assert start and end and counted and recounted  # NOT NULL columns
+    return Mark(band=Band(start=start, end=end), counted_at=counted, recounted_at=recounted)
+
+
 def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *,
                     full: bool = False) -> tuple[dict[int, int], int, bool]:
     """Return ({scope_id: receipts}, receipts read, full?) and move the settled band."""
     band = settled_band(now, retention_seconds)
-    mark = conn.execute(select(rollup_marks).where(rollup_marks.c.name == MARK)).first()
-    if full or not _can_step(mark, band, now):
+    mark = read_mark(conn)
+    if full or mark is None or not _can_step(mark, band, now):
         totals, settled, read = _count_all(conn, band)
         conn.execute(delete(scope_totals))
         _write_settled(conn, settled)
         recounted_at = now
         full = True
     else:
-        prev = Band(start=as_utc(mark.settled_from), end=as_utc(mark.settled_until))
-        totals, delta, read = _count_edges(conn, prev, band)
-        settled = _step_settled(conn, delta)
-        for scope_id, n in settled.items():
+        totals, delta, read = _count_edges(conn, mark.band, band)
+        for scope_id, n in _step_settled(conn, delta).items():
             totals[scope_id] = totals.get(scope_id, 0) + n
-        recounted_at = as_utc(mark.recounted_at)
+        recounted_at = mark.recounted_at
     conn.execute(delete(rollup_marks).where(rollup_marks.c.name == MARK))
     conn.execute(insert(rollup_marks).values(name=MARK, settled_from=band.start,
                                              settled_until=band.end, counted_at=now,
@@ -125,19 +143,15 @@ def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *
     return totals, read, full
 
 
-def _can_step(mark: Any, band: Band, now: datetime) -> bool:
+def _can_step(mark: Mark, band: Band, now: datetime) -> bool:
     """Return whether the stored band can be moved forward to `band` exactly."""
-    if mark is None:
-        return False
-    since_run = now - as_utc(mark.counted_at)
+    since_run = now - mark.counted_at
     return (timedelta(0) <= since_run
             <= timedelta(seconds=PURGE_MARGIN_SECONDS - CLOCK_SKEW_SECONDS)
-            and now - as_utc(mark.recounted_at) < timedelta(seconds=FULL_RECOUNT_SECONDS)
-            and as_utc(mark.settled_from) <= band.start
-            and as_utc(mark.settled_until) <= band.end
-            # A changed retention moves the band's width: recount.
-            and as_utc(mark.settled_until) - as_utc(mark.settled_from)
-            == band.end - band.start)
+            and now - mark.recounted_at < timedelta(seconds=FULL_RECOUNT_SECONDS)
+            and mark.band.start <= band.start and mark.band.end <= band.end
+            # A changed retention changes the band's width: recount.
+            and mark.band.end - mark.band.start == band.end - band.start)
 
 
 def _flag(condition: Any) -> Any:

@@ -26,9 +26,10 @@ from ledger.domain import JobStatus, ReceiptState
 from tests.helpers import make_sender
 from tests.integration.ledger_rows import add_receipt
 
-# Long enough for a settled band (retention > purge margin + settle lag), short
-# enough that the clock's steps carry receipts past the purge cutoff.
-RETENTION = 2 * 3600
+# Long enough for a settled band (retention > purge margin + settle lag: here
+# [now - 600 s, now - 60 s)), short enough that a few steps of the clock carry
+# receipts out of it and past the purge cutoff.
+RETENTION = rollups.PURGE_MARGIN_SECONDS + 600
 _examples = itertools.count()
 
 
@@ -61,7 +62,6 @@ class RollupMachine(RuleBasedStateMachine):
         n = next(_examples)
         self.scopes = [make_sender(app, account=f"acct{n}x{i}").scope_id for i in range(2)]
         self.ids = itertools.count()
-        self.full_runs = self.runs = 0
 
     def _pick(self, state: ReceiptState, pick: int) -> tuple[int, str] | None:
         """Return the (scope, event id) of the pick-th receipt in `state`, if any."""
@@ -111,7 +111,7 @@ class RollupMachine(RuleBasedStateMachine):
         """An operator requeues a failed receipt."""
         self._set(self._pick(ReceiptState.FAILED, pick), ReceiptState.PENDING, JobStatus.QUEUED)
 
-    @rule(seconds=st.sampled_from([1, 59, 61, 600, 1499, 1501, 3600, 86_400]))
+    @rule(seconds=st.sampled_from([1, 59, 61, 300, 300, 600, 1499, 1501, 3600, 86_400]))
     def wait(self, seconds: int) -> None:
         """Time passes (past the purge margin, past a full-recount period sometimes)."""
         self.clock.advance(seconds)
@@ -127,15 +127,13 @@ class RollupMachine(RuleBasedStateMachine):
         with self.svc.engine.begin() as conn:
             run = rollups.refresh_scope_counts(conn, self.clock.now(),
                                                retention_seconds=RETENTION)
-        self.runs += 1
-        self.full_runs += run.full
         with self.svc.engine.connect() as conn:
-            assert rollup(conn) == full_recount(conn), f"after a {'full' if run.full else 'step'} run"
+            assert rollup(conn) == full_recount(conn), "full" if run.full else "incremental"
 
 
 @pytest.fixture
 def rollup_app(test_env):  # type: ignore[no-untyped-def]
-    """An app on a FixedClock with a two-hour retention."""
+    """An app on a FixedClock with a 40-minute retention."""
     app = create_app({**test_env, "LEDGER_RETENTION_SECONDS": str(RETENTION),
                       "LEDGER_REVIEW_WINDOW_SECONDS": str(RETENTION),
                       "LEDGER_LOG_LEVEL": "WARNING"}, clock=FixedClock(datetime.now(UTC)))
@@ -147,7 +145,7 @@ def test_incremental_scope_counts_equal_a_full_recount(rollup_app):
     """Random accept/complete/fail/requeue/purge/wait sequences; every run is exact."""
     run_state_machine_as_test(
         lambda: RollupMachine(rollup_app),
-        settings=settings(max_examples=30, stateful_step_count=40, deadline=None,
+        settings=settings(max_examples=40, stateful_step_count=50, deadline=None,
                           database=None, suppress_health_check=[HealthCheck.too_slow]))
 
 
@@ -157,9 +155,9 @@ def test_a_run_after_a_few_changes_reads_only_those(rollup_app):
     scope = make_sender(rollup_app).scope_id
     start = clock.now()
     with svc.engine.begin() as conn:
-        for i in range(300):  # an hour of complete receipts, settled by the first run
+        for i in range(300):  # 5 minutes of complete receipts, settled by the first run
             add_receipt(conn, scope, f"old{i:03d}", state=ReceiptState.COMPLETE,
-                        accepted_at=start - timedelta(seconds=3600 - 10 * i))
+                        accepted_at=start - timedelta(seconds=400 - i))
     with svc.engine.begin() as conn:
         first = rollups.refresh_scope_counts(conn, start, retention_seconds=RETENTION)
     clock.advance(60)
@@ -171,8 +169,26 @@ def test_a_run_after_a_few_changes_reads_only_those(rollup_app):
         counts = rollup(conn)
     assert first.full and first.receipts_read == 300
     assert not second.full
-    # 3 new pending (read in the tail and again as unfinished) + the ~6 complete
-    # receipts that crossed into the settled band during that minute.
-    assert second.receipts_read < 20
+    # 3 new pending, read in the tail and again as unfinished; nothing left the band.
+    assert second.receipts_read == 6
     assert counts[(scope, ReceiptState.COMPLETE.code)][0] == 300
     assert counts[(scope, ReceiptState.PENDING.code)][0] == 3
+
+
+def test_counts_stay_right_when_a_purge_follows_a_long_pause(rollup_app):
+    """Receipts settled by one run, purged after a pause longer than the margin, are gone."""
+    svc = rollup_app.extensions["ledger"]
+    clock: FixedClock = svc.clock
+    scope = make_sender(rollup_app).scope_id
+    with svc.engine.begin() as conn:
+        for i in range(5):
+            add_receipt(conn, scope, f"c{i}", state=ReceiptState.COMPLETE,
+                        accepted_at=clock.now() - timedelta(seconds=300))
+    with svc.engine.begin() as conn:
+        rollups.refresh_scope_counts(conn, clock.now(), retention_seconds=RETENTION)
+    clock.advance(rollups.PURGE_MARGIN_SECONDS + 600)  # the scheduler was down a while
+    assert purge(svc.engine, svc.settings, clock, pacer=Pacer(1.0)).expired_receipts == 5
+    with svc.engine.begin() as conn:
+        run = rollups.refresh_scope_counts(conn, clock.now(), retention_seconds=RETENTION)
+        assert rollup(conn) == full_recount(conn) == {}
+    assert run.full
