@@ -1,6 +1,7 @@
 """`make bench`: every performance promise against a baseline measured in the same run.
 
     python -m bench.run [--seconds 12] [--receipts 1000000] [--scopes 1000] [--only intake,...]
+    python -m bench.run --only scale --scale 10m     # flat costs at 10M receipts, 10k scopes
 
 Prints a Markdown table and writes bench/results/latest.json. Bench databases
 (`ledger_bench_*`) and temp files are removed afterwards, whatever happens.
@@ -20,12 +21,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import big, intake, report, worker_bench
+from bench import big, intake, report, scale, worker_bench
 from bench import env as benv
 from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed
 
-MEASURES = ("intake", "sqlite", "worker", "big", "memory")
+MEASURES = ("intake", "sqlite", "worker", "big", "memory", "scale")
 
 # Why a measure can miss on this 2-core machine, and where the evidence is (first
 # matching prefix wins: the specific ones come first).
@@ -124,6 +125,44 @@ def big_figures(r: dict[str, Any]) -> list[Figure]:
     return figures
 
 
+def scale_figures(r: dict[str, Any]) -> list[Figure]:
+    """Intake, pages, rollups and purge on the biggest ledger against the smaller ones."""
+    n = f"{r['receipts']:,} receipts / {r['scopes']:,} scopes"
+    i, ro = r["intake"], r["rollups"]
+    sched, full = ro["scheduled"], ro["full_recount"]
+    loads = "; ".join(f"{size:,}: load {led['load_seconds']} s + VACUUM"
+                      f" {led['vacuum_seconds']} s, {led['disk_mb']:,} MB"
+                      for size, led in r["ledgers"].items())
+    figures = [
+        at_least(f"intake accepted/s at {n}", i["large_accepted_per_s"], "/s",
+                 f"same bench at {scale.BASELINE:,} receipts", i["small_accepted_per_s"], 0.9,
+                 loads),
+        _with_met(at_most(f"rollups scheduled run at {n}", sched["run_seconds"], "s",
+                          "target", 2.0, 1.0,
+                          f"scope_counts {sched['scope_counts']['seconds']} s reading"
+                          f" {sched['scope_counts']['receipts_read']:,} receipts (full recount"
+                          f" {full['seconds']} s, {full['receipts_read']:,}); series 2 h"
+                          f" {sched['series_recent_seconds']} s"),
+                  sched["run_seconds"] <= 2.0 and not sched["scope_counts"]["full"],
+                  "<= 2 s, incremental"),
+        at_most(f"rollups hourly run at {n} (48 h series rewrite)",
+                ro["series_full_48h_seconds"] + sched["scope_counts"]["seconds"], "s",
+                "target", 2.0, 1.0, "once an hour, jobs/rollups.py FULL_REFRESH_SECONDS"),
+    ]
+    for page, t in r["dashboard"].items():
+        figures.append(at_most(f"dashboard {page} at {n} p95 (median {t['median_ms']} ms)",
+                               t["p95_ms"], "ms", "target p95", 300, 1.0))
+    purged = sorted(r["purge"], key=int)
+    if len(purged) >= 2:
+        low, high = r["purge"][purged[0]], r["purge"][purged[-1]]
+        figures.append(at_most(
+            f"purge us per receipt at {int(purged[-1]):,}", high["us_per_receipt"], "us",
+            f"purge at {int(purged[0]):,}", low["us_per_receipt"], 1.2,
+            f"{high['expired_receipts']:,} receipts in {high['purge_seconds']} s vs"
+            f" {low['expired_receipts']:,} in {low['purge_seconds']} s"))
+    return figures
+
+
 def _with_met(figure: Figure, met: bool, target: str) -> Figure:
     """Return the figure judged on an absolute target instead of its ratio."""
     return replace(figure, met=met, target=target)
@@ -149,6 +188,8 @@ def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figur
                 big_figures),
         "memory": (lambda: intake.measure_memory(e, shape, args.memory_requests),
                    memory_figures),
+        "scale": (lambda: scale.measure(e, shape, args.scale, args.scale_scopes, args.seconds,
+                                        args.rounds), scale_figures),
     }
     figures: list[Figure] = []
     details: dict[str, Any] = {"shape": shape.args(), "seconds": args.seconds}
@@ -190,6 +231,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker-class", default="gthread")
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--only", type=lambda s: s.split(","), default=list(MEASURES))
+    parser.add_argument("--scale", type=scale.parse_scale, default=scale.parse_scale("1m"),
+                        help="receipts of the biggest ledger of the scale measure: 1m"
+                        " (default, in make bench), 2m, 10m (~hours on 2 cores; bench/README.md)")
+    parser.add_argument("--scale-scopes", type=int, default=10_000)
     args = parser.parse_args(argv)
     unknown = set(args.only) - set(MEASURES)
     if unknown:
