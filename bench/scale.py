@@ -2,8 +2,8 @@
 
     python -m bench.run --only scale --scale 10m    # 100k, 1M and 10M receipts, 10,000 scopes
 
-Every ledger comes from bench/datagen.py (COPY) over `scopes` scopes, the last
-7 days. Measured, each figure against the same bench in the same run:
+Every ledger comes from bench/fastload.py (generate_series inside PostgreSQL)
+over `scopes` scopes, the last 7 days. Measured, each figure against the same bench in the same run:
 1. intake: our server on the biggest ledger and on the 100k one, loaded by wrk
    in ABBA order (small, big, big, small), committed receipts per second;
 2. every dashboard page (bench.dashboard's list) on the biggest ledger: p95;
@@ -24,9 +24,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from bench import big
+from bench import big, fastload
 from bench import env as benv
-from bench.datagen import DataSpec, generate
 from bench.intake import Target, load_run, ours_app, signed_files
 from jobs import rollups
 from ledger.access import audit
@@ -62,8 +61,8 @@ def load(e: benv.BenchEnv, receipts: int, scopes: int) -> dict[str, Any]:
     engine = ledger_engine(settings)
     started = time.perf_counter()
     try:
-        made = generate(engine, load_box(settings.master_key, settings.var_dir),
-                        DataSpec(receipts=receipts, scopes=scopes, end=datetime.now(UTC)))
+        made = fastload.load(engine, load_box(settings.master_key, settings.var_dir),
+                             receipts, scopes)
         loaded = time.perf_counter() - started
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM ANALYZE"))
