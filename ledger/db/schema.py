@@ -357,6 +357,7 @@ scope_totals = Table(
     Column("settled", BigInteger, nullable=False),
 )
 
+ROLLUP_MARK = "scope_totals"  # the rollup_marks row of jobs/rollups.py's scope counts
 rollup_marks = Table(
     "rollup_marks",
     metadata,
