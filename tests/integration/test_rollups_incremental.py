@@ -192,3 +192,25 @@ def test_counts_stay_right_when_a_purge_follows_a_long_pause(rollup_app):
         run = rollups.refresh_scope_counts(conn, clock.now(), retention_seconds=RETENTION)
         assert rollup(conn) == full_recount(conn) == {}
     assert run.full
+
+
+def test_an_unchanged_run_still_shows_as_the_latest_rollup(rollup_app):
+    """Rows are rewritten only when they change; the pages and /metrics show the run's age."""
+    from ledger.metrics.export import render_metrics
+    from ledger.reads.overview import read_overview
+
+    svc = rollup_app.extensions["ledger"]
+    clock: FixedClock = svc.clock
+    scope = make_sender(rollup_app).scope_id
+    with svc.engine.begin() as conn:
+        add_receipt(conn, scope, "c", state=ReceiptState.COMPLETE,
+                    accepted_at=clock.now() - timedelta(seconds=300))
+    rollups.refresh(svc.engine, clock, retention_seconds=RETENTION)
+    clock.advance(120)
+    with svc.engine.begin() as conn:
+        again = rollups.refresh_scope_counts(conn, clock.now(), retention_seconds=RETENTION)
+    assert (again.full, again.written) == (False, 0)
+    with svc.engine.connect() as conn:
+        assert read_overview(conn, clock.now()).rollups_refreshed_at == clock.now()
+    lines = render_metrics(svc.engine, clock, revocation_bound_seconds=30)[0].decode()
+    assert "ledger_rollup_age_seconds 0.0" in lines.splitlines()
