@@ -31,6 +31,14 @@ MEASURES = ("intake", "sqlite", "worker", "big", "memory", "scale")
 # Why a measure can miss on this 2-core machine, and where the evidence is (first
 # matching prefix wins: the specific ones come first).
 EXPLANATIONS = (
+    ("rollups hourly run", "the 48 h series rewrite is O(scopes x hours): up to 480,000 cells"
+     " at 10,000 scopes, deleted and re-inserted hourly (bench/README.md, \"Flat costs at"
+     " scale\")"),
+    ("rollups scheduled", "the open set (pending + failed) is read in full each run and the"
+     " 2 h series is rewritten (\"Flat costs at scale\")"),
+    ("dashboard receipts_prefix", "prefix search across scopes probes the primary key once"
+     " per scope: grows with scopes, not receipts (\"Flat costs at scale\")"),
+    ("purge us per receipt", "see bench/README.md, \"Flat costs at scale\""),
     ("intake accepted/s during", "the purge's CPU comes out of the intake's"
      " (bench/README.md, \"Retention purge\")"),
     ("intake", "CPU-bound on 2 cores shared with wrk and PostgreSQL; foreign load moves"
