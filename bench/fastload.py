@@ -19,7 +19,7 @@ from sqlalchemy import Engine, text
 
 from bench.datagen import Generated, create_scopes
 from ledger.access.secrets_box import SecretBox
-from ledger.domain import ReceiptState
+from ledger.domain import Integration, ReceiptState
 
 BATCH = 1_000_000
 SPAN = timedelta(days=7)
@@ -75,8 +75,15 @@ def load(engine: Engine, box: SecretBox, receipts: int, scopes: int,
          end: datetime | None = None) -> Generated:
     """Create `scopes` integrations, then `receipts` receipts with jobs and attempts."""
     end = end or datetime.now(UTC)
+    made = create_scopes(engine, box, scopes, now=end - SPAN)
+    return load_receipts(engine, made, receipts, end)
+
+
+def load_receipts(engine: Engine, made: list[Integration], receipts: int,
+                  end: datetime) -> Generated:
+    """Write `receipts` receipts over the existing scopes `made`, with jobs and attempts."""
     start = end - SPAN
-    made = create_scopes(engine, box, scopes, now=start)
+    scopes = len(made)
     ids = "{" + ",".join(str(s.id) for s in made) + "}"
     for lo in range(0, receipts, BATCH):
         with engine.begin() as conn:
@@ -96,7 +103,7 @@ def load(engine: Engine, box: SecretBox, receipts: int, scopes: int,
     return _generated(engine, made)
 
 
-def _generated(engine: Engine, made: list) -> Generated:  # type: ignore[type-arg]
+def _generated(engine: Engine, made: list[Integration]) -> Generated:
     """Describe what was written, as datagen does (counts and one sample per state)."""
     with engine.connect() as conn:
         by_state = {ReceiptState.from_code(s): int(n) for s, n in conn.execute(text(

@@ -138,7 +138,8 @@ def scale_figures(r: dict[str, Any]) -> list[Figure]:
     n = f"{r['receipts']:,} receipts / {r['scopes']:,} scopes"
     i, ro = r["intake"], r["rollups"]
     sched, full = ro["scheduled"], ro["full_recount"]
-    loads = "; ".join(f"{size:,}: load {led['load_seconds']} s + VACUUM"
+    loads = f"{r['scopes']:,} scopes {r['scopes_seconds']} s; " + "; ".join(
+        f"{size:,}: load {led['load_seconds']} s + VACUUM"
                       f" {led['vacuum_seconds']} s, {led['disk_mb']:,} MB"
                       for size, led in r["ledgers"].items())
     figures = [

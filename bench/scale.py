@@ -2,8 +2,9 @@
 
     python -m bench.run --only scale --scale 10m    # 100k, 1M and 10M receipts, 10,000 scopes
 
-Every ledger comes from bench/fastload.py (generate_series inside PostgreSQL)
-over `scopes` scopes, the last 7 days. Measured, each figure against the same bench in the same run:
+The `scopes` integrations are created once and every ledger is a copy of that
+database filled by bench/fastload.py (generate_series inside PostgreSQL) with
+receipts over the last 7 days. Measured, each figure against the same bench in the same run:
 1. intake: our server on the biggest ledger and on the 100k one, loaded by wrk
    in ABBA order (small, big, big, small), committed receipts per second;
 2. every dashboard page (bench.dashboard's list) on the biggest ledger: p95;
@@ -26,12 +27,14 @@ from sqlalchemy.engine import make_url
 
 from bench import big, fastload
 from bench import env as benv
+from bench.datagen import create_scopes
 from bench.intake import Target, load_run, ours_app, signed_files
 from jobs import rollups
 from ledger.access import audit
 from ledger.access.operators import create_operator
 from ledger.access.secrets_box import load_box
 from ledger.clock import SystemClock
+from ledger.domain import Integration
 from ledger.services import ledger_engine
 
 BASELINE = 100_000
@@ -53,16 +56,27 @@ def sizes(receipts: int) -> list[int]:
                                          else set()))
 
 
-def load(e: benv.BenchEnv, receipts: int, scopes: int) -> dict[str, Any]:
-    """Create one ledger; return its URL, what was made, load time and disk use."""
-    name = f"scale_{receipts}"
-    url = e.migrated_pg(name)
-    settings = e.settings(url).with_(statement_timeout_ms=3_600_000)
+def scopes_template(e: benv.BenchEnv, scopes: int) -> tuple[str, list[Integration]]:
+    """Create a ledger holding only the scopes, once: every size is copied from it."""
+    url = e.migrated_pg("scale_scopes")
+    settings = e.settings(url)
     engine = ledger_engine(settings)
-    started = time.perf_counter()
     try:
-        made = fastload.load(engine, load_box(settings.master_key, settings.var_dir),
-                             receipts, scopes)
+        made = create_scopes(engine, load_box(settings.master_key, settings.var_dir), scopes,
+                             now=datetime.now(UTC) - fastload.SPAN)
+    finally:
+        engine.dispose()
+    return url, made
+
+
+def load(e: benv.BenchEnv, receipts: int, template: tuple[str, list[Integration]]
+         ) -> dict[str, Any]:
+    """Create one ledger; return its URL, what was made, load time and disk use."""
+    started = time.perf_counter()
+    url = big.copy_ledger(e, template[0], f"scale_{receipts}")
+    engine = ledger_engine(e.settings(url).with_(statement_timeout_ms=3_600_000))
+    try:
+        made = fastload.load_receipts(engine, template[1], receipts, datetime.now(UTC))
         loaded = time.perf_counter() - started
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM ANALYZE"))
@@ -172,9 +186,13 @@ def purge_cost(e: benv.BenchEnv, url: str, name: str) -> dict[str, Any]:
 def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: int,
             seconds: float, rounds: int) -> dict[str, Any]:
     """Load every size, then intake, pages, rollups and purge as the module says."""
-    ledgers = {n: load(e, n, scopes) for n in sizes(receipts)}
+    started = time.perf_counter()
+    template = scopes_template(e, scopes)
+    scopes_seconds = round(time.perf_counter() - started, 1)
+    ledgers = {n: load(e, n, template) for n in sizes(receipts)}
     largest, small = ledgers[receipts], ledgers[BASELINE]
     out: dict[str, Any] = {"receipts": receipts, "scopes": scopes,
+                           "scopes_seconds": scopes_seconds,
                            "ledgers": {n: {k: v for k, v in led.items()
                                            if k in ("load_seconds", "vacuum_seconds",
                                                     "disk_mb")}
