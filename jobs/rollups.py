@@ -41,6 +41,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
 )
 
 from ledger.clock import Clock
@@ -55,12 +56,14 @@ from ledger.db.schema import (
 )
 from ledger.db.timestamps import as_utc
 from ledger.domain import ReceiptState
+from ledger.scheduling.runner import advisory_key
 
 SERIES_HOURS = 48
 RECENT_HOURS = 2
 FULL_REFRESH_SECONDS = 3600
 # Intake stamps accepted_at before it commits: receipts younger than this are
-# recounted every run instead of settled, so a slow commit is never missed.
+# recounted every run instead of settled, so a commit up to a minute late is
+# still counted (a later one waits for the daily full recount).
 SETTLE_LAG_SECONDS = 60
 # The settled band starts this far after the retention cutoff; a purge (on any
 # instance, clock skew included) cannot delete from it before the next run.
@@ -141,6 +144,10 @@ def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *
                     full: bool = False) -> tuple[dict[int, int], int, bool]:
     """Return ({scope_id: receipts}, receipts read, full?) and move the settled band."""
     band = settled_band(now, retention_seconds)
+    if conn.dialect.name == "postgresql":
+        # A CLI refresh racing the scheduled run would apply one delta twice.
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"),
+                     {"key": advisory_key(ROLLUP_MARK)})
     mark = read_mark(conn)
     if full or mark is None or not _can_step(mark, band, now):
         totals, settled, read = _count_all(conn, band)
