@@ -1,6 +1,7 @@
 """`make bench`: every performance promise against a baseline measured in the same run.
 
     python -m bench.run [--seconds 12] [--receipts 1000000] [--scopes 1000] [--only intake,...]
+    python -m bench.run --only scale --scale 10m     # flat costs at 10M receipts, 10k scopes
 
 Prints a Markdown table and writes bench/results/latest.json. Bench databases
 (`ledger_bench_*`) and temp files are removed afterwards, whatever happens.
@@ -20,19 +21,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import big, intake, report, servers, worker_bench
+from bench import big, intake, report, scale, servers, worker_bench
 from bench import delivery_log as dlog_bench
 from bench import env as benv
 from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed
 
-MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog", "servers")
+MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog", "scale", "servers")
 # `make bench` runs these; "servers" (gunicorn vs granian) is asked for by name.
-DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog")
+DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog", "scale")
 
 # Why a measure can miss on this 2-core machine, and where the evidence is (first
 # matching prefix wins: the specific ones come first).
 EXPLANATIONS = (
+    ("rollups hourly run", "the 48 h series rewrite is O(scopes x hours): up to 480,000 cells"
+     " at 10,000 scopes, deleted and re-inserted hourly (bench/README.md, \"Flat costs at"
+     " scale\")"),
+    ("rollups scheduled", "the open set (pending + failed) is read in full each run and the"
+     " 2 h series is rewritten (\"Flat costs at scale\")"),
+    ("dashboard receipts_prefix", "prefix search across scopes probes the primary key once"
+     " per scope: grows with scopes, not receipts (\"Flat costs at scale\")"),
+    ("purge us per receipt", "see bench/README.md, \"Flat costs at scale\""),
     ("intake accepted/s during", "the purge's CPU comes out of the intake's"
      " (bench/README.md, \"Retention purge\")"),
     ("intake", "CPU-bound on 2 cores shared with wrk and PostgreSQL; foreign load moves"
@@ -127,6 +136,45 @@ def big_figures(r: dict[str, Any]) -> list[Figure]:
     return figures
 
 
+def scale_figures(r: dict[str, Any]) -> list[Figure]:
+    """Intake, pages, rollups and purge on the biggest ledger against the smaller ones."""
+    n = f"{r['receipts']:,} receipts / {r['scopes']:,} scopes"
+    i, ro = r["intake"], r["rollups"]
+    sched, full = ro["scheduled"], ro["full_recount"]
+    loads = f"{r['scopes']:,} scopes {r['scopes_seconds']} s; " + "; ".join(
+        f"{size:,}: load {led['load_seconds']} s + VACUUM"
+                      f" {led['vacuum_seconds']} s, {led['disk_mb']:,} MB"
+                      for size, led in r["ledgers"].items())
+    figures = [
+        at_least(f"intake accepted/s at {n}", i["large_accepted_per_s"], "/s",
+                 f"same bench at {scale.BASELINE:,} receipts", i["small_accepted_per_s"], 0.9,
+                 loads),
+        _with_met(at_most(f"rollups scheduled run at {n}", sched["run_seconds"], "s",
+                          "target", 2.0, 1.0,
+                          f"scope_counts {sched['scope_counts']['seconds']} s reading"
+                          f" {sched['scope_counts']['receipts_read']:,} receipts (full recount"
+                          f" {full['seconds']} s, {full['receipts_read']:,}); series 2 h"
+                          f" {sched['series_recent_seconds']} s"),
+                  sched["run_seconds"] <= 2.0 and not sched["scope_counts"]["full"],
+                  "<= 2 s, incremental"),
+        at_most(f"rollups hourly run at {n} (48 h series rewrite)",
+                ro["series_full_48h_seconds"] + sched["scope_counts"]["seconds"], "s",
+                "target", 2.0, 1.0, "once an hour, jobs/rollups.py FULL_REFRESH_SECONDS"),
+    ]
+    for page, t in r["dashboard"].items():
+        figures.append(at_most(f"dashboard {page} at {n} p95 (median {t['median_ms']} ms)",
+                               t["p95_ms"], "ms", "target p95", 300, 1.0))
+    purged = sorted(r["purge"], key=int)
+    if len(purged) >= 2:
+        low, high = r["purge"][purged[0]], r["purge"][purged[-1]]
+        figures.append(at_most(
+            f"purge us per receipt at {int(purged[-1]):,}", high["us_per_receipt"], "us",
+            f"purge at {int(purged[0]):,}", low["us_per_receipt"], 1.2,
+            f"{high['expired_receipts']:,} receipts in {high['purge_seconds']} s vs"
+            f" {low['expired_receipts']:,} in {low['purge_seconds']} s"))
+    return figures
+
+
 def _with_met(figure: Figure, met: bool, target: str) -> Figure:
     """Return the figure judged on an absolute target instead of its ratio."""
     return replace(figure, met=met, target=target)
@@ -182,6 +230,8 @@ def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figur
                    memory_figures),
         "servers": (lambda: servers.measure(e, shape, args.seconds, args.against), server_figures),
         "dlog": (lambda: dlog_bench.measure(e, shape, args.seconds), dlog_figures),
+        "scale": (lambda: scale.measure(e, shape, args.scale, args.scale_scopes, args.seconds,
+                                        args.rounds), scale_figures),
     }
     figures: list[Figure] = []
     details: dict[str, Any] = {"shape": shape.args(), "seconds": args.seconds}
@@ -225,6 +275,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--against", default="granian",
                         help='"servers": side B, granian[:N] or threads:N (gunicorn, N threads)')
     parser.add_argument("--only", type=lambda s: s.split(","), default=list(DEFAULT_MEASURES))
+    parser.add_argument("--scale", type=scale.parse_scale, default=scale.parse_scale("1m"),
+                        help="receipts of the biggest ledger of the scale measure: 1m"
+                        " (default, in make bench), 2m, 10m (~hours on 2 cores; bench/README.md)")
+    parser.add_argument("--scale-scopes", type=int, default=10_000)
     args = parser.parse_args(argv)
     unknown = set(args.only) - set(MEASURES)
     if unknown:

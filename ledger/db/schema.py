@@ -364,6 +364,29 @@ scope_counts = Table(
     Column("refreshed_at", UTCDateTime, nullable=False),
 )
 
+# Receipts per scope accepted in [settled_from, settled_until): a band no purge can
+# reach yet and no intake transaction still writes into, so jobs/rollups.py adds
+# only what entered and subtracts only what left it since its last run.
+# The band's bounds, the run that moved them and the last full recount live in
+# one row of rollup_marks (name 'scope_totals').
+scope_totals = Table(
+    "scope_totals",
+    metadata,
+    Column("scope_id", Integer, primary_key=True),
+    Column("settled", BigInteger, nullable=False),
+)
+
+ROLLUP_MARK = "scope_totals"  # the rollup_marks row of jobs/rollups.py's scope counts
+rollup_marks = Table(
+    "rollup_marks",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("settled_from", UTCDateTime, nullable=False),
+    Column("settled_until", UTCDateTime, nullable=False),
+    Column("counted_at", UTCDateTime, nullable=False),
+    Column("recounted_at", UTCDateTime, nullable=False),
+)
+
 hourly_series = Table(
     "hourly_series",
     metadata,

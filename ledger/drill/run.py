@@ -35,6 +35,7 @@ from ledger.db.schema import (
     jobs,
     receipts,
     scope_counts,
+    scope_totals,
     unsigned_bodies,
 )
 from ledger.domain import ReceiptState
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 POLL_SECONDS = 0.2
 # Tables keyed by scope id that a sandbox integration can leave rows in.
 SCOPED_TABLES = (receipts, jobs, attempts, conflicts, unsigned_bodies, demo_balances,
-                 scope_counts, hourly_series)
+                 scope_counts, scope_totals, hourly_series)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -30,7 +30,15 @@ from sqlalchemy import Engine, func, select
 
 from ledger.clock import Clock
 from ledger.config import metrics_multiproc_dir
-from ledger.db.schema import findings, instances, receipts, scheduler_runs, scope_counts
+from ledger.db.schema import (
+    ROLLUP_MARK,
+    findings,
+    instances,
+    receipts,
+    rollup_marks,
+    scheduler_runs,
+    scope_counts,
+)
 from ledger.db.timestamps import as_utc
 from ledger.domain import ReceiptState
 
@@ -81,10 +89,14 @@ class LedgerStateCollector(Collector):
     def _families(self, now: datetime) -> Iterator[Metric]:
         """Read every state gauge in one short read-only connection."""
         with self._engine.connect() as conn:
-            counts = conn.execute(
-                select(scope_counts.c.state, func.sum(scope_counts.c.count),
-                       func.min(scope_counts.c.refreshed_at))
-                .group_by(scope_counts.c.state)).all()
+            # A rollups run rewrites only the rows that changed: its time is the mark's.
+            counted_at = conn.execute(select(rollup_marks.c.counted_at)
+                                      .where(rollup_marks.c.name == ROLLUP_MARK)).scalar()
+            counts = [(state, total, counted_at or refreshed) for state, total, refreshed
+                      in conn.execute(select(scope_counts.c.state,
+                                             func.sum(scope_counts.c.count),
+                                             func.min(scope_counts.c.refreshed_at))
+                                      .group_by(scope_counts.c.state))]
             # ix_receipts_open (state, accepted_at) answers this from its first entry.
             oldest = conn.execute(select(func.min(receipts.c.accepted_at))
                                   .where(receipts.c.state == ReceiptState.PENDING.code)).scalar()

@@ -10,6 +10,11 @@ every node (the coordinator's own table is an empty shell); SQLite the `dbstat`
 virtual table's pages of the table and its indexes. events_per_day is what the
 ledger accepted over the last 24 hours. Jobs are not counted: a finished job's
 row is deleted, so jobs scale with the backlog, not with retention.
+
+The dashboard and the API read the two counts from the rollups (`from_rollups`:
+scope_counts and the hourly series, up to a rollups period old, the day in whole
+hours) instead of counting the table per view: at 10M receipts the two counts
+took most of a second. `ledger capacity` counts exactly.
 """
 
 from __future__ import annotations
@@ -21,23 +26,22 @@ from sqlalchemy import Connection, Engine, func, select, text
 
 from ledger.config import Settings
 from ledger.db import citus
-from ledger.db.schema import receipts
+from ledger.db.schema import hourly_series, receipts, scope_counts
 
 DAY = timedelta(days=1)
+HOUR = timedelta(hours=1)
 
 
 def measure(engine: Engine, settings: Settings, *, replicas: int = 1,
-            now: datetime | None = None) -> dict[str, Any]:
+            now: datetime | None = None, from_rollups: bool = False) -> dict[str, Any]:
     """Return the CONTRACT's `ledger capacity` figures (plus `replicas` when not 1)."""
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
     with engine.connect() as conn:
-        rows = int(conn.execute(select(func.count()).select_from(receipts)).scalar_one())
-        size = receipts_bytes(conn)
         since = (now or datetime.now(UTC)) - DAY
-        per_day = int(conn.execute(
-            select(func.count()).select_from(receipts)
-            .where(receipts.c.accepted_at >= since)).scalar_one())
+        counted = _from_rollups(conn, since) if from_rollups else None
+        rows, per_day = counted or _exact_counts(conn, since)
+        size = receipts_bytes(conn)
     per_receipt = round(size / rows, 1) if rows else None
     retention_days = round(settings.retention_seconds / 86400, 4)
     projected = (round(per_day * retention_days * per_receipt * replicas)
@@ -50,6 +54,24 @@ def measure(engine: Engine, settings: Settings, *, replicas: int = 1,
     if replicas != 1:
         result["replicas"] = replicas
     return result
+
+
+def _exact_counts(conn: Connection, since: datetime) -> tuple[int, int]:
+    """Return (receipts, receipts accepted since `since`) counted from the table."""
+    rows = int(conn.execute(select(func.count()).select_from(receipts)).scalar_one())
+    per_day = int(conn.execute(select(func.count()).select_from(receipts)
+                               .where(receipts.c.accepted_at >= since)).scalar_one())
+    return rows, per_day
+
+
+def _from_rollups(conn: Connection, since: datetime) -> tuple[int, int] | None:
+    """Return (receipts, accepted in the hours since `since`) from the rollups, if run."""
+    rows = conn.execute(select(func.sum(scope_counts.c.count))).scalar()
+    if rows is None:
+        return None
+    per_day = conn.execute(select(func.coalesce(func.sum(hourly_series.c.accepted), 0))
+                           .where(hourly_series.c.hour > since - HOUR)).scalar_one()
+    return int(rows), int(per_day)
 
 
 def receipts_bytes(conn: Connection) -> int:

@@ -9,11 +9,13 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from ledger.db.schema import (
+    ROLLUP_MARK,
     conflicts,
     hourly_series,
     instances,
     jobs,
     receipts,
+    rollup_marks,
     scheduler_runs,
     scope_counts,
 )
@@ -97,6 +99,10 @@ def scope_rows(conn: Connection, now: datetime, *, cursor: str | None = None,
         if r.state == ReceiptState.PENDING.code:
             counts[r.scope_id]["oldest_pending_at"] = r.oldest_accepted_at
         refreshed = r.refreshed_at if refreshed is None else max(refreshed, r.refreshed_at)
+    if refreshed is not None:
+        # jobs/rollups.py rewrites only the rows that change: its run's time is the mark's.
+        refreshed = conn.execute(select(rollup_marks.c.counted_at).where(
+            rollup_marks.c.name == ROLLUP_MARK)).scalar() or refreshed
     series: dict[int, list[tuple[datetime, int, int]]] = {i: [] for i in ids}
     since = now - timedelta(hours=SERIES_HOURS)
     for r in conn.execute(select(hourly_series)

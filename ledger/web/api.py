@@ -234,4 +234,5 @@ def audit_verify() -> Response:
 def capacity() -> Response:
     """The capacity equation's measured inputs and projection."""
     svc = services()
-    return jsonify(plain(measure(svc.engine, svc.settings, now=svc.clock.now())))
+    return jsonify(plain(measure(svc.engine, svc.settings, now=svc.clock.now(),
+                                 from_rollups=True)))

@@ -81,3 +81,21 @@ def test_capacity_command_prints_the_contract_keys_and_replicas_only_when_asked(
     assert doubled["projected_bytes"] == pytest.approx(2 * plain["projected_bytes"], abs=2)
     bad = runner.invoke(args=["ledger", "capacity", "--replicas", "0", "--json"])
     assert bad.exit_code == 2
+
+
+def test_pages_read_the_counts_from_the_rollups_once_they_have_run(app):
+    """The dashboard's figures come from the rollups (no count of the table per view)."""
+    from jobs.rollups import refresh
+    from ledger.clock import FixedClock
+
+    svc = app.extensions["ledger"]
+    now = datetime.now(UTC)
+    scope = make_sender(app).scope_id
+    _insert(svc, scope, 0, 100, now)
+    assert measure(svc.engine, svc.settings, now=now, from_rollups=True)["receipts"] == 100
+    refresh(svc.engine, FixedClock(now))
+    _insert(svc, scope, 100, 10, now)  # after the run: the exact count sees them at once
+    paged = measure(svc.engine, svc.settings, now=now, from_rollups=True)
+    exact = measure(svc.engine, svc.settings, now=now)
+    assert (paged["receipts"], paged["events_per_day"]) == (100, 50)
+    assert (exact["receipts"], exact["events_per_day"]) == (110, 55)

@@ -217,7 +217,8 @@ def audit_verify() -> Response:
 def capacity_page() -> Response:
     """The seed's equation with measured bytes per receipt, and a projection chart."""
     svc = services()
-    numbers: dict[str, Any] | None = measure(svc.engine, svc.settings, now=svc.clock.now())
+    numbers: dict[str, Any] | None = measure(svc.engine, svc.settings, now=svc.clock.now(),
+                                      from_rollups=True)
     chart = None
     if numbers is not None and numbers["bytes_per_receipt_measured"] is None:
         numbers = None  # no receipts yet: nothing to measure, the page says so
