@@ -61,6 +61,8 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     body_deadline.init_app(app, settings.body_read_timeout_seconds)  # in front of both
     if settings.trusted_proxies:
         # Outermost, so the intake fast path sees the same client address as Flask.
+        # why (the ignore): wrapping wsgi_app is Flask's documented middleware hook; mypy
+        # sees a method being replaced.
         app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
             app.wsgi_app, x_for=settings.trusted_proxies)
     app.register_blueprint(ops.bp)

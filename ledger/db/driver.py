@@ -106,6 +106,8 @@ def _row_converter(statement: TextClause | TextualSelect,
     columns = [(col.key, col.type) for col in getattr(statement, "selected_columns", ())]
     if not columns:
         return None  # no declared columns: the driver's values as they are
+    # why: the fields are the statement's columns, known only at run time; mypy types a
+    # namedtuple only from a literal list of fields.
     shape = namedtuple("DriverRow", [key for key, _ in columns])  # type: ignore[misc]
     readers = [(i, kind.dialect_impl(dialect).result_processor(dialect, None))
                for i, (_, kind) in enumerate(columns)]

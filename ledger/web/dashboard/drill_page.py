@@ -127,6 +127,8 @@ def drill_start() -> Response:
     if refused:
         return render("drill.html", "partials/_drill_status.html", status=403, run=None,
                       error=refused)
+    # why: the run thread needs the app itself, not the request-bound proxy; Flask types
+    # current_app as the app, so mypy does not see the proxy's accessor.
     svc, app = services(), current_app._get_current_object()  # type: ignore[attr-defined]
     who = actor()
     run = DrillRun(run_id=secrets.token_hex(6), started_by=who.name,
