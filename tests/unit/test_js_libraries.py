@@ -8,6 +8,7 @@ Without Node or those modules the test is skipped with the reason, never passed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -22,9 +23,19 @@ JS = Path(__file__).resolve().parents[1] / "js"
 NODE = shutil.which("node")
 BODY = '{"id":"evt_js","type":"demo.credit","data":{"amount":3}}'
 
-pytestmark = pytest.mark.skipif(
-    NODE is None or not (JS / "node_modules" / "svix").is_dir(),
-    reason="Node.js or tests/js/node_modules missing: run `npm ci --prefix tests/js`")
+MISSING = ("Node.js or tests/js/node_modules missing: run `npm ci --prefix tests/js`"
+           if NODE is None or not (JS / "node_modules" / "svix").is_dir() else None)
+
+
+@pytest.fixture(autouse=True)
+def _javascript_libraries() -> None:
+    """Skip loudly without Node.js and the senders' JS libraries; in CI (make test runs
+    `npm ci`) their absence is a failure, never a skip."""
+    if MISSING is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {MISSING}", pytrace=False)
+    pytest.skip(MISSING)
 
 
 def _run_node(now: int, ours: dict[str, object]) -> dict[str, dict[str, object]]:
