@@ -130,12 +130,13 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _pg_database(pg_admin_url: str, template: str) -> Iterator[str]:
-    """Clone the template into a fresh database; drop it afterwards."""
+def _pg_database(pg_admin_url: str, template: str | None) -> Iterator[str]:
+    """Clone the template (or, without one, create an empty database); drop it afterwards."""
     name = f"ledger_t_{uuid.uuid4().hex[:12]}"
+    clone = f' TEMPLATE "{template}" STRATEGY FILE_COPY' if template else ""
     admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY'))
+        conn.execute(text(f'CREATE DATABASE "{name}"{clone}'))
     try:
         yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
     finally:
@@ -194,6 +195,18 @@ def _pg_or_skip(request: pytest.FixtureRequest) -> Iterator[str]:
         pytest.skip("PgBouncer unavailable on this machine (never skipped in CI)")
     for url in _pg_database(admin, template):
         yield url if bouncer is None else bouncer.url(make_url(url).database or "")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with no tables at all, never migrated, on both engines."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+        return
+    admin = request.getfixturevalue("pg_admin_url")
+    if admin is None:
+        pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
+    yield from _pg_database(admin, None)
 
 
 @pytest.fixture

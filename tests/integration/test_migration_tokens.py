@@ -2,42 +2,17 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 from alembic import command
-from sqlalchemy import create_engine, insert, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import insert, select
 
 from ledger.access.operators import operator_for_token, token_digest
 from ledger.config import Settings
 from ledger.db.engine import alembic_config, make_engine
 from ledger.db.schema import api_tokens, operators
 from tests.conftest import TEST_MASTER_KEY
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database with no tables at all, on both engines."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'empty.sqlite3'}"
-        return
-    admin_url = request.getfixturevalue("pg_admin_url")
-    if admin_url is None:
-        pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
-    name = f"ledger_m_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _migrate(engine, revision: str) -> None:  # type: ignore[no-untyped-def]

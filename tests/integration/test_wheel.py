@@ -22,8 +22,6 @@ from pathlib import Path
 import pytest
 import requests
 from cryptography.fernet import Fernet
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from tests.helpers import Sender, event_body, signed_headers
 from tests.servers import ROOT, free_port, wait_until_up
@@ -97,27 +95,6 @@ def test_wheel_holds_only_app_jobs_and_ledger_with_every_resource(wheel: Path):
             "ledger/templates/login.html", "ledger/static/ledger.css"} <= names
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty, never migrated database on each engine."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'installed.sqlite3'}"
-        return
-    admin_url = request.getfixturevalue("pg_admin_url")
-    if admin_url is None:
-        pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
-    name = f"ledger_wheel_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 @contextmanager
 def _serving(args: list[str], env: dict[str, str], cwd: Path, base_url: str) -> Iterator[None]:
     """Run a server we start, in its own session, until the block ends; then stop it."""
@@ -157,11 +134,11 @@ def _check_pages_and_intake(base_url: str, sender: Sender, event_id: str, amount
 
 
 def test_installed_wheel_migrates_and_serves_from_outside_the_checkout(
-        venv_bin: Path, empty_database: str, tmp_path: Path):
+        venv_bin: Path, empty_db_url: str, tmp_path: Path):
     """`ledger db upgrade`, `ledger integration create`, gunicorn and `ledger dev` all work."""
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    env = _clean_env(DATABASE_URL=empty_database, LEDGER_VAR_DIR=str(tmp_path / "var"),
+    env = _clean_env(DATABASE_URL=empty_db_url, LEDGER_VAR_DIR=str(tmp_path / "var"),
                      LEDGER_MASTER_KEY=Fernet.generate_key().decode(),
                      LEDGER_SECRET_KEY="wheel-test-secret", LEDGER_DEMO_HANDLERS="1",
                      PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"))
