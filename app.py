@@ -43,7 +43,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     """
     from ledger.cli import ledger_cli
     from ledger.services import build_services
-    from ledger.web import body_deadline, ingest, ops, request_log
+    from ledger.web import body_deadline, ingest, ops, read_source, request_log
     from ledger.web.dashboard import register_dashboard
     from ledger.web.errors import register_error_handlers
 
@@ -67,5 +67,6 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
             app.wsgi_app, x_for=settings.trusted_proxies)
     app.register_blueprint(ops.bp)
     register_dashboard(app)  # sessions, CSRF, dashboard pages, /api/v1
+    read_source.init_app(app)  # where the dashboard's and the API's reads ran
     app.cli.add_command(ledger_cli)
     return app

@@ -52,6 +52,8 @@ MASTER_KEY_FILE = "master.key"
 LOG_HASH_KEY_FILE = "log-hash.key"
 AUDIT_KEY_FILE = "audit.key"
 DEFAULT_BIND = "127.0.0.1:8000"
+# What a PostgreSQL URL starts with (the dialect, with or without a driver).
+POSTGRESQL_PREFIXES = ("postgresql://", "postgresql+")
 # A body read deadline shorter than this would cut off senders on any real network.
 MIN_BODY_READ_TIMEOUT_SECONDS = 0.1
 
@@ -183,6 +185,44 @@ def database_url_from_env(env: Mapping[str, str] | None = None) -> str:
     return _raw(env, "DATABASE_URL") or f"sqlite:///{_var_dir(env) / 'ledger.sqlite3'}"
 
 
+def read_database_url(env: Mapping[str, str], primary: str) -> str | None:
+    """Return LEDGER_READ_DATABASE_URL (a PostgreSQL read replica), None when unset.
+
+    A replica serves reads only (README "A read replica for the dashboard"): it must be
+    PostgreSQL, and so must the primary it replicates. SQLite has no streaming replica.
+    """
+    name = "LEDGER_READ_DATABASE_URL"
+    raw = _raw(env, name)
+    if raw is None:
+        return None
+    if raw != raw.strip() or not raw.startswith(POSTGRESQL_PREFIXES):
+        what = "a SQLite URL" if raw.strip().startswith("sqlite") else repr(_url_scheme(raw))
+        raise SettingsError(name, f"{name} must be a PostgreSQL URL "
+                                  f"(postgresql+psycopg://…), got {what}: a read replica "
+                                  "is a PostgreSQL streaming standby")
+    if not primary.startswith(POSTGRESQL_PREFIXES):
+        raise SettingsError(name, f"{name} needs a PostgreSQL DATABASE_URL (the primary it "
+                                  f"replicates); DATABASE_URL is {_url_scheme(primary)!r}")
+    return raw
+
+
+def _url_scheme(url: str) -> str:
+    """Return a URL's scheme only: the rest may hold a password."""
+    return url.strip().partition(":")[0]
+
+
+def _max_lag(env: Mapping[str, str]) -> float | None:
+    """Read LEDGER_READ_MAX_LAG_SECONDS; None (unset) means any lag is served."""
+    value = _number(env, "LEDGER_READ_MAX_LAG_SECONDS", float, "a number of seconds", 0,
+                    MAX_DURATION_SECONDS)
+    if value is None:
+        return None
+    if "LEDGER_READ_DATABASE_URL" not in env or not env["LEDGER_READ_DATABASE_URL"]:
+        raise SettingsError("LEDGER_READ_MAX_LAG_SECONDS", "LEDGER_READ_MAX_LAG_SECONDS "
+                            "bounds the replica's lag: it needs LEDGER_READ_DATABASE_URL")
+    return int(value) if value.is_integer() else value
+
+
 def _var_dir(env: Mapping[str, str]) -> Path:
     """Return LEDGER_VAR_DIR (default ./var), resolved."""
     return Path(_raw(env, "LEDGER_VAR_DIR") or "var").resolve()
@@ -275,6 +315,9 @@ class Settings:
     """Every knob of the ledger, with the contract's defaults."""
 
     database_url: str
+    # A PostgreSQL streaming standby for the dashboard's and the API's reads (optional).
+    read_database_url: str | None = None
+    read_max_lag_seconds: float | None = None  # beyond it those reads go to the primary
     environment: str = "development"
     var_dir: Path = field(default_factory=lambda: Path("var").resolve())
     master_key: str | None = None
@@ -341,8 +384,11 @@ class Settings:
         retention = _seconds(env, "LEDGER_RETENTION_SECONDS", DEFAULT_RETENTION_SECONDS, 1)
         modules = tuple(m.strip() for m in env.get("LEDGER_HANDLER_MODULES", "").split(",")
                         if m.strip())
+        primary = database_url_from_env(env)
         return cls(
-            database_url=database_url_from_env(env),
+            database_url=primary,
+            read_database_url=read_database_url(env, primary),
+            read_max_lag_seconds=_max_lag(env),
             environment=environment,
             var_dir=_var_dir(env),
             master_key=_raw(env, "LEDGER_MASTER_KEY"),

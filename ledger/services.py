@@ -11,6 +11,7 @@ from ledger.access.secrets_box import SecretBox, load_box
 from ledger.clock import Clock, SystemClock
 from ledger.config import Settings, log_hash_key
 from ledger.db.engine import make_engine
+from ledger.db.replica import ReplicaReads
 from ledger.intake.credential_view import CredentialView, ttl_for_bound
 from ledger.intake.delivery_log import DeliveryLog
 from ledger.intake.pipeline import Intake
@@ -29,6 +30,7 @@ class Services:
     view: CredentialView
     intake: Intake
     delivery_log: DeliveryLog
+    reads: ReplicaReads  # the dashboard's and the API's reads: the replica when configured
     heartbeat: InstanceHeartbeat | None = None
 
     def close(self) -> None:
@@ -37,6 +39,8 @@ class Services:
             self.heartbeat.stop()
         self.delivery_log.close()
         self.engine.dispose()
+        if self.reads.replica is not None:
+            self.reads.replica.dispose()
 
 
 def ledger_engine(settings: Settings, **overrides: object) -> Engine:
@@ -58,7 +62,11 @@ def build_services(settings: Settings, clock: Clock | None = None,
     view = CredentialView(engine, box, clock, ttl_for_bound(bound),
                           on_refresh=heartbeat.on_refresh)
     heartbeat.attach(view)
+    replica = (make_engine(settings.with_(database_url=settings.read_database_url))
+               if settings.read_database_url else None)
+    reads = ReplicaReads(engine, replica, max_lag_seconds=settings.read_max_lag_seconds)
     return Services(settings=settings, engine=engine, box=box, clock=clock, view=view,
+                    reads=reads,
                     intake=Intake(engine, view, clock, max_json_depth=settings.max_json_depth),
                     delivery_log=DeliveryLog(
                         engine, clock, enabled=settings.delivery_log,

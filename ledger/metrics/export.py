@@ -30,6 +30,7 @@ from sqlalchemy import Engine, func, select
 
 from ledger.clock import Clock
 from ledger.config import metrics_multiproc_dir
+from ledger.db.replica import measure_lag
 from ledger.db.schema import (
     ROLLUP_MARK,
     findings,
@@ -47,6 +48,7 @@ STATE_FAMILIES = frozenset({
     "ledger_receipts", "ledger_oldest_pending_seconds", "ledger_credential_view_age_seconds",
     "ledger_findings_open", "ledger_rollup_age_seconds",
     "ledger_scheduler_last_success_age_seconds", "ledger_metrics_database_up",
+    "ledger_replica_up", "ledger_replica_lag_seconds",
 })
 # An instance whose heartbeat is older than this many bounds is gone, not lagging.
 LIVE_INSTANCE_BOUNDS = 2
@@ -179,11 +181,41 @@ def process_source() -> Any:
     return REGISTRY
 
 
-def render_metrics(engine: Engine, clock: Clock, *,
-                   revocation_bound_seconds: float) -> tuple[bytes, str]:
+class ReplicaLagCollector(Collector):
+    """The read replica's state at scrape time: up, and its lag when known."""
+
+    def __init__(self, replica: Engine) -> None:
+        self._replica = replica
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield ledger_replica_up and, when the lag is known, ledger_replica_lag_seconds."""
+        up = GaugeMetricFamily("ledger_replica_up",
+                               "1 when the read replica (LEDGER_READ_DATABASE_URL) answered")
+        try:
+            with self._replica.connect() as conn:
+                lag, _note = measure_lag(conn)
+        except Exception:  # a scrape must never fail because the replica is away
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        if lag is not None:  # unknown (no replay yet): no sample rather than a made-up one
+            family = GaugeMetricFamily(
+                "ledger_replica_lag_seconds",
+                "Read replica lag: 0 when it has replayed all it received, else the age of "
+                "its last replayed commit")
+            family.add_metric([], lag)
+            yield family
+
+
+def render_metrics(engine: Engine, clock: Clock, *, revocation_bound_seconds: float,
+                   replica: Engine | None = None) -> tuple[bytes, str]:
     """Return the exposition text and its content type."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Without(process_source(), STATE_FAMILIES))
     registry.register(LedgerStateCollector(engine, clock,
                                            revocation_bound_seconds=revocation_bound_seconds))
+    if replica is not None:
+        registry.register(ReplicaLagCollector(replica))
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -35,13 +35,19 @@ HOUR = timedelta(hours=1)
 def measure(engine: Engine, settings: Settings, *, replicas: int = 1,
             now: datetime | None = None, from_rollups: bool = False) -> dict[str, Any]:
     """Return the CONTRACT's `ledger capacity` figures (plus `replicas` when not 1)."""
+    with engine.connect() as conn:
+        return measure_on(conn, settings, replicas=replicas, now=now, from_rollups=from_rollups)
+
+
+def measure_on(conn: Connection, settings: Settings, *, replicas: int = 1,
+               now: datetime | None = None, from_rollups: bool = False) -> dict[str, Any]:
+    """Return the capacity figures read on `conn` (a replica's, for the dashboard)."""
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
-    with engine.connect() as conn:
-        since = (now or datetime.now(UTC)) - DAY
-        counted = _from_rollups(conn, since) if from_rollups else None
-        rows, per_day = counted or _exact_counts(conn, since)
-        size = receipts_bytes(conn)
+    since = (now or datetime.now(UTC)) - DAY
+    counted = _from_rollups(conn, since) if from_rollups else None
+    rows, per_day = counted or _exact_counts(conn, since)
+    size = receipts_bytes(conn)
     per_receipt = round(size / rows, 1) if rows else None
     retention_days = round(settings.retention_seconds / 86400, 4)
     projected = (round(per_day * retention_days * per_receipt * replicas)

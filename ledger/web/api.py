@@ -1,4 +1,9 @@
-"""/api/v1: the dashboard's reads as JSON, for an operator API token or a session."""
+"""/api/v1: the dashboard's reads as JSON, for an operator API token or a session.
+
+The reads run through replica_read (the read replica when configured; headers say
+where), except an integration's credentials and the audit chain's verification,
+which read the primary.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from ledger.access import audit
 from ledger.errors import NotFound
 from ledger.reads import BadCursor, Page
 from ledger.reads.admin import list_audit, list_conflicts, list_integrations, read_credentials
-from ledger.reads.capacity import measure
+from ledger.reads.capacity import measure_on
 from ledger.reads.deliveries import list_deliveries
 from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, payload_value, read_receipt
@@ -26,6 +31,7 @@ from ledger.web.filters import (
     receipt_filter,
     scope_id_of,
 )
+from ledger.web.read_source import replica_read
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 bp.before_request(require_login)
@@ -101,9 +107,8 @@ def overview() -> Response:
     """Headline numbers, a page of scopes with rollup counts, instances and job runs."""
     svc = services()
     now = svc.clock.now()
-    with svc.engine.connect() as conn:
-        view = read_overview(conn, now, cursor=_cursor(),
-                             live_within=svc.settings.revocation_bound_seconds)
+    view = replica_read(lambda conn: read_overview(
+        conn, now, cursor=_cursor(), live_within=svc.settings.revocation_bound_seconds))
     return jsonify(plain({
         "headline": view.headline, "rollups_refreshed_at": view.rollups_refreshed_at,
         "scopes": view.scopes.items, "next_cursor": view.scopes.next_cursor,
@@ -115,19 +120,16 @@ def overview() -> Response:
 def receipts() -> Response:
     """Receipts filtered by scope, state, event_type, since, until, prefix; keyset paged."""
     svc = services()
-    with svc.engine.connect() as conn:
-        f = receipt_filter(conn, request.args)
-        page = list_receipts(conn, f, now=svc.clock.now(), cursor=_cursor(),
-                             limit=page_size(request.args))
+    page = replica_read(lambda conn: list_receipts(
+        conn, receipt_filter(conn, request.args), now=svc.clock.now(), cursor=_cursor(),
+        limit=page_size(request.args)))
     return _page(page)
 
 
 @bp.get("/receipts/<public_id>/<path:event_id>")
 def receipt(public_id: str, event_id: str) -> Response:
     """One receipt with attempts, conflicts and audit rows; the payload for oncall and up."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        _integration, item = read_receipt(conn, public_id, event_id)
+    _integration, item = replica_read(lambda conn: read_receipt(conn, public_id, event_id))
     item["deliveries"] = visible_deliveries(item["deliveries"])
     if not g.operator.can("oncall"):
         item.pop("payload", None)
@@ -141,10 +143,10 @@ def stuck() -> Response:
     """Pending past the threshold, overdue jobs and open findings."""
     svc = services()
     now = svc.clock.now()
-    with svc.engine.connect() as conn:
-        view = read_stuck_work(conn, now, threshold_seconds=svc.settings.stuck_pending_seconds,
-                               max_attempts=svc.settings.max_attempts,
-                               live_within=svc.settings.revocation_bound_seconds)
+    view = replica_read(lambda conn: read_stuck_work(
+        conn, now, threshold_seconds=svc.settings.stuck_pending_seconds,
+        max_attempts=svc.settings.max_attempts,
+        live_within=svc.settings.revocation_bound_seconds))
     return jsonify(plain({"stuck": view.stuck, "retrying": view.retrying,
                           "live_workers": view.live_workers,
                           "pending": view.pending, "overdue_jobs": view.overdue_jobs,
@@ -155,43 +157,37 @@ def stuck() -> Response:
 @bp.get("/failures")
 def failures() -> Response:
     """Failed receipts with their last error; `total` is capped (see `total_capped`)."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        f = receipt_filter(conn, request.args)
-        view = read_failures(conn, f, cursor=_cursor(), limit=page_size(request.args))
+    view = replica_read(lambda conn: read_failures(
+        conn, receipt_filter(conn, request.args), cursor=_cursor(),
+        limit=page_size(request.args)))
     return _page(view.page, total=view.total, total_capped=view.capped)
 
 
 @bp.get("/conflicts")
 def conflicts() -> Response:
     """Conflicts, most recent first; `open=1` for unacknowledged only."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        page = list_conflicts(conn, scope_id=scope_id_of(conn, request.args.get("scope")),
-                              unacknowledged=request.args.get("open") == "1",
-                              cursor=_cursor(),
-                              limit=page_size(request.args))
+    page = replica_read(lambda conn: list_conflicts(
+        conn, scope_id=scope_id_of(conn, request.args.get("scope")),
+        unacknowledged=request.args.get("open") == "1", cursor=_cursor(),
+        limit=page_size(request.args)))
     return _page(page)
 
 
 @bp.get("/integrations")
 def integrations() -> Response:
     """Integrations by scope."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        page = list_integrations(conn, account=account_of(request.args.get("account")),
-                                 cursor=_cursor(),
-                                 limit=page_size(request.args))
+    page = replica_read(lambda conn: list_integrations(
+        conn, account=account_of(request.args.get("account")), cursor=_cursor(),
+        limit=page_size(request.args)))
     return _page(page)
 
 
 @bp.get("/deliveries")
 def deliveries() -> Response:
     """The delivery log newest first; `reason` only for security and admin."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        page = list_deliveries(conn, delivery_filter(conn, request.args), cursor=_cursor(),
-                               limit=page_size(request.args))
+    page = replica_read(lambda conn: list_deliveries(
+        conn, delivery_filter(conn, request.args), cursor=_cursor(),
+        limit=page_size(request.args)))
     return _page(Page(items=visible_deliveries(page.items), next_cursor=page.next_cursor))
 
 
@@ -215,11 +211,8 @@ def credentials(public_id: str) -> Response:
 @bp.get("/audit")
 def audit_rows() -> Response:
     """Audit rows newest first, filtered by actor, action, scope, since, until."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        page = list_audit(conn, audit_filter(request.args),
-                          cursor=_cursor(),
-                          limit=page_size(request.args))
+    page = replica_read(lambda conn: list_audit(
+        conn, audit_filter(request.args), cursor=_cursor(), limit=page_size(request.args)))
     return _page(page)
 
 
@@ -234,5 +227,5 @@ def audit_verify() -> Response:
 def capacity() -> Response:
     """The capacity equation's measured inputs and projection."""
     svc = services()
-    return jsonify(plain(measure(svc.engine, svc.settings, now=svc.clock.now(),
-                                 from_rollups=True)))
+    return jsonify(plain(replica_read(lambda conn: measure_on(
+        conn, svc.settings, now=svc.clock.now(), from_rollups=True))))

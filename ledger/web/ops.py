@@ -73,5 +73,6 @@ def prometheus_metrics() -> Response:
     if refusal is not None:
         return refusal
     body, content_type = render_metrics(
-        svc.engine, svc.clock, revocation_bound_seconds=svc.settings.revocation_bound_seconds)
+        svc.engine, svc.clock, revocation_bound_seconds=svc.settings.revocation_bound_seconds,
+        replica=svc.reads.replica)
     return Response(body, content_type=content_type)

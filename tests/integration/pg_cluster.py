@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -42,6 +43,8 @@ class PrivateCluster:
         self._bin = Path(f"/usr/lib/postgresql/{self.version}/bin")
         self._log = tmp / "pg.log"
         self._settings = dict(settings or {})  # postgresql.conf lines (e.g. preload libraries)
+        self._runner: list[str] = []  # runs pg_ctl as another user (a standby made as root)
+        self._home: Path | None = None  # a directory of the standby's own, removed by drop()
 
     @property
     def admin_url(self) -> str:
@@ -65,12 +68,36 @@ class PrivateCluster:
         with conf.open("a") as lines:
             lines.writelines(f"{name} = '{value}'\n" for name, value in self._settings.items())
 
+    def create_standby(self, primary: PrivateCluster) -> None:
+        """Make this cluster a streaming standby of `primary` (running); not started.
+
+        No initdb: `pg_basebackup -R` copies the primary's data and writes standby.signal
+        and primary_conninfo, so the server streams from the primary once started. It runs
+        with pg_ctl from a directory of its own (as the postgres user when root).
+        """
+        self._debian = False
+        if os.geteuid() == 0:
+            self._runner = ["runuser", "-u", "postgres", "--"]
+            home = Path(tempfile.mkdtemp(prefix="ledger-standby-"))
+            shutil.chown(home, user="postgres")
+            self._home, self._datadir, self._log = home, home / "pgdata", home / "pg.log"
+        self._run(*self._runner, str(self._bin / "pg_basebackup"), "-D", str(self._datadir),
+                  "-R", "-X", "stream", "-c", "fast", "-h", "127.0.0.1", "-p",
+                  str(primary.port), "-U", "postgres")
+        # A Debian primary keeps its configuration outside the data directory.
+        (self._datadir / "postgresql.conf").write_text(
+            "".join(f"{name} = '{value}'\n" for name, value in self._settings.items()))
+        (self._datadir / "pg_hba.conf").write_text("local all all trust\n"
+                                                   "host all all 127.0.0.1/32 trust\n")
+        (self._datadir / "pg_ident.conf").write_text("")
+
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
         if self._debian:
             self._run("pg_ctlcluster", self.version, self.name, "start")
         else:
-            self._run(str(self._bin / "pg_ctl"), "-D", str(self._datadir), "-l", str(self._log),
+            self._run(*self._runner, str(self._bin / "pg_ctl"), "-D", str(self._datadir), "-l",
+                      str(self._log),
                       "-w", "-o", f"-p {self.port} -k {self._datadir} -h 127.0.0.1", "start")
 
     def stop(self) -> None:
@@ -78,8 +105,8 @@ class PrivateCluster:
         if self._debian:
             self._run("pg_ctlcluster", "--mode", "fast", self.version, self.name, "stop")
         else:
-            self._run(str(self._bin / "pg_ctl"), "-D", str(self._datadir), "-m", "fast", "-w",
-                      "stop")
+            self._run(*self._runner, str(self._bin / "pg_ctl"), "-D", str(self._datadir), "-m",
+                      "fast", "-w", "stop")
 
     def drop(self) -> None:
         """Stop and delete the cluster (best effort, for finally blocks)."""
@@ -87,10 +114,12 @@ class PrivateCluster:
             subprocess.run(["pg_dropcluster", "--stop", self.version, self.name],
                            capture_output=True, timeout=TIMEOUT, check=False)
         else:
-            subprocess.run([str(self._bin / "pg_ctl"), "-D", str(self._datadir), "-m",
-                            "immediate", "-w", "stop"], capture_output=True, timeout=TIMEOUT,
-                           check=False)
+            subprocess.run([*self._runner, str(self._bin / "pg_ctl"), "-D", str(self._datadir),
+                            "-m", "immediate", "-w", "stop"], capture_output=True,
+                           timeout=TIMEOUT, check=False)
             shutil.rmtree(self._datadir, ignore_errors=True)
+            if self._home is not None:
+                shutil.rmtree(self._home, ignore_errors=True)
 
     def _run(self, *args: str) -> None:
         """Run one cluster command; raise with its output on failure."""

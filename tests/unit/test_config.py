@@ -378,3 +378,50 @@ def test_a_body_read_timeout_below_a_tenth_of_a_second_is_refused_by_name(raw: s
 @pytest.mark.parametrize("raw", ["nan", "inf", "ten"])
 def test_a_body_read_timeout_that_is_not_a_number_is_refused_by_name(raw: str) -> None:
     refused("LEDGER_BODY_READ_TIMEOUT_SECONDS", raw, "must be a number of seconds")
+
+
+PG = "postgresql+psycopg://ledger:pw@db1/ledger"
+REPLICA = "postgresql+psycopg://ledger:s3cret@db2/ledger"
+
+
+def test_a_read_replica_is_optional_and_taken_when_both_are_postgresql() -> None:
+    assert settings().read_database_url is None and settings().read_max_lag_seconds is None
+    chosen = settings(DATABASE_URL=PG, LEDGER_READ_DATABASE_URL=REPLICA,
+                      LEDGER_READ_MAX_LAG_SECONDS="2.5")
+    assert chosen.read_database_url == REPLICA and chosen.read_max_lag_seconds == 2.5
+    assert settings(DATABASE_URL=PG, LEDGER_READ_DATABASE_URL="").read_database_url is None
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    ("sqlite:///var/replica.sqlite3", "a SQLite URL"),
+    ("mysql://u:s3cret@db/ledger", "'mysql'"),
+    ("db2:5432", "'db2'"),
+    (f" {REPLICA}", "'postgresql+psycopg'"),
+])
+def test_a_read_replica_that_is_not_postgresql_is_refused_by_name(raw: str, shown: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        settings(DATABASE_URL=PG, LEDGER_READ_DATABASE_URL=raw)
+    message = str(caught.value)
+    assert caught.value.name == "LEDGER_READ_DATABASE_URL"
+    assert message.startswith("LEDGER_READ_DATABASE_URL must be a PostgreSQL URL")
+    assert shown in message and "s3cret" not in message  # never the password
+
+
+def test_a_read_replica_of_a_sqlite_ledger_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"LEDGER_READ_DATABASE_URL needs a PostgreSQL "
+                                            r"DATABASE_URL .*'sqlite'") as caught:
+        settings(LEDGER_READ_DATABASE_URL=REPLICA)  # BASE: a SQLite DATABASE_URL
+    assert caught.value.name == "LEDGER_READ_DATABASE_URL"
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "nan", "inf", "5s", " 2"])
+def test_the_replica_lag_bound_is_a_duration(raw: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        settings(DATABASE_URL=PG, LEDGER_READ_DATABASE_URL=REPLICA,
+                 LEDGER_READ_MAX_LAG_SECONDS=raw)
+    assert caught.value.name == "LEDGER_READ_MAX_LAG_SECONDS"
+
+
+def test_a_lag_bound_without_a_replica_is_refused() -> None:
+    with pytest.raises(SettingsError, match="needs LEDGER_READ_DATABASE_URL"):
+        settings(DATABASE_URL=PG, LEDGER_READ_MAX_LAG_SECONDS="5")

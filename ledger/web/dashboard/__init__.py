@@ -50,8 +50,13 @@ def is_fragment_request() -> bool:
 def render(page: str, partial: str | None = None, /, *, status: int = 200,
            **context: Any) -> Response:
     """Render the full page, or only its partial when htmx asks; either way Vary: HX-Request."""
-    template = partial if partial and is_fragment_request() else page
-    response = make_response(render_template(template, self_partial=partial, **context), status)
+    fragment = bool(partial) and is_fragment_request()
+    body = render_template(partial if fragment and partial else page, self_partial=partial,
+                           **context)
+    if fragment and g.get("read_source") is not None:
+        # A polled fragment updates the page's read-source line too (out of band).
+        body += render_template("partials/_read_source.html", oob=True)
+    response = make_response(body, status)
     response.vary.add("HX-Request")
     response.headers["Cache-Control"] = "no-store"
     return response

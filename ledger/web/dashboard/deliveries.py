@@ -11,17 +11,17 @@ from ledger.reads.deliveries import OUTCOMES, list_deliveries
 from ledger.web.auth import requires, services
 from ledger.web.dashboard import bp, render
 from ledger.web.filters import BadFilter, delivery_filter, page_size
+from ledger.web.read_source import replica_read
 
 
 def deliveries_context(args: Any) -> dict[str, Any]:
     """Run the delivery log query for the request's filters; errors become a message."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        try:
-            page = list_deliveries(conn, delivery_filter(conn, args),
-                                   cursor=args.get("cursor") or None, limit=page_size(args))
-        except (BadFilter, BadCursor) as error:
-            return {"error": str(error), "page": None}
+    try:
+        page = replica_read(lambda conn: list_deliveries(
+            conn, delivery_filter(conn, args), cursor=args.get("cursor") or None,
+            limit=page_size(args)))
+    except (BadFilter, BadCursor) as error:
+        return {"error": str(error), "page": None}
     if not g.operator.can("security"):
         page.items[:] = [dict(item, reason=None) for item in page.items]
     return {"error": None, "page": page}

@@ -8,6 +8,7 @@ from ledger.errors import LedgerError, NotFound, TooLong
 from ledger.reads.evidence import read_conflict_evidence
 from ledger.web.auth import actor, requires, services
 from ledger.web.dashboard import bp, render
+from ledger.web.read_source import replica_read
 from ledger.worker.rerun import retry_now, run_again
 
 
@@ -17,8 +18,7 @@ def conflict_page(conflict_id: int) -> Response:
     """One conflict: digests, counts and, for oncall and above, the diff of the two bodies."""
     svc = services()
     try:
-        with svc.engine.connect() as conn:
-            evidence = read_conflict_evidence(conn, conflict_id)
+        evidence = replica_read(lambda conn: read_conflict_evidence(conn, conflict_id))
     except NotFound:
         abort(404)
     return render("conflict.html", evidence=evidence, c=evidence.conflict,

@@ -6,9 +6,11 @@ group's id as one more filter; acknowledging or muting it is an audited action.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flask import Response, request
+from sqlalchemy import Connection
 
 from ledger.errors import LedgerError
 from ledger.reads import BadCursor
@@ -18,21 +20,26 @@ from ledger.web.auth import actor, requires, services
 from ledger.web.dashboard import bp, render
 from ledger.web.dashboard.actions import _status_of
 from ledger.web.filters import BadFilter, receipt_filter
+from ledger.web.read_source import primary_read, replica_read
 from ledger.worker.failure_review import GroupState, review_group
 
 FILTER_KEYS = ("scope", "event_type", "since", "until")
 
 
-def groups_context(args: Any) -> dict[str, Any]:
-    """Group the failures matching the request's filters; errors become a message."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        try:
-            f = receipt_filter(conn, args)
-            view = read_groups(conn, f)
-            total, capped = count_failures(conn, f)
-        except (BadFilter, BadCursor) as error:
-            return {"error": str(error), "view": None, "total": 0, "capped": False}
+def groups_context(args: Any, reader: Callable[..., Any] = replica_read) -> dict[str, Any]:
+    """Group the failures matching the request's filters; errors become a message.
+
+    `reader`: replica_read for the page, primary_read right after a review.
+    """
+
+    def read(conn: Connection) -> tuple[Any, int, bool]:
+        f = receipt_filter(conn, args)
+        return (read_groups(conn, f), *count_failures(conn, f))
+
+    try:
+        view, total, capped = reader(read)
+    except (BadFilter, BadCursor) as error:
+        return {"error": str(error), "view": None, "total": 0, "capped": False}
     return {"error": None, "view": view, "total": total, "capped": capped}
 
 
@@ -76,7 +83,7 @@ def failures_groups_review() -> Response:
         except LedgerError as error:
             status, message = _status_of(error), str(error)
     filters = {k: form.get(k, "") for k in FILTER_KEYS}
-    context = groups_context(filters)
+    context = groups_context(filters, primary_read)
     return render("failure_groups.html", "partials/_failure_groups.html", status=status,
                   args=filters, filters=_filters(filters), message=message,
                   review_error=status != 200, **context)

@@ -1,17 +1,22 @@
-"""Read-only dashboard pages. No GET here changes state."""
+"""Read-only dashboard pages. No GET here changes state.
+
+Their reads run through replica_read (the read replica when configured), except the
+credential pages and the audit chain's verification, which show the primary's truth.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from flask import Response, abort, request
+from sqlalchemy import Connection
 
 from ledger.access import audit
 from ledger.errors import NotFound
 from ledger.intake.signatures import PROFILE_NAMES
-from ledger.reads import BadCursor
+from ledger.reads import BadCursor, Page
 from ledger.reads.admin import list_audit, list_conflicts, list_integrations, read_credentials
-from ledger.reads.capacity import measure
+from ledger.reads.capacity import measure_on
 from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, read_receipt
 from ledger.reads.work import read_failures, read_stuck_work
@@ -26,6 +31,7 @@ from ledger.web.filters import (
     receipt_filter,
     scope_id_of,
 )
+from ledger.web.read_source import replica_read
 
 OVERVIEW_REFRESH_SECONDS = 10
 LIST_REFRESH_SECONDS = 15  # Failures, Stuck work and an integration's credentials
@@ -43,9 +49,8 @@ def overview() -> Response:
     svc = services()
     now = svc.clock.now()
     try:
-        with svc.engine.connect() as conn:
-            view = read_overview(conn, now, cursor=_cursor(),
-                                 live_within=svc.settings.revocation_bound_seconds)
+        view = replica_read(lambda conn: read_overview(
+            conn, now, cursor=_cursor(), live_within=svc.settings.revocation_bound_seconds))
     except BadCursor:
         abort(400)
     for item in view.scopes.items:
@@ -61,13 +66,15 @@ def overview() -> Response:
 def _receipts_context(args: Any) -> dict[str, Any]:
     """Run the receipt list for the request's filters; errors become a message."""
     svc = services()
-    with svc.engine.connect() as conn:
-        try:
-            f = receipt_filter(conn, args)
-            page = list_receipts(conn, f, now=svc.clock.now(), cursor=args.get("cursor") or None,
-                                 limit=page_size(args))
-        except (BadFilter, BadCursor) as error:
-            return {"error": str(error), "page": None}
+
+    def read(conn: Connection) -> Page:
+        return list_receipts(conn, receipt_filter(conn, args), now=svc.clock.now(),
+                             cursor=args.get("cursor") or None, limit=page_size(args))
+
+    try:
+        page = replica_read(read)
+    except (BadFilter, BadCursor) as error:
+        return {"error": str(error), "page": None}
     return {"error": None, "page": page}
 
 
@@ -87,8 +94,7 @@ def receipt_page(public_id: str, event_id: str) -> Response:
     """One receipt: timeline, digest, result, conflicts, audit rows, retained payload."""
     svc = services()
     try:
-        with svc.engine.connect() as conn:
-            integration, item = read_receipt(conn, public_id, event_id)
+        integration, item = replica_read(lambda conn: read_receipt(conn, public_id, event_id))
     except NotFound:
         abort(404)
     return render("receipt.html", receipt=item, integration=integration, now=svc.clock.now())
@@ -100,10 +106,10 @@ def stuck_page() -> Response:
     """Pending past the threshold, expired leases, due-but-unclaimed jobs, open findings."""
     svc = services()
     now = svc.clock.now()
-    with svc.engine.connect() as conn:
-        view = read_stuck_work(conn, now, threshold_seconds=svc.settings.stuck_pending_seconds,
-                               max_attempts=svc.settings.max_attempts,
-                               live_within=svc.settings.revocation_bound_seconds)
+    view = replica_read(lambda conn: read_stuck_work(
+        conn, now, threshold_seconds=svc.settings.stuck_pending_seconds,
+        max_attempts=svc.settings.max_attempts,
+        live_within=svc.settings.revocation_bound_seconds))
     return render("stuck.html", "partials/_stuck.html", now=now,
                   refresh_seconds=LIST_REFRESH_SECONDS,
                   threshold=view.threshold_seconds, grace=view.grace_seconds,
@@ -113,13 +119,12 @@ def stuck_page() -> Response:
 
 def failures_context(args: Any) -> dict[str, Any]:
     """Run the failure list for the request's filters."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        try:
-            view = read_failures(conn, receipt_filter(conn, args),
-                                 cursor=args.get("cursor") or None, limit=page_size(args))
-        except (BadFilter, BadCursor) as error:
-            return {"error": str(error), "page": None, "total": 0, "capped": False}
+    try:
+        view = replica_read(lambda conn: read_failures(
+            conn, receipt_filter(conn, args), cursor=args.get("cursor") or None,
+            limit=page_size(args)))
+    except (BadFilter, BadCursor) as error:
+        return {"error": str(error), "page": None, "total": 0, "capped": False}
     return {"error": None, "page": view.page, "total": view.total, "capped": view.capped}
 
 
@@ -137,15 +142,14 @@ def failures_page() -> Response:
 @requires("viewer")
 def conflicts_page() -> Response:
     """Same id with another body, and replayed bodies; acknowledge with a note."""
-    svc = services()
     open_only = request.args.get("open", "1") == "1"
-    with svc.engine.connect() as conn:
-        try:
-            page = list_conflicts(conn, scope_id=scope_id_of(conn, request.args.get("scope")),
-                                  unacknowledged=open_only, cursor=_cursor())
-            error = None
-        except (BadFilter, BadCursor) as problem:
-            page, error = None, str(problem)
+    try:
+        page = replica_read(lambda conn: list_conflicts(
+            conn, scope_id=scope_id_of(conn, request.args.get("scope")),
+            unacknowledged=open_only, cursor=_cursor()))
+        error = None
+    except (BadFilter, BadCursor) as problem:
+        page, error = None, str(problem)
     return render("conflicts.html", "partials/_conflicts.html", page=page, error=error,
                   open_only=open_only, args=request.args, status=400 if error else 200)
 
@@ -190,11 +194,10 @@ def credentials_page(public_id: str) -> Response:
 @requires("viewer")
 def audit_page() -> Response:
     """The audit log, filtered by actor, action, scope and time."""
-    svc = services()
     try:
         f = audit_filter(request.args)
-        with svc.engine.connect() as conn:
-            page = list_audit(conn, f, cursor=_cursor(), limit=page_size(request.args))
+        page = replica_read(lambda conn: list_audit(conn, f, cursor=_cursor(),
+                                                    limit=page_size(request.args)))
         error = None
     except (BadFilter, BadCursor) as problem:
         page, error = None, str(problem)
@@ -217,8 +220,8 @@ def audit_verify() -> Response:
 def capacity_page() -> Response:
     """The seed's equation with measured bytes per receipt, and a projection chart."""
     svc = services()
-    numbers: dict[str, Any] | None = measure(svc.engine, svc.settings, now=svc.clock.now(),
-                                      from_rollups=True)
+    numbers: dict[str, Any] | None = replica_read(lambda conn: measure_on(
+        conn, svc.settings, now=svc.clock.now(), from_rollups=True))
     chart = None
     if numbers is not None and numbers["bytes_per_receipt_measured"] is None:
         numbers = None  # no receipts yet: nothing to measure, the page says so

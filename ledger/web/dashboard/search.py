@@ -6,8 +6,9 @@ from flask import redirect, request, url_for
 from werkzeug.wrappers import Response
 
 from ledger.reads.search import Hit, search
-from ledger.web.auth import requires, services
+from ledger.web.auth import requires
 from ledger.web.dashboard import bp, render
+from ledger.web.read_source import replica_read
 
 
 def hit_url(hit: Hit) -> str:
@@ -22,8 +23,7 @@ def hit_url(hit: Hit) -> str:
 def search_page() -> Response:
     """Find an event id in every scope, an account, an integration slug or public id."""
     q = request.args.get("q", "")
-    with services().engine.connect() as conn:
-        hits = search(conn, q)
+    hits = replica_read(lambda conn: search(conn, q))
     if len(hits) == 1:
         response = redirect(hit_url(hits[0]), code=303)
         response.headers["Cache-Control"] = "no-store"
