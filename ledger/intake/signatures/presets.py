@@ -125,7 +125,7 @@ def _slack_challenge(payload: Any, secret: str) -> tuple[int, dict[str, Any]] | 
 # for Events API JSON and for the forms of slash commands and interactivity alike.
 # Those carry no event_id: a slash command is identified by its `trigger_id`, an
 # interaction (`payload=<JSON>`) by the payload's `trigger_id`, or, for the kinds
-# that have none (view_closed, block_suggestion), by a digest of the signed body.
+# that have none (view_closed, for one), by a digest of the signed body.
 SLASH_COMMAND = "slash_command"
 SLACK_COMMAND = BodyPath.of("command")  # a slash command's form
 SLACK_PAYLOAD = BodyPath.of("payload")  # an interaction's form, its JSON decoded
