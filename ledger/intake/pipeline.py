@@ -94,17 +94,21 @@ class Intake:
                               now: Any) -> IntakeAnswer:
         """Answer an authenticated delivery: a handshake, a batch, or one event."""
         integration = auth.integration
-        payload = (parse_json_object(body, self._max_json_depth) if profile.body_format == JSON
-                   else parse_body(profile.body_format, body, self._max_json_depth))
+        body_format = (JSON if profile.body_format == JSON and profile.alternate_format is None
+                       else profile.format_of(headers))
+        payload = (parse_json_object(body, self._max_json_depth) if body_format == JSON
+                   else parse_body(body_format, body, self._max_json_depth,
+                                   json_field=profile.form_json_field))
         if profile.handshake is not None:
             reply = profile.handshake(payload, key.secret)
             if reply is not None:  # answered at once, after authentication; nothing written
-                return IntakeAnswer(status=200, body=reply, scope=integration.scope,
+                return IntakeAnswer(status=reply[0], body=reply[1], scope=integration.scope,
                                     event_id="", event_type="", outcome="handshake",
                                     key_id=key.key_id)
         if isinstance(payload, list):  # a JSON_ARRAY profile's batch (parse_body)
             return self._accept_batch(auth, profile, key, headers, payload, now)
-        event = self._new_event(integration.id, profile, headers, payload, body, now)
+        event = self._new_event(integration.id, profile, headers, payload, body, now,
+                                form=body_format == FORM)
         with storage_guard():
             answer = self._claim(event, id_is_signed=profile.id_is_signed)
         return IntakeAnswer(status=answer[0], body=answer[1], scope=integration.scope,
@@ -112,17 +116,18 @@ class Intake:
                             outcome=answer[1]["status"], key_id=key.key_id)
 
     def _new_event(self, scope_id: int, profile: SenderProfile, headers: HeaderMap,
-                   payload: Any, body: bytes, now: Any) -> NewEvent:
+                   payload: Any, body: bytes, now: Any, *, form: bool = False) -> NewEvent:
         """Validate the event's id and type; the job carries the body (a form, decoded)."""
         # The fields directly (SenderProfile.identity, minus a call on the hot path).
         event_id = validate_event_id(profile.event_id.read(headers, payload, body))
         event_type = validate_event_type(profile.event_type.read(headers, payload, body))
-        if profile.body_format == FORM:
-            # The signature covers the decoded fields, not the bytes (`a=1&b=2` and
-            # `b=2&a=1` verify alike): the digest must too, or a reordered replay
-            # would pass the body-digest guard as a new body.
-            text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-            digest = hashlib.sha256(text.encode()).digest()
+        if form:
+            decoded = profile.signs_decoded_form
+            text = json.dumps(payload, sort_keys=decoded, separators=(",", ":"))
+            # Twilio's signature covers the decoded fields, not the bytes (`a=1&b=2`
+            # and `b=2&a=1` verify alike): the digest must too, or a reordered replay
+            # would pass the body-digest guard as a new body. Slack signs the bytes.
+            digest = hashlib.sha256(text.encode() if decoded else body).digest()
         else:
             text, digest = body.decode("utf-8"), hashlib.sha256(body).digest()
         return NewEvent(scope_id=scope_id, event_id=event_id, event_type=event_type,
@@ -292,10 +297,22 @@ def duplicate_answer(event_id: str, existing: RecordedOutcome) -> tuple[int, dic
     return 202, body
 
 
-def parse_body(body_format: str, body: bytes, max_depth: int = 64) -> Any:
-    """Decode the body in the profile's format: a JSON object, a JSON array, or a form."""
+def parse_body(body_format: str, body: bytes, max_depth: int = 64, *,
+               json_field: str | None = None) -> Any:
+    """Decode the body in the profile's format: a JSON object, a JSON array, or a form.
+
+    `json_field` names a form field holding a JSON object (Slack's `payload`): it is
+    decoded in place, as strictly as a JSON body.
+    """
     if body_format == FORM:
-        return parse_form(body)
+        fields = parse_form(body)
+        inner = fields.get(json_field) if json_field else None
+        if json_field and isinstance(inner, str):
+            try:
+                fields[json_field] = parse_json_object(inner.encode(), max_depth)
+            except InvalidEvent as invalid:
+                raise InvalidEvent(f"form field {json_field}: {invalid.detail}") from None
+        return fields
     if body_format == JSON_ARRAY:
         events = _load_json(body, "a JSON array of events", max_depth)
         if not isinstance(events, list) or not events:

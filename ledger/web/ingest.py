@@ -51,6 +51,7 @@ ROUTE = "/hooks/<public_id>"
 PREFIX = "/hooks/"
 RETRY_AFTER_SECONDS = "5"
 JSON_TYPE = "application/json"
+NO_CONTENT = 204
 StartResponse = Callable[..., Any]
 
 
@@ -212,8 +213,10 @@ def _deliver(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen
     return HookAnswer(answer.status, answer.body)
 
 
-def encode(body: dict[str, Any]) -> bytes:
-    """Return the JSON bytes of an answer, as Flask's jsonify writes them."""
+def encode(body: dict[str, Any], status: int = 200) -> bytes:
+    """Return the JSON bytes of an answer, as Flask's jsonify writes them (204: none)."""
+    if status == NO_CONTENT:
+        return b""  # Discord's Webhook Events PING: 204 with an empty body
     return (json.dumps(body, separators=(",", ":")) + "\n").encode()
 
 
@@ -221,7 +224,7 @@ def encode(body: dict[str, Any]) -> bytes:
 def receive(public_id: str) -> Response:
     """Serve a delivery that reached Flask (the fast path normally answers first)."""
     answer = answer_delivery(current_app.extensions["ledger"], public_id, request.environ)
-    return current_app.response_class(encode(answer.body), status=answer.status,
+    return current_app.response_class(encode(answer.body, answer.status), status=answer.status,
                                       headers=answer.headers, mimetype=JSON_TYPE)
 
 
@@ -259,7 +262,7 @@ class IntakeFastPath:
                              latency_ms=round((time.perf_counter() - started) * 1000, 2))
         finally:
             structlog.contextvars.clear_contextvars()
-        payload = encode(answer.body)
+        payload = encode(answer.body, answer.status)
         headers = [("Content-Type", JSON_TYPE), ("Content-Length", str(len(payload))),
                    *answer.headers, (REQUEST_ID_HEADER, request_id)]
         start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)

@@ -141,9 +141,11 @@ def _intake() -> dict[str, Any]:
                        "and the job. No 2xx before commit. Signature headers depend on the "
                        "integration's profile (README, \"Sender profiles\"). Handshakes "
                        "(Slack, Zoom, Discord) answer 200 with the sender's documented body "
-                       "and write nothing; batch profiles (SendGrid) answer "
+                       "(a Discord Webhook Events PING: 204, no body) and write nothing; "
+                       "batch profiles (SendGrid) answer "
                        "{\"status\": \"batch\", \"events\": [...]}; form profiles "
-                       "(Twilio) post application/x-www-form-urlencoded.",
+                       "(Twilio; Slack slash commands and interactivity) post "
+                       "application/x-www-form-urlencoded.",
         "operationId": "receiveDelivery",
         "parameters": [{"name": "integration", "in": "path", "required": True,
                         "schema": {"type": "string", "pattern": "^in_[0-9A-Za-z]{22}$"}}],
@@ -154,6 +156,8 @@ def _intake() -> dict[str, Any]:
             "200": _json(_answer(["duplicate"], ["complete", "failed"],
                                  ["status", "event_id", "state"]),
                          "duplicate of a complete (with result_ref) or failed receipt"),
+            "204": {"description": "Discord Webhook Events PING, after authentication; "
+                           "nothing written"},
             "202": _json(_answer(["accepted", "duplicate"], ["pending"],
                                  ["status", "event_id", "state"]),
                          "accepted (committed), or duplicate of a pending receipt"),

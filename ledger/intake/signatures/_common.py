@@ -61,6 +61,14 @@ def header_as_sent(headers: HeaderMap, name: str) -> Any:
     return values[0] if values else None
 
 
+def media_type(headers: HeaderMap) -> str:
+    """Return the delivery's Content-Type without parameters, lower-cased ('' if absent)."""
+    values = headers.get("content-type") or ()
+    if isinstance(values, str | bytes) or len(values) != 1:
+        return ""  # absent or sent twice: no declared type, the profile's default applies
+    return values[0].partition(";")[0].strip().lower()
+
+
 def require_secrets(secrets: Sequence[str]) -> None:
     """Refuse at once when the integration has no live secret."""
     if not secrets:

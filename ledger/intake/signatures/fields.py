@@ -168,3 +168,46 @@ class BodyDigest:
 
     def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
         """Nothing to write: the id follows from the body."""
+
+
+@dataclass(frozen=True, slots=True)
+class First:
+    """The first of several places that holds a value (Slack: event_id, or a trigger_id)."""
+
+    fields: tuple[Field, ...]
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the first value present, None when none is."""
+        for found in self.fields:
+            value = found.read(headers, payload, body)
+            if value is not None:
+                return value
+        return None
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Write where the first place is (the sender's main shape)."""
+        self.fields[0].put(value, headers, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class ByShape:
+    """The field of the first shape whose marker the body has, else `otherwise`.
+
+    One sender, several body shapes: a Slack slash command has `command`, an
+    interaction `payload`, an Events API body neither. The shape decides alone:
+    a marked body missing its field has no value, never another shape's.
+    """
+
+    shapes: tuple[tuple[BodyPath, Field], ...]
+    otherwise: Field
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the value from the field of the body's shape."""
+        for marker, found in self.shapes:
+            if marker.read(headers, payload, body) is not None:
+                return found.read(headers, payload, body)
+        return self.otherwise.read(headers, payload, body)
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Write the value where the default shape keeps it."""
+        self.otherwise.put(value, headers, payload)

@@ -14,7 +14,9 @@ from ledger.intake.signatures import keys
 from ledger.intake.signatures.fields import (
     BodyDigest,
     BodyPath,
+    ByShape,
     Dotted,
+    First,
     Fixed,
     Header,
     Named,
@@ -22,6 +24,7 @@ from ledger.intake.signatures.fields import (
 )
 from ledger.intake.signatures.profile import (
     FORM,
+    JSON,
     JSON_ARRAY,
     RAW_SECRET,
     STRIPE_SECRET,
@@ -39,6 +42,7 @@ from ledger.intake.signatures.schemes import (
     Single,
     Template,
     form_content,
+    twilio_json_content,
 )
 
 BODY = Template("{body}")
@@ -103,26 +107,44 @@ GITHUB = SenderProfile(
 )
 
 
-def _slack_challenge(payload: Any, secret: str) -> dict[str, Any] | None:
-    """Answer Slack's `url_verification` with its challenge."""
-    if isinstance(payload, dict) and payload.get("type") == "url_verification":
+def _slack_challenge(payload: Any, secret: str) -> tuple[int, dict[str, Any]] | None:
+    """Answer Slack's `url_verification` with its challenge, and its slash-command ssl_check."""
+    if not isinstance(payload, dict):
+        return None
+    if payload.get("type") == "url_verification":
         challenge = payload.get("challenge")
         if isinstance(challenge, str):
-            return {"challenge": challenge}
+            return 200, {"challenge": challenge}
+    if payload.get("ssl_check") == "1" and "command" not in payload:
+        return 200, {}  # Slack only probes the certificate; it carries no command
     return None
 
 
 # Slack (api.slack.com/authentication/verifying-requests-from-slack): `v0=` hex
-# HMAC-SHA256 of `v0:{X-Slack-Request-Timestamp}:{body}` under the signing secret.
+# HMAC-SHA256 of `v0:{X-Slack-Request-Timestamp}:{body}` under the signing secret,
+# for Events API JSON and for the forms of slash commands and interactivity alike.
+# Those carry no event_id: a slash command is identified by its `trigger_id`, an
+# interaction (`payload=<JSON>`) by the payload's `trigger_id`, or, for the kinds
+# that have none (view_closed, for one), by a digest of the signed body.
+SLASH_COMMAND = "slash_command"
+SLACK_COMMAND = BodyPath.of("command")  # a slash command's form
+SLACK_PAYLOAD = BodyPath.of("payload")  # an interaction's form, its JSON decoded
 SLACK = SenderProfile(
     name="slack",
     scheme=SignedContent(
         headers=(HeaderSet(signature="X-Slack-Signature", timestamp="X-Slack-Request-Timestamp"),),
         format=Single(prefix="v0=", version="v0"), encoding="hex",
         algorithms={"v0": keys.HMAC_SHA256}, content=Template("v0:{timestamp}:{body}")),
-    event_id=BodyPath.of("event_id"),
-    event_type=Wrapped("event_callback", BodyPath.of("type"), BodyPath.of("event.type")),
-    id_is_signed=True, handshake=_slack_challenge,
+    event_id=ByShape(((SLACK_COMMAND, BodyPath.of("trigger_id")),
+                      (SLACK_PAYLOAD, First((BodyPath.of("payload.trigger_id"),
+                                             BodyDigest("sl_"))))),
+                     otherwise=BodyPath.of("event_id")),
+    event_type=ByShape(((SLACK_COMMAND, Fixed(SLASH_COMMAND)),
+                        (SLACK_PAYLOAD, BodyPath.of("payload.type"))),
+                       otherwise=Wrapped("event_callback", BodyPath.of("type"),
+                                         BodyPath.of("event.type"))),
+    id_is_signed=True, handshake=_slack_challenge, alternate_format=FORM,
+    form_json_field="payload",
     example=lambda i, t, data: {"team_id": "T0001", "api_app_id": "A0001", "data": data},
 )
 
@@ -183,13 +205,13 @@ PAGERDUTY = SenderProfile(
 )
 
 
-def _zoom_validation(payload: Any, secret: str) -> dict[str, Any] | None:
+def _zoom_validation(payload: Any, secret: str) -> tuple[int, dict[str, Any]] | None:
     """Answer Zoom's `endpoint.url_validation` with the token hashed under the secret."""
     if isinstance(payload, dict) and payload.get("event") == "endpoint.url_validation":
         inner = payload.get("payload")
         token = inner.get("plainToken") if isinstance(inner, dict) else None
         if isinstance(token, str) and token:
-            return {"plainToken": token, "encryptedToken": hmac_hex(secret, token)}
+            return 200, {"plainToken": token, "encryptedToken": hmac_hex(secret, token)}
     return None
 
 
@@ -210,24 +232,35 @@ ZOOM = SenderProfile(
 
 DISCORD_TYPES = {1: "ping", 2: "application_command", 3: "message_component",
                  4: "application_command_autocomplete", 5: "modal_submit"}
+DISCORD_EVENT = BodyPath.of("event")  # only Webhook Events have one
 
 
-def _discord_ping(payload: Any, secret: str) -> dict[str, Any] | None:
-    """Answer Discord's PING interaction with a PONG."""
-    if isinstance(payload, dict) and payload.get("type") == 1:
-        return {"type": 1}
+def _discord_ping(payload: Any, secret: str) -> tuple[int, dict[str, Any]] | None:
+    """Answer an interaction PING with a PONG, a Webhook Events PING with 204 and no body."""
+    if not isinstance(payload, dict) or payload.get("event") is not None:
+        return None
+    kind = payload.get("type")
+    if kind == 1 and not isinstance(kind, bool):
+        return 200, {"type": 1}
+    if kind == 0 and not isinstance(kind, bool):
+        return 204, {}
     return None
 
 
-# Discord interactions (discord.com/developers/docs/interactions): hex ed25519 of
-# `{X-Signature-Timestamp}{body}` under the application's public key (hex).
+# Discord (discord.com/developers/docs/interactions/overview, .../events/webhook-events):
+# hex ed25519 of `{X-Signature-Timestamp}{body}` under the application's public key
+# (hex), for interactions and Webhook Events alike. An interaction has an `id`
+# snowflake; a Webhook Event (`{"version", "application_id", "type": 1, "event":
+# {"type", "timestamp", "data"}}`) has none, so its id is made from the signed body.
 DISCORD = SenderProfile(
     name="discord",
     scheme=SignedContent(
         headers=(HeaderSet(signature="X-Signature-Ed25519", timestamp="X-Signature-Timestamp"),),
         format=Single(version="ed25519"), encoding="hex",
         algorithms={"ed25519": keys.ED25519_HEX}, content=Template("{timestamp}{body}")),
-    event_id=BodyPath.of("id"), event_type=Named(BodyPath.of("type"), DISCORD_TYPES),
+    event_id=ByShape(((DISCORD_EVENT, BodyDigest("dc_")),), otherwise=BodyPath.of("id")),
+    event_type=ByShape(((DISCORD_EVENT, BodyPath.of("event.type")),),
+                       otherwise=Named(BodyPath.of("type"), DISCORD_TYPES)),
     id_is_signed=True, secret=public_key_format(keys.hex_ed25519_key, "hex ed25519 public key"),
     handshake=_discord_ping,
     example=lambda i, t, data: {"application_id": "1", "token": "t", "data": data},
@@ -251,16 +284,22 @@ SENDGRID = SenderProfile(
 )
 
 # Twilio (twilio.com/docs/usage/security): base64 HMAC-SHA1 of the endpoint URL and
-# the sorted form parameters under the auth token; no timestamp; the id is the
+# the sorted form parameters under the auth token; for a JSON body, of the URL with
+# the body's `bodySHA256` appended. Shared keys (twilio.com/docs/usage/webhooks/
+# webhook-shared-keys, Public Beta) sign the same content with the key's algorithm,
+# named in X-Twilio-Webhooks-Signature-Settings. No timestamp; the id is the
 # unsigned I-Twilio-Idempotency-Token header. Needs the URL configured in Twilio.
 TWILIO = SenderProfile(
     name="twilio",
     scheme=SignedContent(
-        headers=(HeaderSet(signature="X-Twilio-Signature"),), format=Single(),
-        encoding="base64", algorithms={"sig": keys.HMAC_SHA1}, content=form_content,
-        needs_url=True),
+        headers=(HeaderSet(signature="X-Twilio-Signature"),), format=Single(version="HMAC_SHA1"),
+        encoding="base64", algorithms={"HMAC_SHA1": keys.HMAC_SHA1,
+                                       "HMAC_SHA256": keys.HMAC_SHA256},
+        content=form_content, needs_url=True,
+        algorithm_header="X-Twilio-Webhooks-Signature-Settings",
+        json_content=twilio_json_content),
     event_id=Header("I-Twilio-Idempotency-Token"), event_type=Fixed("twilio.request"),
-    id_is_signed=False, body_format=FORM,
+    id_is_signed=False, body_format=FORM, alternate_format=JSON, signs_decoded_form=True,
     example=lambda i, t, data: {"AccountSid": "AC0001", **{k: str(v) for k, v in data.items()}},
 )
 

@@ -22,10 +22,13 @@ MAX_SECRET_LENGTH = 512
 JSON = "json"
 JSON_ARRAY = "json-array"
 FORM = "form"
+# The Content-Type that selects a profile's alternate format (Slack's forms, Twilio's JSON).
+MEDIA_TYPES = {FORM: "application/x-www-form-urlencoded", JSON: "application/json"}
 
 # A handshake gets the parsed body and the secret that verified it; it returns the
-# answer to send at once (no receipt), or None when the delivery is an event.
-Handshake = Callable[[Any, str], dict[str, Any] | None]
+# status and body to answer at once (no receipt; 204 answers no body), or None when
+# the delivery is an event.
+Handshake = Callable[[Any, str], tuple[int, dict[str, Any]] | None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +79,14 @@ class SenderProfile:
     id_is_signed: bool
     secret: SecretFormat = RAW_SECRET
     body_format: str = JSON
+    # The format a delivery has instead when its Content-Type declares it: Slack posts
+    # slash commands and interactivity as forms, Twilio some products as JSON.
+    alternate_format: str | None = None
+    # A form field whose value is a JSON object (Slack interactivity's `payload`),
+    # decoded in place so handlers and the id/type fields see the object.
+    form_json_field: str | None = None
+    # True when the signature covers the decoded form fields, not the bytes (Twilio).
+    signs_decoded_form: bool = False
     handshake: Handshake | None = None
     example: Callable[[str, str, dict[str, Any]], dict[str, Any]] | None = None
 
@@ -83,6 +94,13 @@ class SenderProfile:
     def has_timestamp(self) -> bool:
         """Tell whether deliveries carry a signed timestamp (freshness is checked)."""
         return self.scheme.has_timestamp
+
+    def format_of(self, headers: HeaderMap) -> str:
+        """Return this delivery's body format: the alternate one when its Content-Type says so."""
+        alternate = self.alternate_format
+        if alternate is not None and common.media_type(headers) == MEDIA_TYPES[alternate]:
+            return alternate
+        return self.body_format
 
     def verify(self, headers: HeaderMap, body: bytes, secrets: Sequence[str], *,
                now: int, tolerance: int) -> Verified:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import json
 import re
@@ -191,6 +192,26 @@ def form_content(msg_id: str, raw_timestamp: str, body: bytes, url: str) -> byte
     return "".join(parts).encode("utf-8")
 
 
+def twilio_json_content(body: bytes, url: str) -> bytes:
+    """Twilio's signed content for a JSON body: the URL with the body's `bodySHA256` appended.
+
+    Twilio signs the URL it called, which carries the hex SHA-256 of the body as a
+    query parameter; matching it proves the body. The configured URL is the one
+    without that parameter, so it is appended here as Twilio appends it.
+    """
+    digest = hashlib.sha256(body).hexdigest()
+    return f"{url}{'&' if '?' in url else '?'}bodySHA256={digest}".encode()
+
+
+def settings_algorithm(value: str) -> str | None:
+    """Return the `algorithm=` of a signature-settings header (`key=…,algorithm=HMAC_SHA256`)."""
+    for part in value.split(","):
+        name, pair, found = part.partition("=")
+        if pair and name.strip() == "algorithm" and found.strip():
+            return found.strip().upper()
+    return None
+
+
 def body_timestamp_ms(body: bytes, key: str) -> int:
     """Return the signed body's millisecond timestamp `key` in seconds (Linear)."""
     try:
@@ -215,6 +236,12 @@ class SignedContent:
     body_timestamp: str | None = None  # a millisecond field of the signed body (Linear)
     url: str = ""  # the endpoint URL as the sender knows it (Twilio, Square)
     needs_url: bool = False
+    # A header naming the algorithm of the signature (Twilio's shared keys:
+    # `X-Twilio-Webhooks-Signature-Settings: key=…,algorithm=HMAC_SHA256`); absent,
+    # the format's own entry name applies.
+    algorithm_header: str | None = None
+    # The signed content of a delivery whose Content-Type is JSON (Twilio's bodySHA256).
+    json_content: Callable[[bytes, str], bytes] | None = None
     has_timestamp: bool = field(init=False)
     _only: HeaderSet | None = field(init=False, repr=False)  # the one set, if only one
 
@@ -245,6 +272,8 @@ class SignedContent:
         value = common.required_header(headers, names.signature_key, "missing_signature")
         msg_id = common.required_header(headers, names.id_key, "missing_id") if names.id_key else ""
         raw_timestamp, entries = self.format.parse(value)
+        if self.algorithm_header is not None:
+            entries = self._named_by_header(headers, entries)
         if names.timestamp_key is not None:
             raw_timestamp = common.required_header(headers, names.timestamp_key,
                                                    "missing_timestamp")
@@ -254,13 +283,25 @@ class SignedContent:
         if self.needs_url and not self.url:
             raise AuthenticationFailed("no_endpoint_url")
         candidates = self._candidates(entries)
-        message = self.content(msg_id, raw_timestamp or "", body, self.url)
+        if self.json_content is not None and common.media_type(headers) == "application/json":
+            message = self.json_content(body, self.url)
+        else:
+            message = self.content(msg_id, raw_timestamp or "", body, self.url)
         index = self._match(secrets, message, candidates)
         if self.body_timestamp is not None:
             timestamp = body_timestamp_ms(body, self.body_timestamp)
         if timestamp is not None:
             common.check_freshness(timestamp, now=now, tolerance=tolerance)
         return Verified(secret_index=index, timestamp=timestamp)
+
+    def _named_by_header(self, headers: HeaderMap,
+                         entries: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Rename the entries by the algorithm the settings header names, if it names one."""
+        values = headers.get((self.algorithm_header or "").lower()) or ()
+        if len(values) > 1:
+            raise AuthenticationFailed("duplicate_header")
+        named = settings_algorithm(values[0]) if values else None
+        return [(named, value) for _, value in entries] if named else entries
 
     def _candidates(self, entries: list[tuple[str, str]]) -> dict[str, list[bytes]]:
         """Return the decoded signatures per algorithm name; skip what does not decode."""
