@@ -92,8 +92,13 @@ def worker_figures(r: dict[str, Any]) -> list[Figure]:
             f" {r['ours_db_cpu_ms_per_job']:.2f} ms, raw {r['raw_cpu_ms_per_job']:.2f} +"
             f" {r['raw_db_cpu_ms_per_job']:.2f} ms; machine idle {r['ours_idle_share']:.0%}"
             f" / {r['raw_idle_share']:.0%}")
-    return [at_least(f"worker completions/s (demo.credit, {r['processes']} workers)",
-                     r["ours_per_s"], "/s", "raw claim loop", r["raw_per_s"], 0.5, note)]
+    if "other_per_s" in r:
+        note += (f"; --batch {r['compare_batch']}: {r['other_per_s']:,.0f}/s"
+                 f" ({r['other_per_s'] / r['raw_per_s']:.3f}x raw),"
+                 f" {r['other_cpu_ms_per_job']:.2f} + {r['other_db_cpu_ms_per_job']:.2f} ms")
+    batch = f", batch {r['batch']}" if r.get("batch") else ""
+    return [at_least(f"worker completions/s (demo.credit, {r['processes']} workers{batch})",
+                     r["ours_per_s"], "/s", "raw claim loop", r["raw_per_s"], 1.0, note)]
 
 
 def big_figures(r: dict[str, Any]) -> list[Figure]:
@@ -223,7 +228,9 @@ def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figur
     plan: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[dict], list[Figure]]]] = {
         "intake": (lambda: intake.measure_pg(e, shape, args.seconds), intake_figures),
         "sqlite": (lambda: intake.measure_sqlite(e, shape, args.seconds), sqlite_figures),
-        "worker": (lambda: worker_bench.measure(e, args.seconds), worker_figures),
+        "worker": (lambda: worker_bench.measure(e, args.seconds, batch=args.worker_batch,
+                                                compare_batch=args.worker_compare_batch),
+                   worker_figures),
         "big": (lambda: big.measure(e, shape, args.receipts, args.scopes, args.rounds),
                 big_figures),
         "memory": (lambda: intake.measure_memory(e, shape, args.memory_requests),
@@ -274,6 +281,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--against", default="granian",
                         help='"servers": side B, granian[:N] or threads:N (gunicorn, N threads)')
+    parser.add_argument("--worker-batch", type=int, default=None,
+                        help='"worker": the ledger\'s --batch (default LEDGER_WORKER_BATCH\'s)')
+    parser.add_argument("--worker-compare-batch", type=int, default=None,
+                        help='"worker": also run --batch N as a third side (A B C C B A)')
     parser.add_argument("--only", type=lambda s: s.split(","), default=list(DEFAULT_MEASURES))
     parser.add_argument("--scale", type=scale.parse_scale, default=scale.parse_scale("1m"),
                         help="receipts of the biggest ledger of the scale measure: 1m"

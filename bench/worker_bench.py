@@ -27,11 +27,14 @@ from sqlalchemy import create_engine, make_url, text
 from bench import env as benv
 from bench.datagen import copy_rows, create_scopes, event_id
 from ledger.access.secrets_box import load_box
-from ledger.db.engine import make_engine
+from ledger.services import ledger_engine
 
 PROCESSES = 4
 SCOPES = 100
 ORDER = ("raw", "ours", "ours", "raw") * 2  # ABBA, twice
+# With a comparison batch size (--worker-compare-batch), a third side runs
+# `ledger worker --batch N` in the middle of each ABBA: A B C C B A, twice.
+ORDER_COMPARED = ("raw", "ours", "other", "other", "ours", "raw") * 2
 
 
 def backlog(e: benv.BenchEnv, url: str, jobs_count: int) -> None:
@@ -39,7 +42,7 @@ def backlog(e: benv.BenchEnv, url: str, jobs_count: int) -> None:
     import random
 
     settings = e.settings(url)
-    engine = make_engine(settings)
+    engine = ledger_engine(settings)  # with the audit key: creating scopes is audited
     rng = random.Random(4)
     try:
         scopes = create_scopes(engine, load_box(settings.master_key, settings.var_dir), SCOPES,
@@ -135,38 +138,53 @@ def _wait_until_working(url: str, procs: list[subprocess.Popen], started: int,
     time.sleep(1)
 
 
-def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000) -> dict[str, Any]:
-    """Return completions/s of the raw loop and of the ledger's workers, ABBA interleaved."""
+def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000, *,
+            batch: int | None = None, compare_batch: int | None = None) -> dict[str, Any]:
+    """Return completions/s of the raw loop and of the ledger's workers, ABBA interleaved.
+
+    `batch`: the ledger's `--batch` (default: LEDGER_WORKER_BATCH's default);
+    `compare_batch`: a third side with that batch size, in the same run.
+    """
+    order = ORDER if compare_batch is None else ORDER_COMPARED
+    ledger = [str(benv.BIN / "ledger"), "worker"]
+    commands: dict[str, list[str]] = {
+        "ours": [*ledger, f"--batch={batch}"] if batch else ledger,
+        "other": [*ledger, f"--batch={compare_batch}"]}
     source = e.migrated_pg("work_backlog")
     backlog(e, source, jobs_count)
     template = make_url(source).database
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     totals = {side: {"done": 0.0, "seconds": 0.0, "cpu": 0.0, "db_cpu": 0.0, "idle": 0.0}
-              for side in ("raw", "ours")}
-    window = seconds / ORDER.count("raw")  # each side runs `seconds` in all
+              for side in ("raw", "ours", "other")}
+    window = seconds / order.count("raw")  # each side runs `seconds` in all
     with open(e.tmp / "workers.log", "ab") as log:
-        for run, side in enumerate(ORDER):
+        for run, side in enumerate(order):
             url = e.pg_url(f"work_{run}_{side}", template=template)
             if side == "raw":
                 figures = completions(url, [[sys.executable, "-m", "bench.raw_claim",
                                              url.replace("+psycopg", "")]] * PROCESSES,
                                       base_env, log, window)
             else:
-                figures = completions(url, [[str(benv.BIN / "ledger"), "worker"]] * PROCESSES,
+                figures = completions(url, [commands[side]] * PROCESSES,
                                       {**base_env, **e.app_env(url)}, log, window)
             for key, value in figures.items():
                 totals[side][key] += value
-    raw, ours = totals["raw"], totals["ours"]
-    return {"raw_per_s": raw["done"] / raw["seconds"],
+    raw, ours, other = totals["raw"], totals["ours"], totals["other"]
+    compared = {} if compare_batch is None else {
+        "compare_batch": compare_batch, "other_per_s": other["done"] / other["seconds"],
+        "other_cpu_ms_per_job": 1000 * other["cpu"] / other["done"],
+        "other_db_cpu_ms_per_job": 1000 * other["db_cpu"] / other["done"],
+        "other_idle_share": other["idle"] / order.count("other")}
+    return {**compared, "batch": batch, "raw_per_s": raw["done"] / raw["seconds"],
             "ours_per_s": ours["done"] / ours["seconds"], "processes": PROCESSES,
-            "order": "".join("A" if side == "raw" else "B" for side in ORDER),
+            "order": "".join({"raw": "A", "ours": "B", "other": "C"}[side] for side in order),
             "raw_cpu_ms_per_job": 1000 * raw["cpu"] / raw["done"],
             "ours_cpu_ms_per_job": 1000 * ours["cpu"] / ours["done"],
             "raw_db_cpu_ms_per_job": 1000 * raw["db_cpu"] / raw["done"],
             "ours_db_cpu_ms_per_job": 1000 * ours["db_cpu"] / ours["done"],
             # idle shares summed over the runs of a side: divide for the mean
-            "raw_idle_share": raw["idle"] / ORDER.count("raw"),
-            "ours_idle_share": ours["idle"] / ORDER.count("ours")}
+            "raw_idle_share": raw["idle"] / order.count("raw"),
+            "ours_idle_share": ours["idle"] / order.count("ours")}
 
 
 def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
