@@ -38,10 +38,12 @@ DEFAULT_DUTY_CYCLE = 0.5
 # The longest duration accepted: ten years (a larger one overflows date arithmetic).
 MAX_DURATION_SECONDS = 10 * 365 * 86400
 # Jobs a worker claims and commits at once (ledger/worker/batch.py; 1 = one per claim).
-# The default is the measured best of bench/README.md, "Workers"; a batch is one
-# transaction's row locks, hence the ceiling.
+# The default is the measured best of bench/README.md, "Workers". A batch is one
+# transaction with a subtransaction (savepoint) per job: past 64 of them PostgreSQL's
+# per-backend subtransaction cache overflows and every other session's snapshot
+# checks slow down, hence the ceiling.
 DEFAULT_WORKER_BATCH = 8
-MAX_WORKER_BATCH = 100
+MAX_WORKER_BATCH = 64
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
