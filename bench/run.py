@@ -26,9 +26,12 @@ from bench import delivery_log as dlog_bench
 from bench import env as benv
 from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed
+from ledger.config import DEFAULT_WORKER_BATCH
 
-MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog", "scale", "servers")
-# `make bench` runs these; "servers" (gunicorn vs granian) is asked for by name.
+MEASURES = ("intake", "sqlite", "worker", "worker-sqlite", "big", "memory", "dlog", "scale",
+            "servers")
+# `make bench` runs these; "servers" (gunicorn vs granian) and "worker-sqlite" (the
+# batched worker on SQLite vs batch 1) are asked for by name.
 DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog", "scale")
 
 # Why a measure can miss on this 2-core machine, and where the evidence is (first
@@ -99,6 +102,16 @@ def worker_figures(r: dict[str, Any]) -> list[Figure]:
     batch = f", batch {r['batch']}" if r.get("batch") else ""
     return [at_least(f"worker completions/s (demo.credit, {r['processes']} workers{batch})",
                      r["ours_per_s"], "/s", "raw claim loop", r["raw_per_s"], 1.0, note)]
+
+
+def worker_sqlite_figures(r: dict[str, Any]) -> list[Figure]:
+    """The batched worker on the SQLite default against the same worker at batch 1."""
+    note = (f"one process each; client CPU per job {r['ours_cpu_ms_per_job']:.2f} vs"
+            f" {r['base_cpu_ms_per_job']:.2f} ms; machine idle {r['ours_idle_share']:.0%}"
+            f" / {r['base_idle_share']:.0%}")
+    return [at_least(f"worker completions/s on SQLite, batch {r['batch']}", r["ours_per_s"],
+                     "/s", f"the same worker, batch {r['baseline_batch']}", r["base_per_s"],
+                     1.0, note)]
 
 
 def big_figures(r: dict[str, Any]) -> list[Figure]:
@@ -231,6 +244,8 @@ def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figur
         "worker": (lambda: worker_bench.measure(e, args.seconds, batch=args.worker_batch,
                                                 compare_batch=args.worker_compare_batch),
                    worker_figures),
+        "worker-sqlite": (lambda: worker_bench.measure_sqlite(
+            e, args.seconds, args.worker_batch or DEFAULT_WORKER_BATCH), worker_sqlite_figures),
         "big": (lambda: big.measure(e, shape, args.receipts, args.scopes, args.rounds),
                 big_figures),
         "memory": (lambda: intake.measure_memory(e, shape, args.memory_requests),

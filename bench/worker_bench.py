@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,11 +23,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import create_engine, insert, make_url, text
 
 from bench import env as benv
 from bench.datagen import copy_rows, create_scopes, event_id
 from ledger.access.secrets_box import load_box
+from ledger.db.schema import jobs, receipts
 from ledger.services import ledger_engine
 
 PROCESSES = 4
@@ -61,6 +63,10 @@ def backlog(e: benv.BenchEnv, url: str, jobs_count: int) -> None:
                 "accepted_at": at, "run_at": at, "status": 0, "attempts": 0, "lease_token": 0,
                 "payload": payload})
         with engine.begin() as conn:
+            if engine.dialect.name != "postgresql":  # SQLite: no COPY, no VACUUM ANALYZE
+                conn.execute(insert(receipts), receipts_rows)
+                conn.execute(insert(jobs), job_rows)
+                return
             copy_rows(conn.connection.driver_connection, "receipts", receipts_rows)
             copy_rows(conn.connection.driver_connection, "jobs", job_rows)
         with engine.connect() as conn:
@@ -108,7 +114,9 @@ def completions(url: str, commands: list[list[str]], env: dict[str, str],
 
 
 def _backend_pids(url: str) -> list[int]:
-    """Return the pids of the other sessions on the database of `url`."""
+    """Return the pids of the other sessions on the database of `url` (none on SQLite)."""
+    if url.startswith("sqlite"):
+        return []
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
@@ -202,3 +210,37 @@ def _pid_cpu_seconds(pids: list[int]) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def measure_sqlite(e: benv.BenchEnv, seconds: float, batch: int, baseline_batch: int = 1,
+                   jobs_count: int = 30_000) -> dict[str, Any]:
+    """Return completions/s of one `ledger worker --batch N` on the SQLite default vs another N.
+
+    One process per side (SQLite has one writer: more processes only queue on
+    its lock), each run on its own copy of one backlog file, ABBA twice.
+    """
+    source = e.sqlite_url("work_backlog")
+    backlog(e, source, jobs_count)
+    base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    totals = {side: {"done": 0.0, "seconds": 0.0, "cpu": 0.0, "db_cpu": 0.0, "idle": 0.0}
+              for side in ("base", "ours")}
+    sizes = {"base": baseline_batch, "ours": batch}
+    window = seconds / ORDER.count("raw")
+    with open(e.tmp / "workers-sqlite.log", "ab") as log:
+        for run, side in enumerate("base" if s == "raw" else "ours" for s in ORDER):
+            path = e.tmp / f"work_{run}_{side}.sqlite3"
+            shutil.copyfile(make_url(source).database or "", path)
+            url = f"sqlite:///{path}"
+            command = [str(benv.BIN / "ledger"), "worker", f"--batch={sizes[side]}"]
+            figures = completions(url, [command], {**base_env, **e.app_env(url)}, log, window)
+            for key, value in figures.items():
+                totals[side][key] += value
+            path.unlink()
+    base, ours = totals["base"], totals["ours"]
+    return {"batch": batch, "baseline_batch": baseline_batch,
+            "ours_per_s": ours["done"] / ours["seconds"],
+            "base_per_s": base["done"] / base["seconds"],
+            "ours_cpu_ms_per_job": 1000 * ours["cpu"] / ours["done"],
+            "base_cpu_ms_per_job": 1000 * base["cpu"] / base["done"],
+            "ours_idle_share": ours["idle"] / ORDER.count("ours"),
+            "base_idle_share": base["idle"] / ORDER.count("raw")}

@@ -339,3 +339,19 @@ def test_kill_9_in_a_batch_leaves_every_job_with_exactly_one_effect(crash_app, c
         outcomes = [outcome for *_, outcome in history]
         expected = ["lost", "complete"] if f"evt_{i}" in leased else ["complete"]
         assert (state, outcomes, job_left) == ("complete", expected, False)
+
+
+def test_ledger_worker_takes_a_batch_size_from_1_to_64(app, runner):
+    sender = make_sender(app)
+    for n in range(5):
+        assert deliver(app.test_client(), sender, f"evt_c{n}", "demo.credit",
+                       {"amount": 2}).status_code == 202
+    for refused in ("0", "65", "many"):
+        assert runner.invoke(args=["ledger", "worker", "--burst", "--batch", refused]
+                             ).exit_code == 2
+    assert _balance(app, sender) == 0  # a refused command ran nothing
+    result = runner.invoke(args=["ledger", "worker", "--burst", "--batch", "3"])
+    assert result.exit_code == 0, result.output
+    assert _balance(app, sender) == 10
+    for n in range(5):
+        assert _history(app, f"evt_c{n}")[0] == "complete"
