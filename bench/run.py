@@ -50,9 +50,10 @@ EXPLANATIONS = (
     ("intake", "CPU-bound on 2 cores shared with wrk and PostgreSQL; foreign load moves"
      " the ratio and above all the p99 of single runs (bench/README.md, \"Intake CPU\")"),
     ("duplicate", "duplicates and new events share one CPU-bound path (\"Intake CPU\")"),
-    ("worker", "the ledger does about twice the raw loop's database work per job by design"
-     " (attempt rows, fencing); 0.53-0.58x measured, less when other processes share the"
-     " 2 cores (bench/README.md, \"Workers\")"),
+    ("worker completions/s on SQLite", "see bench/README.md, \"Workers\", batches on SQLite"),
+    ("worker", "per job the ledger does about twice the raw loop's database work by design"
+     " (attempt rows, fencing); batches of 8 share one commit and one claim: 1.33x in a"
+     " run at load 10-16, 0.67x at batch 1 (bench/README.md, \"Workers\")"),
     ("bytes", "not reachable while the unique key on (scope, event id) is exact: 204.6 B with"
      " every heap lever, `python -m bench.layouts` (bench/README.md, \"Bytes per receipt\")"),
     ("retention purge rows/s under", "300k/s under load needs half a core of a CPU-saturated"
