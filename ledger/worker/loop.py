@@ -128,10 +128,9 @@ class Worker:
         self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
         # Attempts a database error cut off, until handed back: (job, scope, error) each.
         self._interrupted: list[tuple[ClaimedJob, str, str]] = []
-        # Jobs per claim and per commit (ledger.worker.batch); a distributed
-        # (Citus) ledger claims one job per statement by key: always 1 there.
-        size = services.settings.worker_batch if batch_size is None else batch_size
-        self.batch_size = 1 if citus.distributed(self.engine) else size
+        # Jobs per claim and per commit (ledger.worker.batch). A distributed (Citus)
+        # ledger claims one job per statement by key: never batched (see _batched).
+        self.batch_size = services.settings.worker_batch if batch_size is None else batch_size
         self.alone_types = tuple(t for t in self.registry.types()
                                  if (spec := self.registry.get(t)) and spec.prepare)
         self._next_batch: list[Leased] = []  # the batch the last batch's commit claimed
@@ -415,6 +414,10 @@ class Worker:
             self._stop = None
             self._release()
 
+    def _batched(self) -> bool:
+        """Tell whether the loop runs batches (asked inside it: the layout is read once)."""
+        return self.batch_size > 1 and not citus.distributed(self.engine)
+
     def _hold_live_connection(self) -> None:
         """Take the loop's connection, or a fresh one if the server closed it while idle."""
         if self._held is not None and not connection_is_alive(
@@ -436,8 +439,7 @@ class Worker:
         while not stop.is_set() or self._next is not None or self._next_batch:
             try:
                 self._hold_live_connection()
-                worked = (self.process_one() if self.batch_size == 1
-                          else batch.process_batch(self))
+                worked = batch.process_batch(self) if self._batched() else self.process_one()
                 errors = 0
             except Exception as error:  # storage trouble: back off, the lease protects the job
                 self._release()
