@@ -26,6 +26,10 @@ full-jitter retry, or makes the receipt `failed` at LEDGER_MAX_ATTEMPTS /
 LEDGER_MAX_EVENT_AGE_SECONDS. A worker that dies leaves its job leased until
 `run_at` (the lease's end) passes; the next claim marks the lost attempt and
 counts a new one, so a job that keeps killing workers still reaches `failed`.
+
+With LEDGER_WORKER_BATCH > 1 (the default) `run` takes the batch path instead
+(ledger.worker.batch): the same steps for several jobs per claim and per commit.
+`process_one` always runs one job.
 """
 
 from __future__ import annotations
