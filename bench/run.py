@@ -52,8 +52,8 @@ EXPLANATIONS = (
     ("duplicate", "duplicates and new events share one CPU-bound path (\"Intake CPU\")"),
     ("worker completions/s on SQLite", "see bench/README.md, \"Workers\", batches on SQLite"),
     ("worker", "per job the ledger does about twice the raw loop's database work by design"
-     " (attempt rows, fencing); batches of 8 share one commit and one claim: 1.33x in a"
-     " run at load 10-16, 0.67x at batch 1 (bench/README.md, \"Workers\")"),
+     " (attempt rows, fencing); batches of 8 share one commit and one claim: 1.27-1.33x in"
+     " runs at load 4-16, 0.54-0.67x at batch 1 (bench/README.md, \"Workers\")"),
     ("bytes", "not reachable while the unique key on (scope, event id) is exact: 204.6 B with"
      " every heap lever, `python -m bench.layouts` (bench/README.md, \"Bytes per receipt\")"),
     ("retention purge rows/s under", "300k/s under load needs half a core of a CPU-saturated"
