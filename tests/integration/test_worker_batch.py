@@ -355,3 +355,30 @@ def test_ledger_worker_takes_a_batch_size_from_1_to_64(app, runner):
     assert _balance(app, sender) == 10
     for n in range(5):
         assert _history(app, f"evt_c{n}")[0] == "complete"
+
+
+def test_a_job_whose_handler_prepares_is_claimed_alone(test_env):
+    """demo.slow sleeps in its prepare step, outside any transaction: its batch-mates never
+    wait for it (nor their leases run down), so it comes in a batch of its own."""
+    app = create_app({**test_env, "LEDGER_DEMO_HANDLERS": "1", "LEDGER_WORKER_BATCH": "8"},
+                     clock=FixedClock(datetime.now(UTC)))
+    try:
+        svc, sender = app.extensions["ledger"], make_sender(app)
+        for event_id, event_type in (("evt_1", "demo.credit"), ("evt_2", "demo.slow"),
+                                     ("evt_3", "demo.credit")):
+            now = unix(svc.clock.now())
+            assert deliver(app.test_client(), sender, event_id, event_type,
+                           {"amount": 1, "seconds": 0}, timestamp=now).status_code == 202
+            svc.clock.advance(1)
+        worker = Worker(svc, worker_id="w-alone")
+        claims = []
+        while leased := batch.claim(worker):
+            claims.append(sorted(one[0][1].event_id for one in leased))
+            worker._next_batch = leased
+            batch.process_batch(worker)
+        assert claims == [["evt_1", "evt_3"], ["evt_2"]]
+        assert _balance(app, sender) == 3
+        for event_id in ("evt_1", "evt_2", "evt_3"):
+            assert _history(app, event_id) == ("complete", [(1, "w-alone", "complete")], False)
+    finally:
+        app.extensions["ledger"].close()
