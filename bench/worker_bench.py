@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,16 +23,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import create_engine, insert, make_url, text
 
 from bench import env as benv
 from bench.datagen import copy_rows, create_scopes, event_id
 from ledger.access.secrets_box import load_box
-from ledger.db.engine import make_engine
+from ledger.db.schema import jobs, receipts
+from ledger.services import ledger_engine
 
 PROCESSES = 4
 SCOPES = 100
 ORDER = ("raw", "ours", "ours", "raw") * 2  # ABBA, twice
+# With a comparison batch size (--worker-compare-batch), a third side runs
+# `ledger worker --batch N` in the middle of each ABBA: A B C C B A, twice.
+ORDER_COMPARED = ("raw", "ours", "other", "other", "ours", "raw") * 2
 
 
 def backlog(e: benv.BenchEnv, url: str, jobs_count: int) -> None:
@@ -39,7 +44,7 @@ def backlog(e: benv.BenchEnv, url: str, jobs_count: int) -> None:
     import random
 
     settings = e.settings(url)
-    engine = make_engine(settings)
+    engine = ledger_engine(settings)  # with the audit key: creating scopes is audited
     rng = random.Random(4)
     try:
         scopes = create_scopes(engine, load_box(settings.master_key, settings.var_dir), SCOPES,
@@ -58,6 +63,10 @@ def backlog(e: benv.BenchEnv, url: str, jobs_count: int) -> None:
                 "accepted_at": at, "run_at": at, "status": 0, "attempts": 0, "lease_token": 0,
                 "payload": payload})
         with engine.begin() as conn:
+            if engine.dialect.name != "postgresql":  # SQLite: no COPY, no VACUUM ANALYZE
+                conn.execute(insert(receipts), receipts_rows)
+                conn.execute(insert(jobs), job_rows)
+                return
             copy_rows(conn.connection.driver_connection, "receipts", receipts_rows)
             copy_rows(conn.connection.driver_connection, "jobs", job_rows)
         with engine.connect() as conn:
@@ -105,7 +114,9 @@ def completions(url: str, commands: list[list[str]], env: dict[str, str],
 
 
 def _backend_pids(url: str) -> list[int]:
-    """Return the pids of the other sessions on the database of `url`."""
+    """Return the pids of the other sessions on the database of `url` (none on SQLite)."""
+    if url.startswith("sqlite"):
+        return []
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
@@ -135,38 +146,53 @@ def _wait_until_working(url: str, procs: list[subprocess.Popen], started: int,
     time.sleep(1)
 
 
-def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000) -> dict[str, Any]:
-    """Return completions/s of the raw loop and of the ledger's workers, ABBA interleaved."""
+def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000, *,
+            batch: int | None = None, compare_batch: int | None = None) -> dict[str, Any]:
+    """Return completions/s of the raw loop and of the ledger's workers, ABBA interleaved.
+
+    `batch`: the ledger's `--batch` (default: LEDGER_WORKER_BATCH's default);
+    `compare_batch`: a third side with that batch size, in the same run.
+    """
+    order = ORDER if compare_batch is None else ORDER_COMPARED
+    ledger = [str(benv.BIN / "ledger"), "worker"]
+    commands: dict[str, list[str]] = {
+        "ours": [*ledger, f"--batch={batch}"] if batch else ledger,
+        "other": [*ledger, f"--batch={compare_batch}"]}
     source = e.migrated_pg("work_backlog")
     backlog(e, source, jobs_count)
     template = make_url(source).database
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     totals = {side: {"done": 0.0, "seconds": 0.0, "cpu": 0.0, "db_cpu": 0.0, "idle": 0.0}
-              for side in ("raw", "ours")}
-    window = seconds / ORDER.count("raw")  # each side runs `seconds` in all
+              for side in ("raw", "ours", "other")}
+    window = seconds / order.count("raw")  # each side runs `seconds` in all
     with open(e.tmp / "workers.log", "ab") as log:
-        for run, side in enumerate(ORDER):
+        for run, side in enumerate(order):
             url = e.pg_url(f"work_{run}_{side}", template=template)
             if side == "raw":
                 figures = completions(url, [[sys.executable, "-m", "bench.raw_claim",
                                              url.replace("+psycopg", "")]] * PROCESSES,
                                       base_env, log, window)
             else:
-                figures = completions(url, [[str(benv.BIN / "ledger"), "worker"]] * PROCESSES,
+                figures = completions(url, [commands[side]] * PROCESSES,
                                       {**base_env, **e.app_env(url)}, log, window)
             for key, value in figures.items():
                 totals[side][key] += value
-    raw, ours = totals["raw"], totals["ours"]
-    return {"raw_per_s": raw["done"] / raw["seconds"],
+    raw, ours, other = totals["raw"], totals["ours"], totals["other"]
+    compared = {} if compare_batch is None else {
+        "compare_batch": compare_batch, "other_per_s": other["done"] / other["seconds"],
+        "other_cpu_ms_per_job": 1000 * other["cpu"] / other["done"],
+        "other_db_cpu_ms_per_job": 1000 * other["db_cpu"] / other["done"],
+        "other_idle_share": other["idle"] / order.count("other")}
+    return {**compared, "batch": batch, "raw_per_s": raw["done"] / raw["seconds"],
             "ours_per_s": ours["done"] / ours["seconds"], "processes": PROCESSES,
-            "order": "".join("A" if side == "raw" else "B" for side in ORDER),
+            "order": "".join({"raw": "A", "ours": "B", "other": "C"}[side] for side in order),
             "raw_cpu_ms_per_job": 1000 * raw["cpu"] / raw["done"],
             "ours_cpu_ms_per_job": 1000 * ours["cpu"] / ours["done"],
             "raw_db_cpu_ms_per_job": 1000 * raw["db_cpu"] / raw["done"],
             "ours_db_cpu_ms_per_job": 1000 * ours["db_cpu"] / ours["done"],
             # idle shares summed over the runs of a side: divide for the mean
-            "raw_idle_share": raw["idle"] / ORDER.count("raw"),
-            "ours_idle_share": ours["idle"] / ORDER.count("ours")}
+            "raw_idle_share": raw["idle"] / order.count("raw"),
+            "ours_idle_share": ours["idle"] / order.count("ours")}
 
 
 def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
@@ -184,3 +210,37 @@ def _pid_cpu_seconds(pids: list[int]) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def measure_sqlite(e: benv.BenchEnv, seconds: float, batch: int, baseline_batch: int = 1,
+                   jobs_count: int = 30_000) -> dict[str, Any]:
+    """Return completions/s of one `ledger worker --batch N` on the SQLite default vs another N.
+
+    One process per side (SQLite has one writer: more processes only queue on
+    its lock), each run on its own copy of one backlog file, ABBA twice.
+    """
+    source = e.sqlite_url("work_backlog")
+    backlog(e, source, jobs_count)
+    base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    totals = {side: {"done": 0.0, "seconds": 0.0, "cpu": 0.0, "db_cpu": 0.0, "idle": 0.0}
+              for side in ("base", "ours")}
+    sizes = {"base": baseline_batch, "ours": batch}
+    window = seconds / ORDER.count("raw")
+    with open(e.tmp / "workers-sqlite.log", "ab") as log:
+        for run, side in enumerate("base" if s == "raw" else "ours" for s in ORDER):
+            path = e.tmp / f"work_{run}_{side}.sqlite3"
+            shutil.copyfile(make_url(source).database or "", path)
+            url = f"sqlite:///{path}"
+            command = [str(benv.BIN / "ledger"), "worker", f"--batch={sizes[side]}"]
+            figures = completions(url, [command], {**base_env, **e.app_env(url)}, log, window)
+            for key, value in figures.items():
+                totals[side][key] += value
+            path.unlink()
+    base, ours = totals["base"], totals["ours"]
+    return {"batch": batch, "baseline_batch": baseline_batch,
+            "ours_per_s": ours["done"] / ours["seconds"],
+            "base_per_s": base["done"] / base["seconds"],
+            "ours_cpu_ms_per_job": 1000 * ours["cpu"] / ours["done"],
+            "base_cpu_ms_per_job": 1000 * base["cpu"] / base["done"],
+            "ours_idle_share": ours["idle"] / ORDER.count("ours"),
+            "base_idle_share": base["idle"] / ORDER.count("raw")}

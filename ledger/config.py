@@ -37,6 +37,13 @@ DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE = 60
 DEFAULT_DUTY_CYCLE = 0.5
 # The longest duration accepted: ten years (a larger one overflows date arithmetic).
 MAX_DURATION_SECONDS = 10 * 365 * 86400
+# Jobs a worker claims and commits at once (ledger/worker/batch.py; 1 = one per claim).
+# The default is the measured best of bench/README.md, "Workers". A batch is one
+# transaction with a subtransaction (savepoint) per job: past 64 of them PostgreSQL's
+# per-backend subtransaction cache overflows and every other session's snapshot
+# checks slow down, hence the ceiling.
+DEFAULT_WORKER_BATCH = 8
+MAX_WORKER_BATCH = 64
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -335,6 +342,7 @@ class Settings:
     retry_cap_seconds: float = 3600
     max_event_age_seconds: float = 259200
     lease_seconds: float = 60
+    worker_batch: int = DEFAULT_WORKER_BATCH
     demo_handlers: bool = False
     handler_modules: tuple[str, ...] = ()
     pool_size: int = 5
@@ -409,6 +417,8 @@ class Settings:
             retry_cap_seconds=_seconds(env, "LEDGER_RETRY_CAP_SECONDS", 3600),
             max_event_age_seconds=_seconds(env, "LEDGER_MAX_EVENT_AGE_SECONDS", 259200, 1),
             lease_seconds=_seconds(env, "LEDGER_LEASE_SECONDS", 60, 1),
+            worker_batch=_int(env, "LEDGER_WORKER_BATCH", DEFAULT_WORKER_BATCH, 1,
+                              MAX_WORKER_BATCH),
             demo_handlers=_bool(env, "LEDGER_DEMO_HANDLERS", False),
             handler_modules=modules,
             pool_size=_int(env, "LEDGER_DB_POOL_SIZE", 5, 1),

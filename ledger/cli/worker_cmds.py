@@ -11,6 +11,7 @@ import click
 
 from ledger.cli import ledger_cli
 from ledger.cli.common import services
+from ledger.config import MAX_WORKER_BATCH
 from ledger.logs import get_logger
 from ledger.scheduling.instances import InstanceKind, beat_interval, registered
 from ledger.worker.loop import run_worker
@@ -38,7 +39,9 @@ def _install_stop_signals(stop: threading.Event) -> dict[int, Any]:
 @click.option("--burst", is_flag=True, help="Exit 0 once no job is due.")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Worker loops (threads) in this process.")
-def worker(burst: bool, concurrency: int) -> None:
+@click.option("--batch", type=click.IntRange(1, MAX_WORKER_BATCH), default=None,
+              help="Jobs claimed and committed together (default LEDGER_WORKER_BATCH).")
+def worker(burst: bool, concurrency: int, batch: int | None) -> None:
     """Claim due jobs and run their handlers; SIGTERM/SIGINT finish the current job first."""
     svc = services()
     stop = threading.Event()
@@ -48,7 +51,7 @@ def worker(burst: bool, concurrency: int) -> None:
         # Registered while it runs, under the id its leases carry (leased_by).
         with registered(svc.engine, svc.clock, InstanceKind.WORKER, interval=interval) as me:
             processed = run_worker(svc, burst=burst, concurrency=concurrency, stop=stop,
-                                   worker_id=me.instance_id)
+                                   worker_id=me.instance_id, batch_size=batch)
     except ValueError as error:  # a bad LEDGER_HANDLER_MODULES entry, for instance
         raise click.UsageError(str(error)) from None
     finally:

@@ -26,6 +26,10 @@ full-jitter retry, or makes the receipt `failed` at LEDGER_MAX_ATTEMPTS /
 LEDGER_MAX_EVENT_AGE_SECONDS. A worker that dies leaves its job leased until
 `run_at` (the lease's end) passes; the next claim marks the lost attempt and
 counts a new one, so a job that keeps killing workers still reaches `failed`.
+
+With LEDGER_WORKER_BATCH > 1 (the default) `run` takes the batch path instead
+(ledger.worker.batch): the same steps for several jobs per claim and per commit.
+`process_one` always runs one job.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from ledger.errors import NotFound, error_summary
 from ledger.logs import event_ref, get_logger
 from ledger.scheduling.instances import new_instance_id
 from ledger.services import Services
+from ledger.worker import batch
 from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec, Registry, load_registry
 from ledger.worker.retry import RandomSource, RetryPolicy
 from ledger.worker.store import (
@@ -106,9 +111,12 @@ def is_storage_error(error: BaseException) -> bool:
 class Worker:
     """Claims and runs jobs against one database."""
 
+    is_storage_error = staticmethod(is_storage_error)
+
     def __init__(self, services: Services, *, worker_id: str | None = None,
                  handlers: Registry | None = None, rng: RandomSource | None = None,
-                 hooks: WorkerHooks | None = None, engine: Engine | None = None) -> None:
+                 hooks: WorkerHooks | None = None, engine: Engine | None = None,
+                 batch_size: int | None = None) -> None:
         self.services = services
         self.engine = engine or services.engine
         self.worker_id = worker_id or new_instance_id()
@@ -122,15 +130,21 @@ class Worker:
         self._next: Leased | None = None  # the job the last completion claimed
         self._held: Connection | None = None  # run()'s connection: no pool checkout per job
         self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
-        # An attempt a database error cut off, until it is handed back (job, scope, error).
-        self._interrupted: tuple[ClaimedJob, str, str] | None = None
+        # Attempts a database error cut off, until handed back: (job, scope, error) each.
+        self._interrupted: list[tuple[ClaimedJob, str, str]] = []
+        # Jobs per claim and per commit (ledger.worker.batch). A distributed (Citus)
+        # ledger claims one job per statement by key: never batched (see _batched).
+        self.batch_size = services.settings.worker_batch if batch_size is None else batch_size
+        self.alone_types = tuple(t for t in self.registry.types()
+                                 if (spec := self.registry.get(t)) and spec.prepare)
+        self._next_batch: list[Leased] = []  # the batch the last batch's commit claimed
         self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                             if self.engine.dialect.name == "postgresql" else None)
 
     def process_one(self) -> bool:
         """Claim and run one due job; False when none is due."""
-        if self._interrupted is not None:
-            self._record_interruption()  # before any claim: that job is still ours
+        if self._interrupted:
+            self._record_interruptions()  # before any claim: that job is still ours
         claimed = self._next if self._next is not None else self._claim()
         self._next = None
         if claimed is None:
@@ -151,8 +165,8 @@ class Worker:
             return True
         except Exception as error:
             if is_storage_error(error):  # the database's fault, not the handler's
-                self._interrupted = (job, scope, error_summary(error))
-                self._record_interruption()  # raises while the database is still away
+                self._interrupted = [(job, scope, error_summary(error))]
+                self._record_interruptions()  # raises while the database is still away
             else:
                 self._record_failure(job, scope, error)
             return True
@@ -273,9 +287,7 @@ class Worker:
         """
         with self._transaction() as conn:
             result_ref = spec.apply(conn, event) if spec is not None else NO_HANDLER_RESULT
-            if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
-                raise TypeError(f"handler of {job.event_type} must return a str result_ref of "
-                                f"1-{RESULT_REF_LIMIT} characters")
+            self._check_result(job, result_ref)
             stopping = self._stop is None or self._stop.is_set()  # checked after the handler
             chain = None if stopping else self._request()
             done = complete_job(conn, job, result_ref=result_ref,
@@ -288,7 +300,20 @@ class Worker:
         self._next = following  # ours only once the commit succeeded
         return result_ref
 
-    def _record_interruption(self) -> None:
+    @staticmethod
+    def _check_result(job: ClaimedJob, result_ref: object) -> None:
+        """Refuse a handler's result_ref that is not a short non-empty str."""
+        if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
+            raise TypeError(f"handler of {job.event_type} must return a str result_ref of "
+                            f"1-{RESULT_REF_LIMIT} characters")
+
+    def _record_interruptions(self) -> None:
+        """Hand back every attempt a database error cut off, oldest first."""
+        while self._interrupted:
+            self._record_interruption(self._interrupted[0])
+            self._interrupted.pop(0)
+
+    def _record_interruption(self, interrupted: tuple[ClaimedJob, str, str]) -> None:
         """Put back the attempt a database error cut off: it spends time, not an attempt.
 
         A connection killed, a restart, a full disk or a lock timeout during the
@@ -299,8 +324,7 @@ class Worker:
         is still away this raises and the worker tries again before its next
         claim (the lease keeps the job ours meanwhile).
         """
-        assert self._interrupted is not None
-        job, scope, summary = self._interrupted
+        job, scope, summary = interrupted
         now = self.services.clock.now()
         with self._transaction() as conn:
             if not hold_lease(conn, job):
@@ -314,7 +338,6 @@ class Worker:
                 else:
                     finish_attempt(conn, job, outcome="interrupted", now=now, error=summary)
                     hand_back_attempt(conn, job, run_at=decision.run_at)
-        self._interrupted = None
         if decision is None:
             self._transition(job, scope, "running", "fenced", outcome="fenced")
         elif decision.run_at is None:
@@ -395,6 +418,10 @@ class Worker:
             self._stop = None
             self._release()
 
+    def _batched(self) -> bool:
+        """Tell whether the loop runs batches (asked inside it: the layout is read once)."""
+        return self.batch_size > 1 and not citus.distributed(self.engine)
+
     def _hold_live_connection(self) -> None:
         """Take the loop's connection, or a fresh one if the server closed it while idle."""
         if self._held is not None and not connection_is_alive(
@@ -413,10 +440,10 @@ class Worker:
     def _loop(self, *, burst: bool, stop: threading.Event, poll_seconds: float) -> int:
         """Call process_one until told to stop; a job already leased to us runs first."""
         processed = errors = 0
-        while not stop.is_set() or self._next is not None:
+        while not stop.is_set() or self._next is not None or self._next_batch:
             try:
                 self._hold_live_connection()
-                worked = self.process_one()
+                worked = batch.process_batch(self) if self._batched() else self.process_one()
                 errors = 0
             except Exception as error:  # storage trouble: back off, the lease protects the job
                 self._release()
@@ -430,7 +457,7 @@ class Worker:
                 stop.wait(_error_backoff(error, errors, poll_seconds))
                 continue
             if worked:
-                processed += 1
+                processed += int(worked)
             elif burst:
                 break
             else:
@@ -481,8 +508,12 @@ def _engine_for(services: Services, concurrency: int) -> Engine:
 
 def run_worker(services: Services, *, burst: bool = False, concurrency: int = 1,
                stop: threading.Event | None = None, worker_id: str | None = None,
-               handlers: Registry | None = None, hooks: WorkerHooks | None = None) -> int:
-    """Run `concurrency` worker loops until `stop` is set; return the jobs processed."""
+               handlers: Registry | None = None, hooks: WorkerHooks | None = None,
+               batch_size: int | None = None) -> int:
+    """Run `concurrency` worker loops until `stop` is set; return the jobs processed.
+
+    `batch_size` (default LEDGER_WORKER_BATCH) jobs are claimed and committed at once.
+    """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     stop = stop or threading.Event()
@@ -490,10 +521,10 @@ def run_worker(services: Services, *, burst: bool = False, concurrency: int = 1,
     registry = handlers if handlers is not None else load_registry(services.settings)
     engine = _engine_for(services, concurrency)
     workers = [Worker(services, worker_id=base_id if concurrency == 1 else f"{base_id}/{i}",
-                      handlers=registry, hooks=hooks, engine=engine)
+                      handlers=registry, hooks=hooks, engine=engine, batch_size=batch_size)
                for i in range(concurrency)]
     log.info("worker.start", worker_id=base_id, concurrency=concurrency, burst=burst,
-             handlers=registry.types())
+             batch=workers[0].batch_size, handlers=registry.types())
     try:
         if concurrency == 1:
             return workers[0].run(burst=burst, stop=stop)

@@ -124,3 +124,127 @@ COMPLETE_AND_CLAIM_SQL = text(
 # (bench/README.md, "Workers"). Both always return one row.
 DRIVER_COMPLETE = DriverStatement(COMPLETE_SQL, what="worker completion")
 DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL, what="worker completion")
+
+# --- batches (LEDGER_WORKER_BATCH > 1; ledger.worker.batch) --------------------------
+# The batch claim: the claim CTEs above for up to :batch jobs at once, each with
+# its own fencing token, lease and attempt row, all with the same lease end.
+# `picked` locks the oldest due jobs (as `due` above); `ranked` numbers them
+# (window functions cannot share a level with FOR UPDATE); `due` keeps the
+# first one always and the others only if neither it nor they must run alone:
+# a job whose last lease expired unfinished (leased_by is still set: its worker
+# vanished, and it may be what killed it) or whose handler has a prepare step
+# (:alone_types: slow work outside any transaction) is claimed by itself, so a
+# job that kills its worker costs its batch-mates an attempt once, not every
+# time. Picked jobs left out are unlocked when the statement (autocommit) or
+# the completion's transaction ends, still due.
+_BATCH_CLAIM_CTES = """
+picked AS MATERIALIZED (
+    SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload,
+           run_at, leased_by IS NOT NULL
+                   OR event_type = ANY(CAST(:alone_types AS text[])) AS alone
+    FROM jobs
+    WHERE status = 0 AND run_at <= :now{due}
+    ORDER BY run_at
+    LIMIT :batch
+    FOR UPDATE SKIP LOCKED
+), ranked AS MATERIALIZED (
+    SELECT *, row_number() OVER (ORDER BY run_at, scope_id, event_id) AS place FROM picked
+), due AS MATERIALIZED (
+    SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload
+    FROM ranked
+    WHERE place = 1 OR NOT (alone OR (SELECT first.alone FROM ranked first
+                                      WHERE first.place = 1))
+), counted AS (
+    UPDATE receipts r SET attempts = r.attempts + 1
+    FROM due
+    WHERE r.scope_id = due.scope_id AND r.event_id = due.event_id
+      AND due.attempts < :max_attempts AND due.accepted_at >= :oldest_window
+    RETURNING r.scope_id, r.event_id, r.attempts, r.accepted_at
+), leased AS (
+    UPDATE jobs j SET attempts = j.attempts + 1, lease_token = j.lease_token + 1,
+                      leased_by = :worker_id, leased_until = :leased_until,
+                      run_at = :leased_until
+    FROM counted
+    WHERE j.scope_id = counted.scope_id AND j.event_id = counted.event_id
+    RETURNING j.lease_token
+), opened AS (
+    INSERT INTO attempts (scope_id, event_id, number, worker_id, lease_token, started_at)
+    SELECT counted.scope_id, counted.event_id, counted.attempts, :worker_id,
+           due.lease_token + 1, :now
+    FROM due JOIN counted
+      ON counted.scope_id = due.scope_id AND counted.event_id = due.event_id
+    RETURNING 1
+)"""
+_BATCH_CLAIM_FROM = """
+FROM due LEFT JOIN counted
+  ON counted.scope_id = due.scope_id AND counted.event_id = due.event_id"""
+
+CLAIM_BATCH_SQL = text(
+    "WITH" + _BATCH_CLAIM_CTES.format(due="") + "\nSELECT" + _CLAIM_COLUMNS
+    + _BATCH_CLAIM_FROM
+).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(*_CLAIM_RESULT)
+
+# The first statement of a batch's transaction: lock every job of the batch whose
+# token is still ours, in key order (every batch locks in the same order, so two
+# batches never deadlock on job rows), waiting out a claim in flight as
+# hold_lease does. Until the commit no other worker can claim these jobs, even
+# once their leases have expired: a slow handler early in the batch cannot let
+# its batch-mates be taken over under it. A job missing from the answer was
+# taken over before the batch began: it is fenced and its handler never runs.
+HOLD_BATCH_SQL = text("""
+SELECT j.scope_id, j.event_id
+FROM jobs j
+JOIN unnest(CAST(:sids AS bigint[]), CAST(:eids AS text[]), CAST(:tokens AS bigint[]))
+     AS mine(sid, eid, token)
+  ON j.scope_id = mine.sid AND j.event_id = mine.eid AND j.lease_token = mine.token
+WHERE j.status = 0
+ORDER BY j.scope_id, j.event_id
+FOR UPDATE OF j
+""").columns(column("scope_id", Integer), column("event_id", Text))
+
+# The batch's completion: COMPLETE_SQL for every job whose handler succeeded, in
+# one statement (arrays, one element per job). The jobs are held (HOLD_BATCH_SQL),
+# so the fence holds for all of them; `held` lets the caller check it.
+_BATCH_COMPLETE_CTES = """
+mine AS (
+    SELECT * FROM unnest(CAST(:sids AS bigint[]), CAST(:eids AS text[]),
+                         CAST(:tokens AS bigint[]), CAST(:numbers AS int[]),
+                         CAST(:refs AS text[])) AS m(sid, eid, token, number, ref)
+), gone AS (
+    DELETE FROM jobs j USING mine
+    WHERE j.scope_id = mine.sid AND j.event_id = mine.eid AND j.lease_token = mine.token
+      AND j.status = 0
+    RETURNING j.scope_id, j.event_id
+), done AS (
+    UPDATE receipts r SET state = :complete, completed_at = :now, result_ref = mine.ref
+    FROM gone JOIN mine ON mine.sid = gone.scope_id AND mine.eid = gone.event_id
+    WHERE r.scope_id = gone.scope_id AND r.event_id = gone.event_id
+    RETURNING 1
+), closed AS (
+    UPDATE attempts a SET finished_at = :now, outcome = 'complete', error = NULL
+    FROM gone JOIN mine ON mine.sid = gone.scope_id AND mine.eid = gone.event_id
+    WHERE a.scope_id = gone.scope_id AND a.event_id = gone.event_id
+      AND a.number = mine.number AND a.lease_token = mine.token
+    RETURNING 1
+)"""
+COMPLETE_BATCH_SQL = text(
+    "WITH" + _BATCH_COMPLETE_CTES + "\nSELECT count(*) AS held FROM gone"
+).bindparams(bindparam("now", type_=UTCDateTime)).columns(column("held", Integer))
+
+# ... and the same statement claiming the next batch (never a job it completes), so
+# under a backlog a batch costs one commit, which also counts and leases the next
+# batch's attempts before their handlers run (as COMPLETE_AND_CLAIM_SQL does).
+_NEXT_BATCH = """
+SELECT (SELECT count(*) FROM gone) AS held,
+       next.scope_id, next.event_id, next.event_type, next.accepted_at, next.attempts,
+       next.lease_token, next.payload, next.number, next.receipt_accepted_at
+FROM (SELECT) AS one LEFT JOIN (
+    SELECT""" + _CLAIM_COLUMNS + _BATCH_CLAIM_FROM + """
+) AS next ON true"""
+COMPLETE_BATCH_AND_CLAIM_SQL = text(
+    "WITH" + _BATCH_COMPLETE_CTES + "," + _BATCH_CLAIM_CTES.format(
+        due="\n      AND NOT EXISTS (SELECT FROM mine"
+            "\n                      WHERE mine.sid = jobs.scope_id AND mine.eid = jobs.event_id)")
+    + _NEXT_BATCH
+).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
+    column("held", Integer), *_CLAIM_RESULT)

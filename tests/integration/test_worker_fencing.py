@@ -260,7 +260,8 @@ def test_the_loop_claims_the_next_job_with_a_completion_and_counts_it_first(fixe
     registry = Registry({"demo.credit": HandlerSpec(event_type="demo.credit", apply=credit),
                          "t.kill": HandlerSpec(event_type="t.kill", apply=kill)})
     with pytest.raises(SimulatedCrash):
-        Worker(svc, worker_id="w-chain", handlers=registry).run(stop=threading.Event())
+        Worker(svc, worker_id="w-chain", handlers=registry, batch_size=1).run(
+            stop=threading.Event())
     # The killer's transaction never committed, yet its lease and attempt are
     # there: they were committed before its handler ran, with evt_first.
     assert _job_lease(app, "evt_killer") == ("w-chain", 1)
@@ -287,7 +288,7 @@ def test_a_chained_claim_closes_the_attempt_a_vanished_worker_left_open(fixed_ap
     registry = Registry({"demo.credit": HandlerSpec(event_type="demo.credit", apply=credit),
                          "t.kill": HandlerSpec(event_type="t.kill", apply=kill_once)})
     with pytest.raises(SimulatedCrash):
-        Worker(svc, worker_id="w-dead", handlers=registry).run(stop=threading.Event())
+        Worker(svc, worker_id="w-dead", handlers=registry, batch_size=1).run(stop=threading.Event())
     _send(app, sender, "evt_third", "demo.credit", {"amount": 2})  # due before the lease ends
     svc.clock.advance(61)
     stop = threading.Event()
@@ -298,7 +299,7 @@ def test_a_chained_claim_closes_the_attempt_a_vanished_worker_left_open(fixed_ap
         if len(done) == 2:
             stop.set()
 
-    worker = Worker(svc, worker_id="w-next", handlers=registry,
+    worker = Worker(svc, worker_id="w-next", handlers=registry, batch_size=1,
                     hooks=WorkerHooks(after_commit=stop_when_both_ran))
     with caplog.at_level(logging.INFO, logger="ledger"):
         assert worker.run(stop=stop) == 2
@@ -323,7 +324,7 @@ def test_a_loop_told_to_stop_claims_nothing_more(fixed_app):
 
     registry = Registry({"demo.credit": HandlerSpec(event_type="demo.credit",
                                                     apply=credit_then_stop)})
-    assert Worker(svc, worker_id="w-stop", handlers=registry).run(stop=stop) == 1
+    assert Worker(svc, worker_id="w-stop", handlers=registry, batch_size=1).run(stop=stop) == 1
     assert _state(app, sender, "evt_one")[0].state.value == "complete"
     assert _job_lease(app, "evt_two") == (None, 0)
     assert Worker(svc, worker_id="w-next").process_one()  # due now, no lease to wait out

@@ -87,6 +87,16 @@ def test_the_pool_timeout_is_read_in_milliseconds() -> None:
     refused("LEDGER_DB_POOL_TIMEOUT_MS", "2s", "must be an integer")
 
 
+def test_the_worker_batch_is_a_count_from_1_to_64() -> None:
+    assert settings().worker_batch == 8
+    assert settings(LEDGER_WORKER_BATCH="1").worker_batch == 1
+    assert settings(LEDGER_WORKER_BATCH="64").worker_batch == 64
+    refused("LEDGER_WORKER_BATCH", "0", "must be >= 1")
+    refused("LEDGER_WORKER_BATCH", "65", "must be <= 64")
+    refused("LEDGER_WORKER_BATCH", "8.5", "must be an integer")
+    refused("LEDGER_WORKER_BATCH", "eight", "must be an integer")
+
+
 DURATIONS = [  # variable, field, minimum
     ("LEDGER_REVOCATION_BOUND_SECONDS", "revocation_bound_seconds", 1),
     ("LEDGER_RETENTION_SECONDS", "retention_seconds", 1),
