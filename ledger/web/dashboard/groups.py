@@ -13,7 +13,6 @@ from flask import Response, request
 from ledger.errors import LedgerError
 from ledger.reads import BadCursor
 from ledger.reads.groups import read_groups
-from ledger.reads.work import count_failures
 from ledger.web.auth import actor, requires, services
 from ledger.web.dashboard import bp, render
 from ledger.web.dashboard.actions import _status_of
@@ -30,10 +29,9 @@ def groups_context(args: Any) -> dict[str, Any]:
         try:
             f = receipt_filter(conn, args)
             view = read_groups(conn, f)
-            total, capped = count_failures(conn, f)
         except (BadFilter, BadCursor) as error:
-            return {"error": str(error), "view": None, "total": 0, "capped": False}
-    return {"error": None, "view": view, "total": total, "capped": capped}
+            return {"error": str(error), "view": None}
+    return {"error": None, "view": view}
 
 
 def _filters(args: Any) -> dict[str, str]:
