@@ -15,7 +15,7 @@ from ledger.reads import BadCursor
 from ledger.reads.groups import read_groups
 from ledger.web.auth import actor, requires, services
 from ledger.web.dashboard import bp, render
-from ledger.web.dashboard.actions import _status_of
+from ledger.web.dashboard.actions import status_of
 from ledger.web.filters import BadFilter, receipt_filter
 from ledger.worker.failure_review import GroupState, review_group
 
@@ -72,7 +72,7 @@ def failures_groups_review() -> Response:
             message = {"acknowledge": "Group acknowledged.", "mute": "Group muted.",
                        "clear": "Group cleared: no longer acknowledged or muted."}[verdict]
         except LedgerError as error:
-            status, message = _status_of(error), str(error)
+            status, message = status_of(error), str(error)
     filters = {k: form.get(k, "") for k in FILTER_KEYS}
     context = groups_context(filters)
     return render("failure_groups.html", "partials/_failure_groups.html", status=status,
