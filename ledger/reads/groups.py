@@ -5,7 +5,7 @@ counter per (group, scope), so the groups of every failure read those counters: 
 few rows per group and scope, however many failures there are. A time window
 (since/until) cannot be read from counters: the groups of a window are counted from
 the window's failures (newest first through the failed-state index, joined to their
-stored group), up to COUNT_CAP of them, and the page says when there were more.
+stored group), up to WINDOW_SCAN of them, and the page says when there were more.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from ledger.db.schema import (
 )
 from ledger.domain import ReceiptState
 from ledger.reads.receipts import ReceiptFilter, filter_terms, scope_names
-from ledger.reads.work import COUNT_CAP
 from ledger.worker.failure_groups import error_signature, group_id
 
 GROUP_LIMIT = 200  # groups shown, largest first; the page says when there are more
+# A time window's groups are counted from its newest failures, at most this many: each is
+# one probe into failure_members, so a wide window at 1M failures would take seconds.
+WINDOW_SCAN = 10_000
 SCOPES_SHOWN = 5  # scope names shown per group, most affected first
 
 _c, _m, _s = failure_group_scopes.c, failure_members.c, failure_signatures.c
@@ -63,7 +65,7 @@ class FailureGroups:
     muted: list[FailureGroup]
     total: int  # failures in the groups read
     windowed: bool  # counted from a time window's failures, not from the counters
-    capped: bool  # windowed, and more failures matched than COUNT_CAP
+    capped: bool  # windowed, and more failures matched than WINDOW_SCAN
     limited: bool  # more than GROUP_LIMIT groups: the largest are shown
 
 
@@ -183,7 +185,7 @@ def _from_window(conn: Connection, f: ReceiptFilter, scan: int
     return shown, len(ordered) > GROUP_LIMIT
 
 
-def read_groups(conn: Connection, f: ReceiptFilter, *, scan: int = COUNT_CAP) -> FailureGroups:
+def read_groups(conn: Connection, f: ReceiptFilter, *, scan: int = WINDOW_SCAN) -> FailureGroups:
     """Group the failures matching the filter: all of them, or a window's newest `scan`."""
     if windowed(f):
         groups, limited = _from_window(conn, f, scan + 1)

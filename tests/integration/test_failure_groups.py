@@ -265,3 +265,21 @@ def test_the_migration_groups_every_failure_already_there(empty_db_url: str,  # 
         ("KeyError: 'x'", 1, ["acme/shop"])]
     assert view.total == 1204 and view.groups[0].first_seen == _NOW
 
+
+
+def test_a_time_window_counts_its_own_failures_and_says_when_it_stopped(app) -> None:  # type: ignore[no-untyped-def]
+    svc = app.extensions["ledger"]
+    a = make_sender(app)
+    _many_failures(app, a.scope_id, 6, prefix="evt_old", age=timedelta(days=2))
+    _many_failures(app, a.scope_id, 4, prefix="evt_new")
+    since = svc.clock.now() - timedelta(days=1)
+    with svc.engine.connect() as conn:
+        window = read_groups(conn, ReceiptFilter(since=since))
+        capped = read_groups(conn, ReceiptFilter(since=since), scan=3)
+    assert [(g.signature, g.count) for g in window.groups] == [(AMOUNT, 4)]
+    assert window.windowed and not window.capped and window.total == 4
+    assert capped.capped and capped.total == 3
+    page = _text(logged_in(app, "viewer").get(
+        f"/failures/groups?since={since.strftime('%Y-%m-%dT%H:%M')}"))
+    assert "4</strong> failed receipts in <strong>1</strong> group" in page
+    assert "every failure of this time window" in page
