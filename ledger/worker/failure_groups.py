@@ -73,10 +73,15 @@ def record_failure(conn: Connection, *, scope_id: int, event_id: str, event_type
     signature = error_signature(error)
     gid = group_id(event_type, signature)
     insert = _dialect(conn)
-    conn.execute(insert(failure_signatures).values(
-        id=gid, event_type=event_type, signature=signature,
-        example=(error or "")[:EXAMPLE_LIMIT] or None, first_seen=failed_at)
-        .on_conflict_do_nothing(index_elements=["id"]))
+    # Looked up first: a group's text is written once, and on a distributed ledger
+    # (Citus: a reference table) every write to it would commit on every node.
+    known = conn.execute(select(failure_signatures.c.id)
+                         .where(failure_signatures.c.id == gid)).first()
+    if known is None:
+        conn.execute(insert(failure_signatures).values(
+            id=gid, event_type=event_type, signature=signature,
+            example=(error or "")[:EXAMPLE_LIMIT] or None, first_seen=failed_at)
+            .on_conflict_do_nothing(index_elements=["id"]))
     added = conn.execute(insert(failure_members).values(
         scope_id=scope_id, event_id=event_id, group_id=gid, failed_at=failed_at)
         .on_conflict_do_nothing(index_elements=["scope_id", "event_id"])
@@ -141,7 +146,8 @@ def forget_members(conn: Connection, removed: Iterable[tuple[str, int]]) -> None
     conn.execute(_SHRINK, [{"gid": gid, "sid": sid, "n": n}
                            for (gid, sid), n in sorted(counts.items())])
     conn.execute(delete(failure_group_scopes).where(
-        _c.count <= 0, _c.group_id.in_(sorted({gid for gid, _ in counts}))))
+        _c.count <= 0, _c.group_id.in_(sorted({gid for gid, _ in counts})),
+        _c.scope_id.in_(sorted({sid for _, sid in counts}))))
 
 
 def rebuild_counters(conn: Connection) -> None:
