@@ -152,16 +152,21 @@ def _members_join() -> Any:
 
 def window_stmt(conn: Connection, f: ReceiptFilter, limit: int) -> Any:
     """Return the per (group, scope) totals of the window's newest `limit` failures."""
-    # Newest first in the (state, accepted_at) partial index's own order, read backwards,
-    # so the scan stops after `limit` rows.
-    newest = (select(_m.group_id, _m.scope_id, _m.failed_at).select_from(_members_join())
-              .where(*_failed_terms(conn, f))
+    # The window's newest failures first, alone: newest first in the (state, accepted_at)
+    # partial index's own order, read backwards, so the scan stops after `limit` rows;
+    # only then each is joined to its stored group (a LIMITed subquery is not merged
+    # into the join, so the planner cannot start from the million stored groups).
+    newest = (select(receipts.c.scope_id, receipts.c.event_id).where(*_failed_terms(conn, f))
               .order_by(receipts.c.state.desc(), receipts.c.accepted_at.desc())
               .limit(limit).subquery())
-    return (select(newest.c.group_id, newest.c.scope_id, func.count().label("failures"),
-                   func.min(newest.c.failed_at).label("first_seen"),
-                   func.max(newest.c.failed_at).label("last_seen"))
-            .group_by(newest.c.group_id, newest.c.scope_id))
+    joined = (select(_m.group_id, _m.scope_id, _m.failed_at)
+              .select_from(newest.join(failure_members, and_(
+                  _m.scope_id == newest.c.scope_id, _m.event_id == newest.c.event_id)))
+              .subquery())
+    return (select(joined.c.group_id, joined.c.scope_id, func.count().label("failures"),
+                   func.min(joined.c.failed_at).label("first_seen"),
+                   func.max(joined.c.failed_at).label("last_seen"))
+            .group_by(joined.c.group_id, joined.c.scope_id))
 
 
 def _from_window(conn: Connection, f: ReceiptFilter, scan: int
