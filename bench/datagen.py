@@ -20,14 +20,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Engine, Table, select
 
 from ledger.access import audit
 from ledger.access.integrations import create_integration
 from ledger.access.secrets_box import SecretBox
-from ledger.db.schema import attempts, conflicts, jobs, receipts
+from ledger.db.schema import (
+    attempts,
+    conflicts,
+    failure_members,
+    failure_signatures,
+    jobs,
+    receipts,
+)
 from ledger.domain import ConflictKind, Integration, JobStatus, ReceiptState
 from ledger.ids import BASE62
+from ledger.worker.failure_groups import error_signature, group_id, rebuild_counters
 
 # (event type, weight): what a Stripe-like sender plus the demo handler emits.
 EVENT_TYPES = (
@@ -75,6 +83,7 @@ class _Rows:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
     conflicts: list[dict[str, Any]] = field(default_factory=list)
+    failure_members: list[dict[str, Any]] = field(default_factory=list)
 
 
 def event_id(rng: random.Random) -> str:
@@ -115,6 +124,7 @@ def load(engine: Engine, spec: DataSpec, scopes: list[Integration]) -> Generated
         for name in totals:
             totals[name] += len(getattr(chunk, name))
         _write(engine, chunk)
+    _count_failure_groups(engine, spec)
     return Generated(scopes=tuple(scopes), by_state=by_state, samples=samples, **totals)
 
 
@@ -122,7 +132,7 @@ def _write(engine: Engine, chunk: _Rows) -> None:
     """Write one chunk in one transaction (COPY on PostgreSQL)."""
     tables: list[tuple[Table, list[dict[str, Any]]]] = [
         (receipts, chunk.receipts), (jobs, chunk.jobs), (attempts, chunk.attempts),
-        (conflicts, chunk.conflicts)]
+        (conflicts, chunk.conflicts), (failure_members, chunk.failure_members)]
     with engine.begin() as conn:
         for table, rows in tables:
             if not rows:
@@ -131,6 +141,25 @@ def _write(engine: Engine, chunk: _Rows) -> None:
                 copy_rows(conn.connection.driver_connection, table.name, rows)
             else:
                 conn.execute(table.insert(), rows)
+
+
+def _failure_error(spec: DataSpec) -> str | None:
+    """Return the last error a generated failure carries (none without history)."""
+    return FAIL_ERROR if spec.history else None
+
+
+def _count_failure_groups(engine: Engine, spec: DataSpec) -> None:
+    """Name the failure groups of the generated failures and count them per scope."""
+    with engine.begin() as conn:
+        known = set(conn.execute(select(failure_signatures.c.id)).scalars())
+        for event_type, _ in EVENT_TYPES:
+            signature = error_signature(_failure_error(spec))
+            gid = group_id(event_type, signature)
+            if gid not in known:
+                conn.execute(failure_signatures.insert().values(
+                    id=gid, event_type=event_type, signature=signature,
+                    example=_failure_error(spec), first_seen=spec.end - spec.span))
+        rebuild_counters(conn)
 
 
 def copy_rows(dbapi_conn: Any, table: str, rows: list[dict[str, Any]]) -> None:
@@ -199,6 +228,10 @@ def _add_receipt(rows: _Rows, rng: random.Random, spec: DataSpec, *, scope_id: i
         "completed_at": None if state is ReceiptState.PENDING else done,
         "scope_id": scope_id, "state": state.code, "attempts": n_attempts, "event_id": eid,
         "event_type": event_type, "body_sha256": digest, "result_ref": result_ref})
+    if state is ReceiptState.FAILED:
+        rows.failure_members.append({
+            "scope_id": scope_id, "event_id": eid, "failed_at": done,
+            "group_id": group_id(event_type, error_signature(_failure_error(spec)))})
     if not spec.history:
         return
     if state is not ReceiptState.COMPLETE:

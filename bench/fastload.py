@@ -17,9 +17,10 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, text
 
-from bench.datagen import Generated, create_scopes
+from bench.datagen import FAIL_ERROR, Generated, create_scopes
 from ledger.access.secrets_box import SecretBox
 from ledger.domain import Integration, ReceiptState
+from ledger.worker.failure_groups import error_signature, group_id, rebuild_counters
 
 BATCH = 1_000_000
 SPAN = timedelta(days=7)
@@ -100,7 +101,28 @@ def load_receipts(engine: Engine, made: list[Integration], receipts: int,
         with engine.begin() as conn:
             conn.execute(text(ATTEMPTS), {"lo": lo_at, "hi": lo_at + step})
         lo_at += step
+    _group_failures(engine, start)
     return _generated(engine, made)
+
+
+def _group_failures(engine: Engine, start: datetime) -> None:
+    """Store each failure's group and count them, as the worker does when a receipt fails."""
+    with engine.begin() as conn:
+        types = list(conn.execute(text(
+            "SELECT DISTINCT event_type FROM receipts WHERE state = 2")).scalars())
+        signature = error_signature(FAIL_ERROR)
+        for event_type in types:
+            gid = group_id(event_type, signature)
+            conn.execute(text(
+                "INSERT INTO failure_members (scope_id, event_id, group_id, failed_at) "
+                "SELECT scope_id, event_id, :gid, completed_at FROM receipts "
+                "WHERE state = 2 AND event_type = :t ON CONFLICT DO NOTHING"),
+                {"gid": gid, "t": event_type})
+            conn.execute(text(
+                "INSERT INTO failure_signatures (id, event_type, signature, example, first_seen)"
+                " VALUES (:gid, :t, :sig, :ex, :at) ON CONFLICT DO NOTHING"),
+                {"gid": gid, "t": event_type, "sig": signature, "ex": FAIL_ERROR, "at": start})
+        rebuild_counters(conn)
 
 
 def _generated(engine: Engine, made: list[Integration]) -> Generated:

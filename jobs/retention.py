@@ -47,6 +47,7 @@ from ledger.domain import JobStatus, ReceiptState
 from ledger.errors import LedgerError
 from ledger.logs import get_logger
 from ledger.metrics import PURGED_ROWS
+from ledger.worker.failure_groups import forget_members, remove_failures
 
 log = get_logger("ledger.jobs.retention")
 _T = TypeVar("_T")
@@ -112,12 +113,17 @@ WITH held AS MATERIALIZED (
 ), gone_conflicts AS (
     DELETE FROM conflicts c USING held h
     WHERE c.scope_id = h.scope_id AND c.event_id = h.event_id RETURNING 1
+), gone_members AS (
+    DELETE FROM failure_members m USING held h
+    WHERE h.state = 2 AND m.scope_id = h.scope_id AND m.event_id = h.event_id
+    RETURNING m.group_id, m.scope_id
 )
 SELECT (SELECT count(*) FROM gone_receipts) AS receipts,
        (SELECT count(*) FROM gone_attempts) AS attempts,
        (SELECT count(*) FROM gone_jobs) AS jobs,
        (SELECT count(*) FROM gone_bodies) AS unsigned_bodies,
-       (SELECT count(*) FROM gone_conflicts) AS conflicts
+       (SELECT count(*) FROM gone_conflicts) AS conflicts,
+       (SELECT json_agg(json_build_array(group_id, scope_id)) FROM gone_members) AS members
 """).bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("late", type_=UTCDateTime))
 
 # Receipts, statement 2: the rest of the window's expired receipts, complete before
@@ -433,7 +439,10 @@ def expire_receipts(engine: Engine, settings: Settings, cutoff: datetime, batch_
 def _pg_batch(conn: Connection, params: dict[str, Any]) -> dict[str, int]:
     """Delete one page window of receipts: dependants of the held ones, then the receipts."""
     conn.exec_driver_sql(_PG_PROBE_SETTINGS)
-    counts = {kind: int(n) for kind, n in conn.execute(_PG_HOLD, params).one()._mapping.items()}
+    held = dict(conn.execute(_PG_HOLD, params).one()._mapping)
+    # A purged failure leaves its failure group (ledger.worker.failure_groups).
+    forget_members(conn, [(gid, int(sid)) for gid, sid in held.pop("members") or ()])
+    counts = {kind: int(n) for kind, n in held.items()}
     counts["receipts"] += conn.execute(_PG_DELETE_WINDOW, params).rowcount
     return counts
 
@@ -510,6 +519,7 @@ def _sqlite_batch(conn: Connection, cutoff: datetime, batch_size: int) -> dict[s
     }
     for kind, stmt in by_key.items():
         counts[kind] = max(conn.execute(stmt, keys).rowcount, 0)
+    remove_failures(conn, [(r.scope_id, r.event_id) for r in doomed])
     return counts
 
 

@@ -21,6 +21,7 @@ from datetime import datetime
 from sqlalchemy import Connection, bindparam, text
 
 from ledger.db.schema import UTCDateTime
+from ledger.worker.failure_groups import forget_members
 
 # Scopes with finished receipts accepted before the cutoff. The BRIN index on
 # accepted_at gives each shard the block ranges to read.
@@ -55,12 +56,17 @@ WITH held AS MATERIALIZED (
 ), gone_conflicts AS (
     DELETE FROM conflicts c USING held h
     WHERE c.scope_id = :scope AND c.event_id = h.event_id RETURNING 1
+), gone_members AS (
+    DELETE FROM failure_members m USING held h
+    WHERE m.scope_id = :scope AND h.state = 2 AND m.event_id = h.event_id
+    RETURNING m.group_id
 )
 SELECT (SELECT count(*) FROM gone_receipts) AS receipts,
        (SELECT count(*) FROM gone_attempts) AS attempts,
        (SELECT count(*) FROM gone_jobs) AS jobs,
        (SELECT count(*) FROM gone_bodies) AS unsigned_bodies,
-       (SELECT count(*) FROM gone_conflicts) AS conflicts
+       (SELECT count(*) FROM gone_conflicts) AS conflicts,
+       (SELECT json_agg(group_id) FROM gone_members) AS members
 """).bindparams(bindparam("cutoff", type_=UTCDateTime))
 
 _PAYLOAD_SCOPES = text("""
@@ -108,8 +114,11 @@ def expired_scopes(conn: Connection, cutoff: datetime) -> list[int]:
 
 def scope_batch(conn: Connection, scope: int, cutoff: datetime, batch: int) -> dict[str, int]:
     """Delete up to `batch` expired receipts of one scope with their dependants."""
-    row = conn.execute(_SCOPE_BATCH, {"scope": scope, "cutoff": cutoff, "batch": batch}).one()
-    return {kind: int(n) for kind, n in row._mapping.items()}
+    held = dict(conn.execute(_SCOPE_BATCH, {"scope": scope, "cutoff": cutoff,
+                                            "batch": batch}).one()._mapping)
+    # A purged failure leaves its failure group (ledger.worker.failure_groups).
+    forget_members(conn, [(gid, scope) for gid in held.pop("members") or ()])
+    return {kind: int(n) for kind, n in held.items()}
 
 
 def payload_scopes(conn: Connection, review_cutoff: datetime) -> list[int]:

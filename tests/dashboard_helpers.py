@@ -14,6 +14,7 @@ from sqlalchemy import insert
 from ledger.access import audit
 from ledger.access.operators import Operator, create_operator, issue_token
 from ledger.db.schema import attempts, conflicts, jobs, receipts
+from ledger.worker.failure_groups import record_failure
 
 PASSWORD = "correct horse battery staple"
 
@@ -100,6 +101,9 @@ def add_receipt(app: Flask, scope_id: int, event_id: str, *, state: int = 1,
                 scope_id=scope_id, event_id=event_id, number=1, worker_id="w-test",
                 lease_token=1, started_at=at, finished_at=at, outcome="error",
                 error=error or "RuntimeError: boom"))
+            record_failure(conn, scope_id=scope_id, event_id=event_id, event_type=event_type,
+                           error=error or "RuntimeError: boom",
+                           failed_at=at + timedelta(seconds=1))
         if state == 0:
             conn.execute(insert(jobs).values(
                 scope_id=scope_id, event_id=event_id, event_type=event_type, accepted_at=at,

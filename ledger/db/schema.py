@@ -440,3 +440,43 @@ failure_groups = Table(
     Column("updated_by", Text, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
 )
+
+# Failure groups kept as failures happen (ledger.worker.failure_groups, migration
+# 0010_durable_failure_groups): one member row per failed receipt with its group,
+# the group's text once, and per (group, scope) the count of its failed receipts
+# with their first and last failure time. Only failed receipts have rows here, so
+# complete receipts cost nothing; a requeue or the purge takes the member out.
+failure_members = Table(
+    "failure_members",
+    metadata,
+    Column("scope_id", Integer, primary_key=True),
+    Column("event_id", Text, primary_key=True),
+    Column("group_id", Text, nullable=False),
+    Column("failed_at", UTCDateTime, nullable=False),
+)
+# A group's members by scope and failure time: a group's requeue walks it in keyset
+# order, and a counter's first and last failure are two probes into it.
+Index("ix_failure_members_group", failure_members.c.group_id, failure_members.c.scope_id,
+      failure_members.c.failed_at, failure_members.c.event_id)
+
+failure_signatures = Table(
+    "failure_signatures",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("event_type", Text, nullable=False),
+    Column("signature", Text, nullable=False),
+    Column("example", Text),  # one full error of the group, as the worker recorded it
+    Column("first_seen", UTCDateTime, nullable=False),
+)
+
+failure_group_scopes = Table(
+    "failure_group_scopes",
+    metadata,
+    Column("group_id", Text, primary_key=True),
+    Column("scope_id", Integer, primary_key=True),
+    Column("count", BigInteger, nullable=False),
+    Column("first_seen", UTCDateTime, nullable=False),
+    Column("last_seen", UTCDateTime, nullable=False),
+)
+# The failures page filtered by a scope or an account reads that scope's counters.
+Index("ix_failure_group_scopes_scope", failure_group_scopes.c.scope_id)

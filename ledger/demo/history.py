@@ -21,6 +21,7 @@ from ledger.access.operators import create_operator, get_operator
 from ledger.db.schema import attempts, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
 from ledger.errors import NotFound
+from ledger.worker.failure_groups import record_failure
 
 HOURS = 47
 DEMO_ADMIN = "admin"
@@ -70,7 +71,11 @@ def seed_history(conn: Connection, scope_ids: list[int], now: datetime,
     conn.execute(insert(receipts), rows)
     for row in failed:
         conn.execute(insert(jobs).values(**_job(row, JobStatus.FAILED, now)))
-        conn.execute(insert(attempts), _attempts(row, rng))
+        history = _attempts(row, rng)
+        conn.execute(insert(attempts), history)
+        record_failure(conn, scope_id=row["scope_id"], event_id=row["event_id"],
+                       event_type=row["event_type"], error=history[-1]["error"],
+                       failed_at=row["completed_at"])
     return len(rows)
 
 

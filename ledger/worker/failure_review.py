@@ -11,7 +11,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from ledger.access import audit
 from ledger.db.schema import failure_groups
 from ledger.errors import Refused
-from ledger.reads.groups import group_id
+from ledger.worker.failure_groups import group_id
 
 
 class GroupState(StrEnum):

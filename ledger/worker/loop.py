@@ -334,7 +334,7 @@ class Worker:
                     job.number, now=now, window_start=job.window_start, rng=self.rng)
                 if decision.run_at is None:
                     finish_attempt(conn, job, outcome="failed", now=now, error=summary)
-                    fail_job(conn, job, now=now)
+                    fail_job(conn, job, now=now, error=summary)
                 else:
                     finish_attempt(conn, job, outcome="interrupted", now=now, error=summary)
                     hand_back_attempt(conn, job, run_at=decision.run_at)
@@ -361,7 +361,7 @@ class Worker:
             run_at = decision.run_at
             if run_at is None:
                 finish_attempt(conn, job, outcome="failed", now=now, error=summary)
-                fail_job(conn, job, now=now)
+                fail_job(conn, job, now=now, error=summary)
             else:
                 finish_attempt(conn, job, outcome="retry", now=now, error=summary)
                 schedule_retry(conn, job, run_at=run_at)

@@ -35,6 +35,7 @@ from sqlalchemy import (
 from ledger.db import citus
 from ledger.db.schema import UTCDateTime, attempts, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
+from ledger.worker.failure_groups import record_failure, remove_failure
 from ledger.worker.sql import CLAIM_SQL, DRIVER_COMPLETE, DRIVER_COMPLETE_AND_CLAIM
 
 ERROR_LIMIT = 500
@@ -348,6 +349,8 @@ def fail_unstarted(conn: Connection, due: DueJob, *, worker_id: str, reason: str
         scope_id=due.scope_id, event_id=due.event_id, number=int(started) + 1,
         worker_id=worker_id, lease_token=due.lease_token, started_at=now, finished_at=now,
         outcome="not-run", error=reason[:ERROR_LIMIT]))
+    record_failure(conn, scope_id=due.scope_id, event_id=due.event_id,
+                   event_type=due.event_type, error=reason[:ERROR_LIMIT], failed_at=now)
     return int(started)
 
 
@@ -427,10 +430,14 @@ def hand_back_attempt(conn: Connection, job: ClaimedJob, *, run_at: datetime) ->
     conn.execute(_HAND_BACK, {"sid": job.scope_id, "eid": job.event_id, "due_at": run_at})
 
 
-def fail_job(conn: Connection, job: ClaimedJob, *, now: datetime) -> None:
-    """Make the receipt failed (terminal, reviewable); the job keeps its payload for review."""
+def fail_job(conn: Connection, job: ClaimedJob, *, now: datetime, error: str | None) -> None:
+    """Make the receipt failed (terminal, reviewable) and count it into its failure group;
+    the job keeps its payload for review."""
     conn.execute(_RECEIPT_FAILED, {"sid": job.scope_id, "eid": job.event_id, "now": now})
     set_job_failed(conn, job.scope_id, job.event_id)
+    record_failure(conn, scope_id=job.scope_id, event_id=job.event_id,
+                   event_type=job.event_type, error=error[:ERROR_LIMIT] if error else None,
+                   failed_at=now)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -464,3 +471,4 @@ def requeue_job(conn: Connection, scope_id: int, event_id: str, now: datetime) -
         update(receipts).where(receipts.c.scope_id == scope_id, receipts.c.event_id == event_id)
         .values(state=ReceiptState.PENDING.code, completed_at=None)
     )
+    remove_failure(conn, scope_id, event_id)  # a requeued receipt leaves its failure group

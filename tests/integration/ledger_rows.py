@@ -10,6 +10,7 @@ from sqlalchemy import Connection, text
 
 from ledger.db.schema import attempts, conflicts, jobs, receipts, unsigned_bodies
 from ledger.domain import JobStatus, ReceiptState
+from ledger.worker.failure_groups import record_failure
 
 
 def add_receipt(conn: Connection, scope_id: int, event_id: str, *, state: ReceiptState,
@@ -36,6 +37,9 @@ def add_receipt(conn: Connection, scope_id: int, event_id: str, *, state: Receip
             lease_token=number, started_at=accepted_at, finished_at=accepted_at,
             outcome="error" if state is ReceiptState.FAILED else "ok",
             error="RuntimeError: boom" if state is ReceiptState.FAILED else None))
+    if state is ReceiptState.FAILED:
+        record_failure(conn, scope_id=scope_id, event_id=event_id, event_type="demo.credit",
+                       error="RuntimeError: boom", failed_at=accepted_at + timedelta(seconds=1))
     if unsigned:
         conn.execute(unsigned_bodies.insert().values(
             scope_id=scope_id, body_sha256=digest, event_id=event_id, accepted_at=accepted_at))

@@ -31,7 +31,7 @@ BATCH_SIZE = 100
 OVERLAP_CHOICES = (0, 3600, 86400, 7 * 86400)
 
 
-def _status_of(error: LedgerError) -> int:
+def status_of(error: LedgerError) -> int:
     """Return the HTTP status of a refused or missing record (400: the input was too long)."""
     if isinstance(error, TooLong):
         return 400
@@ -50,7 +50,7 @@ def requeue_one() -> Response:
                             reason=request.form.get("reason", ""), now=svc.clock.now(),
                             review_window_seconds=svc.settings.review_window_seconds)
     except LedgerError as error:
-        return render("action.html", "partials/_requeue_result.html", status=_status_of(error),
+        return render("action.html", "partials/_requeue_result.html", status=status_of(error),
                       ok=False, message=str(error), scope=scope, event_id=event_id)
     return render("action.html", "partials/_requeue_result.html", ok=True,
                   message=f"Requeued {scope}:{event_id}.", scope=scope, event_id=event_id)
@@ -172,7 +172,7 @@ def acknowledge(conflict_id: int) -> Response:
             acknowledge_conflict(conn, actor(), conflict_id, note=request.form.get("note", ""),
                                  now=svc.clock.now())
     except LedgerError as error:
-        status, message = _status_of(error), str(error)
+        status, message = status_of(error), str(error)
     with svc.engine.connect() as conn:
         page = list_conflicts(conn, unacknowledged=True)
     return render("conflicts.html", "partials/_conflicts.html", status=status, page=page,
@@ -291,5 +291,5 @@ def _credentials_or_404(public_id: str, error: LedgerError) -> Response:
     """Answer a refused credential action (or 404 when the integration is unknown)."""
     if isinstance(error, NotFound) and error.what == "integration":
         abort(404)
-    return credentials_answer(public_id, status=_status_of(error), error=str(error))
+    return credentials_answer(public_id, status=status_of(error), error=str(error))
 

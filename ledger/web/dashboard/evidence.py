@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from flask import Response, abort, request
 
-from ledger.errors import LedgerError, NotFound, TooLong
+from ledger.errors import LedgerError, NotFound
 from ledger.reads.evidence import read_conflict_evidence
 from ledger.web.auth import actor, requires, services
 from ledger.web.dashboard import bp, render
+from ledger.web.dashboard.actions import status_of
 from ledger.web.read_source import replica_read
 from ledger.worker.rerun import retry_now, run_again
 
@@ -29,9 +30,7 @@ def _answer(error: LedgerError | None, message: str) -> Response:
     """Render an action's result fragment (or page) with the status the outcome deserves."""
     status = 200
     if error is not None:
-        status = 400 if isinstance(error, TooLong) else 404 if isinstance(error, NotFound) \
-            else 409
-        message = str(error)
+        status, message = status_of(error), str(error)
     return render("action.html", "partials/_requeue_result.html", status=status,
                   ok=error is None, message=message)
 

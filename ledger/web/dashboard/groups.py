@@ -15,10 +15,9 @@ from sqlalchemy import Connection
 from ledger.errors import LedgerError
 from ledger.reads import BadCursor
 from ledger.reads.groups import read_groups
-from ledger.reads.work import count_failures
 from ledger.web.auth import actor, requires, services
 from ledger.web.dashboard import bp, render
-from ledger.web.dashboard.actions import _status_of
+from ledger.web.dashboard.actions import status_of
 from ledger.web.filters import BadFilter, receipt_filter
 from ledger.web.read_source import primary_read, replica_read
 from ledger.worker.failure_review import GroupState, review_group
@@ -32,15 +31,14 @@ def groups_context(args: Any, reader: Callable[..., Any] = replica_read) -> dict
     `reader`: replica_read for the page, primary_read right after a review.
     """
 
-    def read(conn: Connection) -> tuple[Any, int, bool]:
-        f = receipt_filter(conn, args)
-        return (read_groups(conn, f), *count_failures(conn, f))
+    def read(conn: Connection) -> Any:
+        return read_groups(conn, receipt_filter(conn, args))
 
     try:
-        view, total, capped = reader(read)
+        view = reader(read)
     except (BadFilter, BadCursor) as error:
-        return {"error": str(error), "view": None, "total": 0, "capped": False}
-    return {"error": None, "view": view, "total": total, "capped": capped}
+        return {"error": str(error), "view": None}
+    return {"error": None, "view": view}
 
 
 def _filters(args: Any) -> dict[str, str]:
@@ -81,7 +79,7 @@ def failures_groups_review() -> Response:
             message = {"acknowledge": "Group acknowledged.", "mute": "Group muted.",
                        "clear": "Group cleared: no longer acknowledged or muted."}[verdict]
         except LedgerError as error:
-            status, message = _status_of(error), str(error)
+            status, message = status_of(error), str(error)
     filters = {k: form.get(k, "") for k in FILTER_KEYS}
     context = groups_context(filters, primary_read)
     return render("failure_groups.html", "partials/_failure_groups.html", status=status,
