@@ -1,5 +1,6 @@
-"""Event id prefix search across many scopes: scope by scope in primary-key order, each
-match once, a page's scan stopping at the page (EXPLAIN ANALYZE at 10,000 scopes)."""
+"""Event id lookups across many scopes: the prefix list goes scope by scope in primary-key
+order, each match once, its scan stopping at the page; the header search probes each scope's
+key (EXPLAIN ANALYZE at 10,000 scopes)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sqlalchemy import Engine, text
 from ledger.config import Settings
 from ledger.db.engine import make_engine
 from ledger.reads.receipts import ReceiptFilter, prefix_stmt
+from ledger.reads.search import receipt_hits_stmt
 from tests.dashboard_helpers import (
     add_receipt,
     fast_hashes,  # noqa: F401  (autouse fixture)
@@ -148,6 +150,20 @@ def test_a_prefix_page_over_10000_scopes_reads_about_one_page(many_scopes: Engin
         assert all("scope_id = integrations.id" in n["Index Cond"] for n in scans), plan
         assert sum(n["Actual Rows"] * n["Actual Loops"] for n in scans) <= 2 * 51, plan
         assert all(n["Actual Loops"] <= SCOPES for n in scans), plan
+
+
+@pytest.mark.postgres_only
+def test_the_header_search_probes_each_scope_never_scans_receipts(many_scopes: Engine) -> None:
+    with many_scopes.connect() as conn:
+        wanted = conn.execute(text("SELECT event_id FROM receipts WHERE scope_id = 4321"
+                                   " LIMIT 1")).scalar_one()
+    for q, found in ((wanted, 1), ("evt_nowhere", 0)):
+        plan = _analyze(many_scopes, receipt_hits_stmt(q, lateral=True))
+        nodes = _nodes(plan)
+        assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], plan
+        scans = [n for n in nodes if n.get("Index Name") == "pk_receipts"]
+        assert scans and all("scope_id = integrations.id" in n["Index Cond"] for n in scans), plan
+        assert plan["Actual Rows"] == found
 
 
 def test_sqlite_reads_a_prefix_page_scope_by_scope_from_the_primary_key(
