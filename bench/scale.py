@@ -17,7 +17,9 @@ receipts over the last 7 days. Measured, each figure against the same bench in t
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +29,6 @@ from sqlalchemy.engine import make_url
 
 from bench import big, fastload
 from bench import env as benv
-from bench.datagen import create_scopes
 from bench.intake import Target, load_run, ours_app, signed_files
 from jobs import rollups
 from ledger.access import audit
@@ -62,8 +63,8 @@ def scopes_template(e: benv.BenchEnv, scopes: int) -> tuple[str, list[Integratio
     settings = e.settings(url)
     engine = ledger_engine(settings)
     try:
-        made = create_scopes(engine, load_box(settings.master_key, settings.var_dir), scopes,
-                             now=datetime.now(UTC) - fastload.SPAN)
+        made = fastload.copy_scopes(engine, load_box(settings.master_key, settings.var_dir),
+                                    scopes, now=datetime.now(UTC) - fastload.SPAN)
     finally:
         engine.dispose()
     return url, made
@@ -185,11 +186,19 @@ def purge_cost(e: benv.BenchEnv, url: str, name: str) -> dict[str, Any]:
 
 def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: int,
             seconds: float, rounds: int) -> dict[str, Any]:
-    """Load every size, then intake, pages, rollups and purge as the module says."""
+    """Load every size, then intake, pages, rollups and purge as the module says.
+
+    Each phase's figures go to stderr as it ends, so a run stopped part-way (a 10M
+    ledger takes most of an hour here) still says how far it got and at what rate.
+    """
     started = time.perf_counter()
     template = scopes_template(e, scopes)
     scopes_seconds = round(time.perf_counter() - started, 1)
-    ledgers = {n: load(e, n, template) for n in sizes(receipts)}
+    _progress("scopes", {"scopes": scopes, "seconds": scopes_seconds})
+    ledgers = {}
+    for n in sizes(receipts):
+        ledgers[n] = load(e, n, template)
+        _progress(f"ledger {n:,}", {k: v for k, v in ledgers[n].items() if k != "made"})
     largest, small = ledgers[receipts], ledgers[BASELINE]
     out: dict[str, Any] = {"receipts": receipts, "scopes": scopes,
                            "scopes_seconds": scopes_seconds,
@@ -198,10 +207,25 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: in
                                                     "disk_mb")}
                                        for n, led in ledgers.items()}}
     out["rollups"] = rollup_runs(e, largest["url"])
+    _progress("rollups", out["rollups"])
     out["intake"] = intake(e, shape, small["url"], largest["url"], seconds)
+    _progress("intake", {k: v for k, v in out["intake"].items() if k != "runs"})
     out["rollups"]["scheduled"] = scheduled_run(e, largest["url"])
+    _progress("rollups scheduled", out["rollups"]["scheduled"])
     out["dashboard"] = big.dashboard(e, largest["url"], largest["made"], rounds)
+    _progress("dashboard", out["dashboard"])
     purged = [n for n in ledgers if n >= PURGE_BASELINE]
     purged = purged if len(purged) >= 2 else list(ledgers)
-    out["purge"] = {n: purge_cost(e, ledgers[n]["url"], f"scale_purge_{n}") for n in purged}
+    out["purge"] = {}
+    for n in purged:
+        out["purge"][n] = purge_cost(e, ledgers[n]["url"], f"scale_purge_{n}")
+        _progress(f"purge {n:,}", out["purge"][n])
     return out
+
+
+def _progress(phase: str, figures: dict[str, Any]) -> None:
+    """Print one phase's figures to stderr with the time and the machine's load."""
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    print(f"   scale {datetime.now(UTC):%H:%M:%S} UTC (load {load}) {phase}: "
+          f"{json.dumps(figures, default=str)}", file=sys.stderr, flush=True)
