@@ -188,31 +188,47 @@ def scale_figures(r: dict[str, Any]) -> list[Figure]:
     """Intake, pages, rollups and purge on the biggest ledger against the smaller ones."""
     n = f"{r['receipts']:,} receipts / {r['scopes']:,} scopes"
     i, ro = r["intake"], r["rollups"]
-    sched, full = ro["scheduled"], ro["full_recount"]
+    sched, full = ro.get("scheduled", {}), ro.get("full_recount", {})
     loads = f"{r['scopes']:,} scopes {r['scopes_seconds']} s; " + "; ".join(
         f"{size:,}: load {led['load_seconds']} s + VACUUM"
                       f" {led['vacuum_seconds']} s, {led['disk_mb']:,} MB"
                       for size, led in r["ledgers"].items())
-    figures = [
-        at_least(f"intake accepted/s at {n}", i["large_accepted_per_s"], "/s",
-                 f"same bench at {scale.BASELINE:,} receipts", i["small_accepted_per_s"], 0.9,
-                 loads),
-        _with_met(at_most(f"rollups scheduled run at {n}", sched["run_seconds"], "s",
-                          "target", 2.0, 1.0,
-                          f"scope_counts {sched['scope_counts']['seconds']} s reading"
-                          f" {sched['scope_counts']['receipts_read']:,} receipts (full recount"
-                          f" {full['seconds']} s, {full['receipts_read']:,}); series 2 h"
-                          f" {sched['series_recent_seconds']} s"),
-                  sched["run_seconds"] <= 2.0 and not sched["scope_counts"]["full"],
-                  "<= 2 s, incremental"),
-        at_most(f"rollups hourly run at {n} (48 h series rewrite)",
-                ro["series_full_48h_seconds"] + sched["scope_counts"]["seconds"], "s",
-                "target", 2.0, 1.0, "once an hour, jobs/rollups.py FULL_REFRESH_SECONDS"),
-    ]
-    for page, t in r["dashboard"].items():
-        figures.append(at_most(f"dashboard {page} at {n} p95 (median {t['median_ms']} ms)",
-                               t["p95_ms"], "ms", "target p95", 300, 1.0))
-    purged = sorted(r["purge"], key=int)
+    figures = []
+    if "error" in i:
+        figures.append(failed(f"intake accepted/s at {n}", f"{i['error']}; {loads}"))
+    else:
+        figures.append(at_least(f"intake accepted/s at {n}", i["large_accepted_per_s"], "/s",
+                                f"same bench at {scale.BASELINE:,} receipts",
+                                i["small_accepted_per_s"], 0.9, loads))
+    if "error" in sched or "error" in ro:
+        figures.append(failed(f"rollups scheduled run at {n}",
+                              sched.get("error") or ro.get("error", "")))
+    else:
+        figures.append(_with_met(at_most(
+            f"rollups scheduled run at {n}", sched["run_seconds"], "s", "target", 2.0, 1.0,
+            f"scope_counts {sched['scope_counts']['seconds']} s reading"
+            f" {sched['scope_counts']['receipts_read']:,} receipts (full recount"
+            f" {full['seconds']} s, {full['receipts_read']:,}); series 2 h"
+            f" {sched['series_recent_seconds']} s"),
+            sched["run_seconds"] <= 2.0 and not sched["scope_counts"]["full"],
+            "<= 2 s, incremental"))
+    if "error" in ro or "error" in sched:
+        figures.append(failed(f"rollups hourly run at {n} (48 h series rewrite)",
+                              ro.get("error") or sched.get("error", "")))
+    else:
+        figures.append(at_most(f"rollups hourly run at {n} (48 h series rewrite)",
+                               ro["series_full_48h_seconds"] + sched["scope_counts"]["seconds"],
+                               "s", "target", 2.0, 1.0,
+                               "once an hour, jobs/rollups.py FULL_REFRESH_SECONDS"))
+    if "error" in r["dashboard"]:
+        figures.append(failed(f"dashboard pages at {n}", r["dashboard"]["error"]))
+    else:
+        for page, t in r["dashboard"].items():
+            figures.append(at_most(f"dashboard {page} at {n} p95 (median {t['median_ms']} ms)",
+                                   t["p95_ms"], "ms", "target p95", 300, 1.0))
+    purged = sorted((k for k, v in r["purge"].items() if "error" not in v), key=int)
+    figures += [failed(f"purge at {int(k):,}", v["error"]) for k, v in r["purge"].items()
+                if "error" in v]
     if len(purged) >= 2:
         low, high = r["purge"][purged[0]], r["purge"][purged[-1]]
         figures.append(at_most(

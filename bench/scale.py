@@ -206,21 +206,30 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: in
                                            if k in ("load_seconds", "vacuum_seconds",
                                                     "disk_mb")}
                                        for n, led in ledgers.items()}}
-    out["rollups"] = rollup_runs(e, largest["url"])
-    _progress("rollups", out["rollups"])
-    out["intake"] = intake(e, shape, small["url"], largest["url"], seconds)
-    _progress("intake", {k: v for k, v in out["intake"].items() if k != "runs"})
-    out["rollups"]["scheduled"] = scheduled_run(e, largest["url"])
-    _progress("rollups scheduled", out["rollups"]["scheduled"])
-    out["dashboard"] = big.dashboard(e, largest["url"], largest["made"], rounds)
-    _progress("dashboard", out["dashboard"])
+    # A phase that fails (a rollup killed by the 60 s idle-in-transaction timeout at 10M,
+    # a full connection table) is recorded as its error; the other phases still run.
+    out["rollups"] = _phase("rollups", lambda: rollup_runs(e, largest["url"]))
+    out["intake"] = _phase("intake", lambda: intake(e, shape, small["url"], largest["url"],
+                                                    seconds))
+    out["rollups"]["scheduled"] = _phase("rollups scheduled",
+                                         lambda: scheduled_run(e, largest["url"]))
+    out["dashboard"] = _phase("dashboard", lambda: big.dashboard(e, largest["url"],
+                                                                 largest["made"], rounds))
     purged = [n for n in ledgers if n >= PURGE_BASELINE]
     purged = purged if len(purged) >= 2 else list(ledgers)
-    out["purge"] = {}
-    for n in purged:
-        out["purge"][n] = purge_cost(e, ledgers[n]["url"], f"scale_purge_{n}")
-        _progress(f"purge {n:,}", out["purge"][n])
+    out["purge"] = {n: _phase(f"purge {n:,}", lambda n=n: purge_cost(
+        e, ledgers[n]["url"], f"scale_purge_{n}")) for n in purged}
     return out
+
+
+def _phase(name: str, run: Any) -> dict[str, Any]:
+    """Run one phase; print its figures, or its error (the run goes on)."""
+    try:
+        result: dict[str, Any] = run()
+    except Exception as error:
+        result = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+    _progress(name, {k: v for k, v in result.items() if k != "runs"})
+    return result
 
 
 def _progress(phase: str, figures: dict[str, Any]) -> None:
