@@ -268,7 +268,8 @@ def recorded_10m_figures() -> list[Figure]:
                 for row in rows]
     recorded = [Figure(**f) for f in doc["figures"]]
     when = (f"not run in the default bench; see --scale 10m, last recorded {doc['date']}"
-            f" (load {doc.get('load_at_end', '?')})")
+            f" (load {doc.get('load_at_end', '?')})"
+            + (f" [{doc['note']}]" if doc.get("note") else ""))
     picks = {rows[0]: [f for f in recorded if f.measure.startswith("intake accepted/s at")],
              rows[1]: [f for f in recorded if f.measure.startswith("rollups scheduled")],
              rows[2]: [f for f in recorded if f.measure.startswith("rollups hourly")],
