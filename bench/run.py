@@ -78,8 +78,8 @@ def explain(figure: Figure, figures: list[Figure] | None = None) -> str:
         wanted = figure.baseline_value * 2.0
         why = (f"2.0x the thin intake is {wanted:,.0f}/s; in this run gunicorn + Flask with"
                f" only the HMAC check and no database answered {web.baseline_value:,.0f}/s"
-               f" ({wanted / web.baseline_value:.0%} of that would be needed with every"
-               f" database call and the ledger's own work free) and PostgreSQL alone"
+               f" (2.0x needs {wanted / web.baseline_value:.0%} of it, with the two inserts,"
+               f" the pool and the ledger's own work on top) and PostgreSQL alone"
                f" {pg.baseline_value:,.0f} two-insert transactions/s; the thin intake reached"
                f" {figure.baseline_value / web.baseline_value:.0%} of the HMAC-only ceiling."
                f" {why}")
