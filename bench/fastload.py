@@ -8,17 +8,20 @@ receipts in accepted_at order over the last 7 days, random base62-like ids
 pending, ~1 % failed after 8 attempts, a few stuck pending, the rest complete
 with 1 attempt; a job for every unfinished receipt; one attempts row per
 attempt. Not written (datagen has them): conflicts, demo balances, 2-3-attempt
-retries. The scopes still come from datagen.create_scopes (real integrations).
+retries. The scopes: the first through datagen.create_scopes (a real integration with
+its credential and audit rows), the rest copied from it in two statements
+(`copy_scopes`; no audit rows of their own: 10,000 one by one took 1-6 minutes here).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, select, text
 
 from bench.datagen import FAIL_ERROR, Generated, create_scopes
 from ledger.access.secrets_box import SecretBox
+from ledger.db.schema import integrations
 from ledger.domain import Integration, ReceiptState
 from ledger.worker.failure_groups import error_signature, group_id, rebuild_counters
 
@@ -78,6 +81,33 @@ def load(engine: Engine, box: SecretBox, receipts: int, scopes: int,
     end = end or datetime.now(UTC)
     made = create_scopes(engine, box, scopes, now=end - SPAN)
     return load_receipts(engine, made, receipts, end)
+
+
+def copy_scopes(engine: Engine, box: SecretBox, count: int, *, now: datetime
+                ) -> list[Integration]:
+    """Create one scope for real, then `count - 1` copies of it (`acct-000001`, ...).
+
+    Each copy is an integration row like the first (profile, settings) with a fresh
+    public id and a credential holding the same encrypted secret under a fresh key id.
+    """
+    first = create_scopes(engine, box, 1, now=now)[0]
+    columns = [c.name for c in integrations.c if c.name not in ("id", "public_id", "account")]
+    copied = ", ".join(f"f.{c}" for c in columns)
+    with engine.begin() as conn:
+        conn.execute(text(
+            f"INSERT INTO integrations (public_id, account, {', '.join(columns)}) "
+            f"SELECT 'in_' || substr(md5(random()::text || g), 1, 22),"
+            f" 'acct-' || lpad(g::text, 6, '0'), {copied} "
+            "FROM integrations f, generate_series(1, :n - 1) g WHERE f.id = :first"),
+            {"n": count, "first": first.id})
+        conn.execute(text(
+            "INSERT INTO credentials (key_id, integration_id, secret_enc, fingerprint, state,"
+            " created_at) SELECT 'key_' || substr(md5(random()::text || i.id), 1, 22), i.id,"
+            " c.secret_enc, c.fingerprint, c.state, c.created_at"
+            " FROM integrations i JOIN credentials c ON c.integration_id = :first"
+            " WHERE i.id <> :first"), {"first": first.id})
+        rows = conn.execute(select(integrations).order_by(integrations.c.id)).all()
+    return [Integration.from_row(r) for r in rows]
 
 
 def load_receipts(engine: Engine, made: list[Integration], receipts: int,

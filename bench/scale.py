@@ -17,7 +17,9 @@ receipts over the last 7 days. Measured, each figure against the same bench in t
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +29,6 @@ from sqlalchemy.engine import make_url
 
 from bench import big, fastload
 from bench import env as benv
-from bench.datagen import create_scopes
 from bench.intake import Target, load_run, ours_app, signed_files
 from jobs import rollups
 from ledger.access import audit
@@ -62,8 +63,8 @@ def scopes_template(e: benv.BenchEnv, scopes: int) -> tuple[str, list[Integratio
     settings = e.settings(url)
     engine = ledger_engine(settings)
     try:
-        made = create_scopes(engine, load_box(settings.master_key, settings.var_dir), scopes,
-                             now=datetime.now(UTC) - fastload.SPAN)
+        made = fastload.copy_scopes(engine, load_box(settings.master_key, settings.var_dir),
+                                    scopes, now=datetime.now(UTC) - fastload.SPAN)
     finally:
         engine.dispose()
     return url, made
@@ -93,8 +94,8 @@ def load(e: benv.BenchEnv, receipts: int, template: tuple[str, list[Integration]
 
 
 def intake(e: benv.BenchEnv, shape: benv.ServerShape, small: str, large: str,
-           seconds: float) -> dict[str, Any]:
-    """Load our server on the small and the large ledger in ABBA order, twice."""
+           seconds: float, cycles: int = 2) -> dict[str, Any]:
+    """Load our server on the small and the large ledger in ABBA order, `cycles` times."""
     ids = {url: ours_app(e, url) for url in (small, large)}
     runs: dict[str, list[Any]] = {"small": [], "large": []}
     with benv.gunicorn("app:create_app()", e.app_env(small), shape, cwd=benv.ROOT,
@@ -107,7 +108,7 @@ def intake(e: benv.BenchEnv, shape: benv.ServerShape, small: str, large: str,
         for side, target in targets.items():  # warm-up
             load_run(target, signed_files(e.tmp, f"scale-warm-{side}",
                                           target.path.rsplit("/", 1)[1], 2), 2)
-        for cycle in range(2):
+        for cycle in range(cycles):
             for n, side in enumerate(("small", "large", "large", "small")):
                 target = targets[side]
                 files = signed_files(e.tmp, f"scale-{cycle}-{n}",
@@ -185,11 +186,19 @@ def purge_cost(e: benv.BenchEnv, url: str, name: str) -> dict[str, Any]:
 
 def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: int,
             seconds: float, rounds: int) -> dict[str, Any]:
-    """Load every size, then intake, pages, rollups and purge as the module says."""
+    """Load every size, then intake, pages, rollups and purge as the module says.
+
+    Each phase's figures go to stderr as it ends, so a run stopped part-way (a 10M
+    ledger takes most of an hour here) still says how far it got and at what rate.
+    """
     started = time.perf_counter()
     template = scopes_template(e, scopes)
     scopes_seconds = round(time.perf_counter() - started, 1)
-    ledgers = {n: load(e, n, template) for n in sizes(receipts)}
+    _progress("scopes", {"scopes": scopes, "seconds": scopes_seconds})
+    ledgers = {}
+    for n in sizes(receipts):
+        ledgers[n] = load(e, n, template)
+        _progress(f"ledger {n:,}", {k: v for k, v in ledgers[n].items() if k != "made"})
     largest, small = ledgers[receipts], ledgers[BASELINE]
     out: dict[str, Any] = {"receipts": receipts, "scopes": scopes,
                            "scopes_seconds": scopes_seconds,
@@ -197,11 +206,37 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: in
                                            if k in ("load_seconds", "vacuum_seconds",
                                                     "disk_mb")}
                                        for n, led in ledgers.items()}}
-    out["rollups"] = rollup_runs(e, largest["url"])
-    out["intake"] = intake(e, shape, small["url"], largest["url"], seconds)
-    out["rollups"]["scheduled"] = scheduled_run(e, largest["url"])
-    out["dashboard"] = big.dashboard(e, largest["url"], largest["made"], rounds)
+    # A phase that fails (a rollup killed by the 60 s idle-in-transaction timeout at 10M,
+    # a full connection table) is recorded as its error; the other phases still run.
+    out["rollups"] = _phase("rollups", lambda: rollup_runs(e, largest["url"]))
+    # One ABBA cycle at the default 1M (it keeps `make bench` under 15 minutes), two above.
+    out["intake"] = _phase("intake", lambda: intake(e, shape, small["url"], largest["url"],
+                                                    seconds, 2 if receipts > PURGE_BASELINE
+                                                    else 1))
+    out["rollups"]["scheduled"] = _phase("rollups scheduled",
+                                         lambda: scheduled_run(e, largest["url"]))
+    out["dashboard"] = _phase("dashboard", lambda: big.dashboard(e, largest["url"],
+                                                                 largest["made"], rounds))
     purged = [n for n in ledgers if n >= PURGE_BASELINE]
     purged = purged if len(purged) >= 2 else list(ledgers)
-    out["purge"] = {n: purge_cost(e, ledgers[n]["url"], f"scale_purge_{n}") for n in purged}
+    out["purge"] = {n: _phase(f"purge {n:,}", lambda n=n: purge_cost(
+        e, ledgers[n]["url"], f"scale_purge_{n}")) for n in purged}
     return out
+
+
+def _phase(name: str, run: Any) -> dict[str, Any]:
+    """Run one phase; print its figures, or its error (the run goes on)."""
+    try:
+        result: dict[str, Any] = run()
+    except Exception as error:
+        result = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+    _progress(name, {k: v for k, v in result.items() if k != "runs"})
+    return result
+
+
+def _progress(phase: str, figures: dict[str, Any]) -> None:
+    """Print one phase's figures to stderr with the time and the machine's load."""
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    print(f"   scale {datetime.now(UTC):%H:%M:%S} UTC (load {load}) {phase}: "
+          f"{json.dumps(figures, default=str)}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
-"""Which HTTP server for the web tier: the ledger under gunicorn vs under granian.
+"""Which HTTP server for the web tier: the ledger under gunicorn vs granian or uWSGI.
 
 The same ledger, the same database, the same processes x threads, loaded in
-ABBA order (gunicorn, granian, granian, gunicorn, twice) with fresh signed
+ABBA order (gunicorn, challenger, challenger, gunicorn, twice) with fresh signed
 events each run, on PostgreSQL and on SQLite. Only the ratios inside one run
 mean anything on this shared machine (bench/README.md, "Web server").
 """
@@ -46,9 +46,49 @@ def granian(env: dict[str, str], shape: benv.ServerShape, *,
         benv.stop(process)
 
 
+@contextmanager
+def uwsgi(env: dict[str, str], shape: benv.ServerShape, *,
+          log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Serve the ledger with uWSGI (the `pyuwsgi` wheel), gunicorn.conf.py's limits mapped.
+
+    Prefork with the app loaded in the master (like gunicorn's preload), HTTP/1.1
+    keep-alive on the workers' own socket (no router process in between), request
+    recycling, header buffer and body limits, harakiri as gunicorn's worker timeout.
+    """
+    port = benv.free_port()
+    metrics_dir = tempfile.mkdtemp(prefix="ledger-bench-uwsgi-metrics-")
+    with open(log, "ab") as err:
+        process = subprocess.Popen(
+            [str(benv.BIN / "uwsgi"), "--master", "--need-app", "--die-on-term",
+             "--http11-socket", f"127.0.0.1:{port}", "--module", "app:create_app()",
+             "--processes", str(shape.workers), "--threads", str(shape.threads),
+             "--thunder-lock", "--max-requests", str(shape.max_requests or 0),
+             "--buffer-size", "8192", "--limit-post", str(64 * 1024 * 1024),
+             "--harakiri", "30", "--socket-timeout", "10", "--disable-logging",
+             "--worker-reload-mercy", "30"],
+            cwd=str(benv.ROOT), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1",
+                 "PROMETHEUS_MULTIPROC_DIR": metrics_dir})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        benv.wait_up(base, process)
+        yield base, process
+    finally:
+        benv.stop(process)
+
+
 def challenger(e: benv.BenchEnv, url: str, shape: benv.ServerShape, against: str,
                log: Path) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
-    """Start side B: "granian[:N]" (same shape, or N threads) or "threads:N" (gunicorn)."""
+    """Start side B: "granian[:N]" (same shape, or N threads), "uwsgi", "threads:N" (gunicorn)
+    or "shape:WORKERSxTHREADS[:CLASS]" (gunicorn in another shape)."""
+    if against == "uwsgi":
+        return uwsgi(e.app_env(url), shape, log=log)
+    if against.startswith("shape:"):
+        size, _, klass = against.removeprefix("shape:").partition(":")
+        workers, _, threads = size.partition("x")
+        other = replace(shape, workers=int(workers), threads=int(threads or 1),
+                        worker_class=klass or shape.worker_class)
+        return benv.gunicorn("app:create_app()", e.app_env(url), other, cwd=benv.ROOT, log=log)
     if against == "granian":
         return granian(e.app_env(url), shape, log=log)
     if against.startswith("granian:"):

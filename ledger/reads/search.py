@@ -2,15 +2,16 @@
 
 Every lookup goes through an index: integrations by public id, by (account, name)
 and by account (the leading column of that unique index); receipts by their primary
-key (scope_id, event_id) with `scope_id IN (every scope)`. Integrations are few, so
-matching a bare integration name reads them all.
+key (scope_id, event_id), probed once per scope. Integrations are few, so matching a
+bare integration name reads them all.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Select, select, true
 
 from ledger.db.schema import integrations, receipts
 from ledger.domain import ReceiptState
@@ -53,21 +54,34 @@ def _integration_hits(conn: Connection, q: str) -> list[Hit]:
             for r in conn.execute(query.order_by(integrations.c.id).limit(HIT_LIMIT))]
 
 
+def receipt_hits_stmt(q: str, *, lateral: bool) -> Select[Any]:
+    """The receipts with event id `q` in every scope: one primary-key probe per scope.
+
+    On PostgreSQL each probe is a LATERAL subquery (its LIMIT keeps the planner from
+    flattening it into a join that scans receipts for the event id: the primary key
+    leads with scope_id, and a parallel seq scan of a million receipts took ~1 s here
+    with 10,000 scopes). SQLite loops over the integrations and probes the key.
+    """
+    scope = (integrations.c.id, integrations.c.account, integrations.c.name,
+             integrations.c.public_id)
+    if not lateral:
+        return (select(*scope, receipts.c.state)
+                .select_from(integrations.join(receipts, receipts.c.scope_id == integrations.c.id))
+                .where(receipts.c.event_id == q).order_by(integrations.c.id).limit(HIT_LIMIT))
+    hit = (select(receipts.c.state).where(receipts.c.scope_id == integrations.c.id,
+                                          receipts.c.event_id == q)
+           .limit(1).lateral("hit"))
+    return (select(*scope, hit.c.state).select_from(integrations.join(hit, true()))
+            .order_by(integrations.c.id).limit(HIT_LIMIT))
+
+
 def _receipt_hits(conn: Connection, q: str) -> list[Hit]:
     """Return the receipts with this event id, in every scope."""
     if not EVENT_ID.fullmatch(q):
         return []
-    scopes = {r.id: r for r in conn.execute(
-        select(integrations.c.id, integrations.c.account, integrations.c.name,
-               integrations.c.public_id))}
-    if not scopes:
-        return []
-    rows = conn.execute(select(receipts.c.scope_id, receipts.c.state)
-                        .where(receipts.c.scope_id.in_(sorted(scopes)),
-                               receipts.c.event_id == q).limit(HIT_LIMIT))
-    return [Hit(kind="receipt", scope=f"{scopes[r.scope_id].account}/{scopes[r.scope_id].name}",
-                public_id=scopes[r.scope_id].public_id, event_id=q,
-                state=ReceiptState.from_code(r.state).value) for r in rows]
+    rows = conn.execute(receipt_hits_stmt(q, lateral=conn.dialect.name == "postgresql"))
+    return [Hit(kind="receipt", scope=f"{r.account}/{r.name}", public_id=r.public_id,
+                event_id=q, state=ReceiptState.from_code(r.state).value) for r in rows]
 
 
 def search(conn: Connection, raw: str) -> list[Hit]:

@@ -114,7 +114,8 @@ def test_time_windows_use_the_brin_index(big_ledger: Engine) -> None:
 
 def test_event_id_prefix_uses_the_primary_key(big_ledger: Engine) -> None:
     every_scope = list(range(1, SCOPES + 1))
-    for scope_ids, key in ((every_scope, None), ([4], ("evt_a0", 4))):
+    for scope_ids, key in ((None, None), (every_scope, None), ([4], (4, "evt_a0")),
+                           (None, (7, "evt_a0"))):
         plan = _plan(big_ledger, prefix_stmt(ReceiptFilter(prefix="evt_a"), scope_ids, key, 51))
         assert "pk_receipts" in plan, plan
         _no_receipts_seq_scan(plan)

@@ -1,0 +1,75 @@
+"""`make bench` prints every row of issue 15's targets: the 10M rows a default run does
+not measure are printed as not run, with the figures `--scale 10m` last recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import report, run
+
+
+def _scale(receipts: int, prefix_p95: float) -> dict[str, Any]:
+    """A scale measure's result as bench.scale returns it (figures only)."""
+    return {"receipts": receipts, "scopes": 10_000, "scopes_seconds": 2.1,
+            "ledgers": {100_000: {"load_seconds": 9, "vacuum_seconds": 2, "disk_mb": 70},
+                        receipts: {"load_seconds": 90, "vacuum_seconds": 5, "disk_mb": 499}},
+            "intake": {"large_accepted_per_s": 600.0, "small_accepted_per_s": 640.0},
+            "rollups": {"scheduled": {"run_seconds": 1.5, "series_recent_seconds": 0.5,
+                                      "scope_counts": {"seconds": 1.0, "receipts_read": 5,
+                                                       "full": False}},
+                        "full_recount": {"seconds": 1.4, "receipts_read": 10},
+                        "series_full_48h_seconds": 8.0},
+            "dashboard": {"overview": {"median_ms": 20.0, "p95_ms": 40.0},
+                          "receipts_prefix": {"median_ms": 90.0, "p95_ms": prefix_p95}},
+            "purge": {1_000_000: {"us_per_receipt": 5.0, "expired_receipts": 9,
+                                  "purge_seconds": 4.9},
+                      receipts: {"us_per_receipt": 5.5, "expired_receipts": 99,
+                                 "purge_seconds": 54.0}}}
+
+
+def test_a_default_run_prints_the_10m_rows_as_not_run_with_the_last_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run, "RECORDED_10M", tmp_path / "scale_10m.json")
+    never = [f for f in run.scale_figures(_scale(1_000_000, 50.0)) if f.not_run]
+    assert len(never) == 5 and all("never recorded" in f.note for f in never)
+
+    run.scale_figures(_scale(10_000_000, 420.0))  # a --scale 10m run records its rows
+    rows = run.scale_figures(_scale(1_000_000, 50.0))
+    measured = [f.measure for f in rows if not f.not_run]
+    assert "intake accepted/s at 1,000,000 receipts / 10,000 scopes" in measured
+    recorded = {f.measure: f for f in rows if f.not_run}
+    assert set(recorded) == {
+        "intake accepted/s at 10M receipts / 10,000 scopes (>= 0.9x the 100k ledger)",
+        "rollups scheduled run at 10M (<= 2 s, incremental)",
+        "rollups hourly run at 10M (48 h series rewrite, <= 2 s)",
+        "every dashboard page at 10M (p95 <= 300 ms)",
+        "purge us per receipt, 1M -> 10M (flat within 20 %)"}
+    pages = recorded["every dashboard page at 10M (p95 <= 300 ms)"]
+    assert pages.value == 420.0 and "missed: receipts_prefix" in pages.note
+    assert recorded["purge us per receipt, 1M -> 10M (flat within 20 %)"].ratio == 1.1
+    assert all(f.note.startswith("not run in the default bench; see --scale 10m, last recorded")
+               for f in recorded.values())
+    table = report.table(rows)
+    assert table.count("| not run |") == 5
+
+
+def test_the_ceilings_are_shown_and_a_missing_one_is_not_measured() -> None:
+    r = {"ours_accepted_per_s": 1000.0, "thin_accepted_per_s": 1100.0, "ours_p99_ms": 90.0,
+         "thin_p99_ms": 80.0, "thin_wraps": 0, "ours_wraps": 0,
+         "duplicates": {"dup_per_s": 1300.0, "new_accepted_per_s": 1200.0,
+                        "dup_new_receipts": 0},
+         "ceilings": {"postgres": {"tps": 7000.0, "clients": 16},
+                      "hmac_only": {"answered_per_s": 4000.0, "p99_ms": 20.0}}}
+    figures = run.intake_figures(r)
+    shares = {f.measure.split(" vs ")[1]: f.ratio for f in figures if "rest goes" in f.measure}
+    assert shares == {"PostgreSQL's two-insert ceiling": 0.143,
+                      "the server's HMAC-only ceiling": 0.25}
+    intake = figures[0]
+    assert not intake.met  # 0.91x against the 2.0x target
+    why = run.explain(intake, figures)
+    assert "2,200/s" in why and "4,000/s" in why and "7,000" in why
+    broken = run.intake_figures(r | {"ceilings": {"error": "RuntimeError: no pgbench"}})
+    assert broken[-1].note.startswith("NOT MEASURED")
