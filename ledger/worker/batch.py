@@ -217,7 +217,7 @@ def _record(worker: Worker, conn: Connection, entry: Entry) -> None:
                       window_start=job.window_start, rng=worker.rng)
     if decision.run_at is None:
         finish_attempt(conn, job, outcome="failed", now=now, error=entry.summary)
-        fail_job(conn, job, now=now)
+        fail_job(conn, job, now=now, error=entry.summary)
         entry.outcome, entry.reason = "failed", decision.reason
         return
     outcome = "interrupted" if interrupted else "retry"
