@@ -39,7 +39,6 @@ from tests.dashboard_helpers import (
     post,
 )
 from tests.helpers import deliver, make_sender
-from tests.integration.test_migration_tokens import empty_db_url  # noqa: F401  (fixture)
 
 MANY = 1_205  # more than the 1,000 newest failures the groups were once computed from
 AMOUNT = "ValueError: amount <n> too big for <id>"
