@@ -64,6 +64,8 @@ class Delivery:
     reason: str | None = None
     # True when a key signed the request: such rows are never rate-limited.
     authenticated: bool = False
+    # From the request reaching the intake to its answer: body read, checks, commit.
+    latency_us: int | None = None
 
     def row(self, count: int = 1) -> dict[str, Any]:
         """Return the deliveries row of this delivery."""
@@ -72,7 +74,7 @@ class Delivery:
                 "public_id": self.public_id, "outcome": self.outcome,
                 "http_status": self.http_status, "key_id": self.key_id,
                 "event_id": self.event_id, "client": self.client, "reason": reason,
-                "count": count}
+                "count": count, "latency_us": self.latency_us}
 
 
 class _Bucket:
