@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, case, delete, func, select
+from sqlalchemy import Connection, Select, case, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from jobs.rollup_band import (
@@ -100,25 +100,31 @@ def _next_hour(when: datetime) -> datetime:
     return start if start == when else start + HOUR
 
 
+def settled_rows_stmt(conn: Connection, since: datetime, until: datetime) -> Select[Any]:
+    """The log's rows with `at` in [since, until) per integration, hour and bucket.
+
+    A range of ix_deliveries_at: what settled since the last run, not the log.
+    """
+    status = deliveries.c.http_status
+    bucket = case((status.in_(ANSWERED_STATUSES) & deliveries.c.latency_us.is_not(None),
+                   latency_bucket(deliveries.c.latency_us)),
+                  ((status >= 400) & (status < 500) & (status != 409), REFUSED), else_=None)
+    hour = hour_index(conn, deliveries.c.at)
+    return (select(deliveries.c.integration_id, hour, bucket, func.sum(deliveries.c.count),
+                   func.count())
+            .where(deliveries.c.at >= since, deliveries.c.at < until,
+                   deliveries.c.integration_id.is_not(None))
+            .group_by(deliveries.c.integration_id, hour, bucket))
+
+
 def _settled_rows(conn: Connection, since: datetime,
                   until: datetime) -> tuple[dict[Cell, int], int]:
     """Return {(scope, hour, bucket or REFUSED): deliveries} for `at` in [since, until)."""
     if since >= until:
         return {}, 0
-    status = deliveries.c.http_status
-    bucket = case((status.in_(ANSWERED_STATUSES) & deliveries.c.latency_us.is_not(None),
-                   latency_bucket(deliveries.c.latency_us)),
-                  ((status >= 400) & (status < 500), REFUSED), else_=None)
-    hour = hour_index(conn, deliveries.c.at)
-    rows = conn.execute(
-        select(deliveries.c.integration_id, hour, bucket, func.sum(deliveries.c.count),
-               func.count())
-        .where(deliveries.c.at >= since, deliveries.c.at < until,
-               deliveries.c.integration_id.is_not(None))
-        .group_by(deliveries.c.integration_id, hour, bucket))
     cells: dict[Cell, int] = {}
     read = 0
-    for scope_id, h, b, n, logged in rows:
+    for scope_id, h, b, n, logged in conn.execute(settled_rows_stmt(conn, since, until)):
         read += int(logged)
         if b is not None:
             cells[(scope_id, int(h), int(b))] = int(n)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from jobs.rollup_deliveries import settled_rows_stmt
 from ledger.config import Settings
 from ledger.db.engine import make_engine
 from ledger.reads.deliveries import DeliveryFilter, deliveries_stmt, event_deliveries_stmt
@@ -64,3 +65,10 @@ def test_delivery_lists_use_their_indexes(big_log: Engine) -> None:
 
 def test_an_events_deliveries_use_the_event_index(big_log: Engine) -> None:
     _uses_index(_plan(big_log, event_deliveries_stmt(3, "evt_1002")), "ix_deliveries_event")
+
+
+def test_the_delivery_hours_rollup_reads_only_what_settled(big_log: Engine) -> None:
+    """A rollups run reads the minutes since the last one through the (at, id) index."""
+    with big_log.connect() as conn:
+        stmt = settled_rows_stmt(conn, NOW - timedelta(minutes=2), NOW - timedelta(minutes=1))
+    _uses_index(_plan(big_log, stmt), "ix_deliveries_at")
