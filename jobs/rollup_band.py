@@ -111,3 +111,23 @@ def hour_of(index: int) -> datetime:
 def index_of(when: datetime) -> int:
     """Return the hour index of `when` (whole hours since the epoch)."""
     return int(when.timestamp()) // 3600
+
+
+def hour_spans(since: datetime, until: datetime | None,
+               now: datetime) -> list[tuple[datetime, datetime | None]]:
+    """Split [since, until) at hour boundaries up to the hour of `now`; the rest is one span.
+
+    A full recount reads one span per statement, so each stays inside the statement
+    timeout (5 s by default) however many days the window holds. With `until` None
+    the last span is open (receipts stamped ahead of this clock are counted too).
+    """
+    last = hour_of(index_of(now))
+    spans: list[tuple[datetime, datetime | None]] = []
+    start = since
+    while start < last and (until is None or start < until):
+        end = min(hour_of(index_of(start) + 1), until or last)
+        spans.append((start, end))
+        start = end
+    if until is None or start < until:
+        spans.append((start, until))
+    return spans

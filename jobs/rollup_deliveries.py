@@ -33,6 +33,7 @@ from jobs.rollup_band import (
     can_step,
     hour_index,
     hour_of,
+    hour_spans,
     index_of,
     lock_mark,
     read_mark,
@@ -86,8 +87,12 @@ def refresh_delivery_hours(conn: Connection, now: datetime, *,
         recounted_at, full = now, True
     else:
         since, recounted_at = max(mark.band.end, window), mark.recounted_at
-    cells, read = _settled_rows(conn, since, band.end)
-    written = _add(conn, cells)
+    written = read = 0
+    # One hour of the log per statement: a full recount of 7 days stays inside the timeout.
+    for lo, hi in hour_spans(since, band.end, now) if full else [(since, band.end)]:
+        assert hi is not None
+        cells, n = _settled_rows(conn, lo, hi)
+        written, read = written + _add(conn, cells), read + n
     for table in (hourly_refusals, hourly_latency):
         conn.execute(delete(table).where(table.c.hour < window))
     write_mark(conn, DELIVERY_HOURS_MARK, band, now, recounted_at)

@@ -28,6 +28,7 @@ from jobs.rollup_band import (
     flag,
     hour_index,
     hour_of,
+    hour_spans,
     index_of,
     lock_mark,
     read_mark,
@@ -129,8 +130,12 @@ def _count_window(conn: Connection, window: datetime, start: datetime,
                   end: datetime) -> tuple[dict[Cell, tuple[int, int]], int]:
     """Count every receipt of the window: {cell: (accepted, settled)}, receipts read."""
     at = receipts.c.accepted_at
-    counted = {cell: (n, settled) for cell, n, settled
-               in _grouped(conn, at >= window, (at >= start) & (at < end))}
+    counted: dict[Cell, tuple[int, int]] = {}
+    for lo, hi in hour_spans(window, None, end):  # one hour per statement
+        span = (at >= lo) if hi is None else (at >= lo) & (at < hi)
+        for cell, n, settled in _grouped(conn, span, (at >= start) & (at < end)):
+            old = counted.get(cell, (0, 0))
+            counted[cell] = (old[0] + n, old[1] + settled)
     return counted, sum(n for n, _ in counted.values())
 
 
