@@ -1,4 +1,5 @@
-"""Refusals and intake latency per integration and hour; an incremental hourly series.
+"""Refusals and intake latency per integration and hour; an incremental hourly series;
+the delivery log's outcome index.
 
 Revision ID: 0010_health_rollups
 Revises: 0009_scope_totals
@@ -58,10 +59,14 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("deliveries") as batch:
         batch.add_column(sa.Column("latency_us", sa.Integer))
+    op.create_index("ix_deliveries_outcome", "deliveries", ["outcome", "at", "id"],
+                    postgresql_where=sa.text("outcome <> 'accepted'"),
+                    sqlite_where=sa.text("outcome <> 'accepted'"))
 
 
 def downgrade() -> None:
     """Drop the new rollups and the latency column; hourly_series back to its old shape."""
+    op.drop_index("ix_deliveries_outcome", table_name="deliveries")
     with op.batch_alter_table("deliveries") as batch:
         batch.drop_column("latency_us")
     op.drop_table("hourly_latency")
