@@ -131,8 +131,9 @@ class DeliveryLog:
                 self._rows.append(delivery.row())
             else:
                 minute = delivery.at.replace(second=0, microsecond=0)
-                key = (minute, replace(delivery, at=minute, client=None, public_id=None
-                                       if delivery.integration_id is None
+                # A counted row keeps no client or latency: they differ request by request.
+                key = (minute, replace(delivery, at=minute, client=None, latency_us=None,
+                                       public_id=None if delivery.integration_id is None
                                        else delivery.public_id))
                 entry = self._counted.setdefault(key, [0, delivery])
                 entry[0] += 1
@@ -160,7 +161,7 @@ class DeliveryLog:
             for key in done:
                 count, newest = self._counted.pop(key)
                 row = newest.row(count)
-                row["public_id"] = key[1].public_id
+                row["public_id"], row["latency_us"] = key[1].public_id, None
                 rows.append(row)
         if not rows:
             return 0
