@@ -37,7 +37,7 @@ from jobs import rollup_deliveries
 from ledger.access import audit
 from ledger.access.operators import create_operator
 from ledger.access.secrets_box import load_box
-from ledger.db.schema import credentials
+from ledger.db.schema import credentials, deliveries
 from ledger.reads.deliveries import DeliveryFilter, deliveries_stmt
 from ledger.services import ledger_engine
 
@@ -45,8 +45,7 @@ RESULTS = Path(__file__).parent / "results" / "dlog_scale.jsonl"
 PASSWORD = "bench admin password"
 BATCH = 1_000_000
 SPAN = timedelta(days=14)
-INDEXES = ("ix_deliveries_at", "ix_deliveries_integration", "ix_deliveries_key",
-           "ix_deliveries_event")
+INDEXES = tuple(sorted(str(index.name) for index in deliveries.indexes))
 
 ROWS = """
 INSERT INTO deliveries (at, integration_id, public_id, outcome, http_status, key_id,
@@ -115,8 +114,6 @@ def load(env: BenchEnv, rows: int, integrations: int) -> tuple[str, dict[str, An
 
 def _recreate_indexes(engine: Engine) -> None:
     """Build the delivery log's indexes as the migrations declare them."""
-    from ledger.db.schema import deliveries
-
     with engine.begin() as conn:
         for index in deliveries.indexes:
             index.create(conn)
