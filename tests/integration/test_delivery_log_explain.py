@@ -67,6 +67,11 @@ def test_delivery_lists_use_their_indexes(big_log: Engine) -> None:
         later, 51)), "ix_deliveries_at")
     _uses_index(_plan(big_log, deliveries_stmt(DeliveryFilter(integration_id=7), later, 51)),
                 "ix_deliveries_integration")
+    # Integration and outcome: the planner picks either index (never a scan of the log).
+    both = _plan(big_log, deliveries_stmt(DeliveryFilter(integration_id=7, outcome="internal"),
+                                          None, 51))
+    assert "ix_deliveries_integration" in both or "ix_deliveries_outcome" in both, both
+    assert "Seq Scan on deliveries" not in both, both
     _uses_index(_plan(big_log, deliveries_stmt(DeliveryFilter(key_id=KEY), None, 51)),
                 "ix_deliveries_key")
 
