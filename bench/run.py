@@ -222,23 +222,23 @@ def scale_figures(r: dict[str, Any]) -> list[Figure]:
     if "error" in sched or "error" in ro:
         figures.append(failed(f"rollups scheduled run at {n}",
                               sched.get("error") or ro.get("error", "")))
+        figures.append(failed(f"rollups daily repair at {n}",
+                              ro.get("error") or sched.get("error", "")))
     else:
         figures.append(_with_met(at_most(
             f"rollups scheduled run at {n}", sched["run_seconds"], "s", "target", 2.0, 1.0,
             f"scope_counts {sched['scope_counts']['seconds']} s reading"
             f" {sched['scope_counts']['receipts_read']:,} receipts (full recount"
-            f" {full['seconds']} s, {full['receipts_read']:,}); series 2 h"
-            f" {sched['series_recent_seconds']} s"),
-            sched["run_seconds"] <= 2.0 and not sched["scope_counts"]["full"],
+            f" {full['seconds']} s, {full['receipts_read']:,}); series and"
+            f" delivery hours {sched['series_recent_seconds']} s reading"
+            f" {sched.get('series_receipts_read', 0):,} receipts"),
+            sched["run_seconds"] <= 2.0 and not sched["scope_counts"]["full"]
+            and not sched.get("series_full", False),
             "<= 2 s, incremental"))
-    if "error" in ro or "error" in sched:
-        figures.append(failed(f"rollups hourly run at {n} (48 h series rewrite)",
-                              ro.get("error") or sched.get("error", "")))
-    else:
-        figures.append(at_most(f"rollups hourly run at {n} (48 h series rewrite)",
-                               ro["series_full_48h_seconds"] + sched["scope_counts"]["seconds"],
-                               "s", "target", 2.0, 1.0,
-                               "once an hour, jobs/rollups.py FULL_REFRESH_SECONDS"))
+        figures.append(at_most(
+            f"rollups daily repair at {n} (full 7-day series recount + scope_counts)",
+            ro["series_full_seconds"] + full["seconds"], "s",
+            "target", 2.0, 1.0, "once a day, jobs/rollup_band.py FULL_RECOUNT_SECONDS"))
     if "error" in r["dashboard"]:
         figures.append(failed(f"dashboard pages at {n}", r["dashboard"]["error"]))
     else:

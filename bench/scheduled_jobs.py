@@ -135,10 +135,10 @@ def bench_rollups(url: str, rows: int) -> dict[str, Any]:
             "EXPLAIN SELECT scope_id, count(*) FROM receipts GROUP BY scope_id")).scalars()
         timings["totals_plan"] = [line.strip() for line in plan][:3]
     for name, step in (("scope_counts", rollups.refresh_scope_counts),
-                       ("series_full_48h", lambda c, n: rollups.refresh_hourly_series(
-                           c, n, hours=rollups.SERIES_HOURS)),
-                       ("series_recent_2h", lambda c, n: rollups.refresh_hourly_series(
-                           c, n, hours=rollups.RECENT_HOURS))):
+                       ("series_full_7d", lambda c, n: rollups.refresh_hourly_series(
+                           c, n, full=True)),
+                       ("series_incremental", lambda c, n: rollups.refresh_hourly_series(
+                           c, n))):
         samples = []
         for _ in range(3):
             started = time.perf_counter()

@@ -16,85 +16,72 @@
   since the last full recount recount everything (the repair for drift, e.g. a
   receipt written with an old accepted_at by hand); `refresh(full_counts=True)`
   does it on demand.
-- `hourly_series`: accepted (by accepted_at) and failed (by the time they failed)
-  per scope per hour over the last SERIES_HOURS hours. Closed hours do not
-  change, so a run recomputes only the newest hours, and the whole window once
-  the series is an hour old (a requeue can lower a closed hour's failures):
-  29 ms for the newest 2 hours, 174 ms for all 48, at 1M receipts (the window is
-  now 7 days for the per-integration health charts; the hourly full refresh reads
-  7 days of receipts).
-Both carry `refreshed_at`, which the pages show as the figures' age.
+- `hourly_series` (jobs/rollup_series.py): accepted and failed per scope per
+  hour over SERIES_HOURS, kept incrementally on the same settled band.
+- `hourly_refusals` and `hourly_latency` (jobs/rollup_deliveries.py): refusals
+  and answered deliveries per latency bucket per integration per hour, from the
+  delivery log, added up as its rows settle.
+Each run's time is in `rollup_marks.counted_at`, which the pages show as the figures' age.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import datetime
 
-from sqlalchemy import (
-    Connection,
-    Engine,
-    Integer,
-    bindparam,
-    case,
-    cast,
-    delete,
-    func,
-    insert,
-    select,
-    text,
+from sqlalchemy import Connection, Engine, bindparam, delete, func, insert, select
+
+from jobs.rollup_band import (
+    FULL_RECOUNT_SECONDS,
+    PURGE_MARGIN_SECONDS,
+    SETTLE_LAG_SECONDS,
+    Band,
+    can_step,
+    flag,
+    lock_mark,
+    read_mark,
+    settled_band,
+    write_mark,
 )
-
+from jobs.rollup_deliveries import refresh_delivery_hours
+from jobs.rollup_series import SERIES_HOURS, refresh_hourly_series
 from ledger.clock import Clock
-from ledger.config import CLOCK_SKEW_SECONDS, DEFAULT_RETENTION_SECONDS, Settings
-from ledger.db.schema import (
-    ROLLUP_MARK,
-    hourly_series,
-    receipts,
-    rollup_marks,
-    scope_counts,
-    scope_totals,
-)
+from ledger.config import DEFAULT_DELIVERY_LOG_SECONDS, DEFAULT_RETENTION_SECONDS, Settings
+from ledger.db.schema import ROLLUP_MARK, receipts, scope_counts, scope_totals
 from ledger.db.timestamps import as_utc
 from ledger.domain import ReceiptState
-from ledger.scheduling.runner import advisory_key
 
-SERIES_HOURS = 7 * 24  # the overview charts 48 h; per-integration health shows 24 h and 7 days
-RECENT_HOURS = 2
-FULL_REFRESH_SECONDS = 3600
-# Intake stamps accepted_at before it commits: receipts younger than this are
-# recounted every run instead of settled, so a commit up to a minute late is
-# still counted (a later one waits for the daily full recount).
-SETTLE_LAG_SECONDS = 60
-# The settled band starts this far after the retention cutoff; a purge (on any
-# instance, clock skew included) cannot delete from it before the next run.
-PURGE_MARGIN_SECONDS = 1800
-FULL_RECOUNT_SECONDS = 86400
+# Re-exported: the rollups' constants and steps are read from here.
+__all__ = ["FULL_RECOUNT_SECONDS", "PURGE_MARGIN_SECONDS", "SERIES_HOURS",
+           "SETTLE_LAG_SECONDS", "refresh", "refresh_delivery_hours", "refresh_hourly_series",
+           "refresh_scope_counts", "run", "settled_band"]
 
 
 def run(engine: Engine, settings: Settings, clock: Clock) -> int:
-    """Scheduled entry point: refresh both rollups; return the rows written."""
-    return refresh(engine, clock, retention_seconds=settings.retention_seconds)
+    """Scheduled entry point: refresh every rollup; return the rows written."""
+    return refresh(engine, clock, retention_seconds=settings.retention_seconds,
+                   delivery_log_seconds=settings.delivery_log_seconds)
 
 
-def refresh(engine: Engine, clock: Clock, *, full_series: bool | None = None,
+def refresh(engine: Engine, clock: Clock, *, full_series: bool = False,
             full_counts: bool = False,
-            retention_seconds: float = DEFAULT_RETENTION_SECONDS) -> int:
-    """Refresh scope_counts and hourly_series in one short transaction each."""
+            retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+            delivery_log_seconds: float = DEFAULT_DELIVERY_LOG_SECONDS) -> int:
+    """Refresh scope_counts, hourly_series and the delivery hours, one transaction each.
+
+    Each is incremental; `full_counts` / `full_series` recount from the tables (the
+    repair path), and each also recounts by itself when its mark says it must.
+    """
     now = clock.now()
     with engine.begin() as conn:
         written = refresh_scope_counts(conn, now, retention_seconds=retention_seconds,
                                        full=full_counts).written
     with engine.begin() as conn:
-        if full_series is None:
-            # Only the newest hours are rewritten between full refreshes, so the
-            # oldest refreshed_at tells when the whole window was last recomputed.
-            oldest = conn.execute(select(func.min(hourly_series.c.refreshed_at))).scalar()
-            full_series = oldest is None or oldest < now - timedelta(
-                seconds=FULL_REFRESH_SECONDS)
-        written += refresh_hourly_series(conn, now,
-                                         hours=SERIES_HOURS if full_series else RECENT_HOURS)
+        written += refresh_hourly_series(conn, now, retention_seconds=retention_seconds,
+                                         full=full_series).written
+    with engine.begin() as conn:
+        written += refresh_delivery_hours(conn, now, log_seconds=delivery_log_seconds,
+                                          full=full_series).written
     return written
 
 
@@ -107,51 +94,13 @@ class CountsRun:
     full: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Band:
-    """The settled band [start, end) of accepted_at."""
-
-    start: datetime
-    end: datetime
-
-
-def settled_band(now: datetime, retention_seconds: float) -> Band:
-    """Return the band a run at `now` settles (empty when retention is that short)."""
-    end = now - timedelta(seconds=SETTLE_LAG_SECONDS)
-    start = now + timedelta(seconds=PURGE_MARGIN_SECONDS - retention_seconds)
-    return Band(start=min(start, end), end=end)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Mark:
-    """Where the last run left the settled band, and when it last recounted in full."""
-
-    band: Band
-    counted_at: datetime
-    recounted_at: datetime
-
-
-def read_mark(conn: Connection) -> Mark | None:
-    """Return the stored mark of scope_totals, if any."""
-    row = conn.execute(select(rollup_marks).where(rollup_marks.c.name == ROLLUP_MARK)).first()
-    if row is None:
-        return None
-    start, end = as_utc(row.settled_from), as_utc(row.settled_until)
-    counted, recounted = as_utc(row.counted_at), as_utc(row.recounted_at)
-    assert start and end and counted and recounted  # NOT NULL columns
-    return Mark(band=Band(start=start, end=end), counted_at=counted, recounted_at=recounted)
-
-
 def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *,
                     full: bool = False) -> tuple[dict[int, int], int, bool]:
     """Return ({scope_id: receipts}, receipts read, full?) and move the settled band."""
     band = settled_band(now, retention_seconds)
-    if conn.dialect.name == "postgresql":
-        # A CLI refresh racing the scheduled run would apply one delta twice.
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"),
-                     {"key": advisory_key(ROLLUP_MARK)})
-    mark = read_mark(conn)
-    if full or mark is None or not _can_step(mark, band, now):
+    lock_mark(conn, ROLLUP_MARK)  # a CLI refresh racing the scheduled run: one delta twice
+    mark = read_mark(conn, ROLLUP_MARK)
+    if full or mark is None or not can_step(mark, band, now):
         totals, settled, read = _count_all(conn, band)
         conn.execute(delete(scope_totals))
         _write_settled(conn, settled)
@@ -162,27 +111,8 @@ def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *
         for scope_id, n in _step_settled(conn, delta).items():
             totals[scope_id] = totals.get(scope_id, 0) + n
         recounted_at = mark.recounted_at
-    conn.execute(delete(rollup_marks).where(rollup_marks.c.name == ROLLUP_MARK))
-    conn.execute(insert(rollup_marks).values(name=ROLLUP_MARK, settled_from=band.start,
-                                             settled_until=band.end, counted_at=now,
-                                             recounted_at=recounted_at))
+    write_mark(conn, ROLLUP_MARK, band, now, recounted_at)
     return totals, read, full
-
-
-def _can_step(mark: Mark, band: Band, now: datetime) -> bool:
-    """Return whether the stored band can be moved forward to `band` exactly."""
-    since_run = now - mark.counted_at
-    return (timedelta(0) <= since_run
-            <= timedelta(seconds=PURGE_MARGIN_SECONDS - CLOCK_SKEW_SECONDS)
-            and now - mark.recounted_at < timedelta(seconds=FULL_RECOUNT_SECONDS)
-            and mark.band.start <= band.start and mark.band.end <= band.end
-            # A changed retention changes the band's width: recount.
-            and mark.band.end - mark.band.start == band.end - band.start)
-
-
-def _flag(condition: Any) -> Any:
-    """Return 1 where `condition` holds, else 0, for a SUM."""
-    return case((condition, 1), else_=0)
 
 
 def _count_all(conn: Connection, band: Band) -> tuple[dict[int, int], dict[int, int], int]:
@@ -192,7 +122,7 @@ def _count_all(conn: Connection, band: Band) -> tuple[dict[int, int], dict[int, 
     settled: dict[int, int] = {}
     for scope_id, total, inside in conn.execute(
             select(receipts.c.scope_id, func.count(),
-                   func.sum(_flag((at >= band.start) & (at < band.end))))
+                   func.sum(flag((at >= band.start) & (at < band.end))))
             .group_by(receipts.c.scope_id)):
         totals[scope_id], settled[scope_id] = int(total), int(inside or 0)
     return totals, settled, sum(totals.values())
@@ -210,9 +140,9 @@ def _count_edges(conn: Connection, prev: Band, band: Band
     edges: dict[int, int] = {}
     delta: dict[int, int] = {}
     read = 0
-    old_edge = (select(receipts.c.scope_id, func.count(), func.sum(_flag(at >= prev.start)))
+    old_edge = (select(receipts.c.scope_id, func.count(), func.sum(flag(at >= prev.start)))
                 .where(at < band.start).group_by(receipts.c.scope_id))
-    new_edge = (select(receipts.c.scope_id, func.count(), func.sum(_flag(at < band.end)))
+    new_edge = (select(receipts.c.scope_id, func.count(), func.sum(flag(at < band.end)))
                 .where(at >= prev.end).group_by(receipts.c.scope_id))
     for sign, query in ((-1, old_edge), (1, new_edge)):
         for scope_id, n, moved in conn.execute(query):
@@ -291,45 +221,3 @@ def _write_changed_counts(conn: Connection,
              "oldest_accepted_at": oldest, "refreshed_at": now}
             for (scope_id, state), (count, oldest) in changed.items()])
     return len(changed) + len(gone)
-
-
-def _hour_index(conn: Connection, column: Any) -> Any:
-    """Return an SQL expression for whole hours since the epoch (UTC)."""
-    if conn.dialect.name == "postgresql":
-        return cast(func.floor(func.extract("epoch", column) / 3600), Integer)
-    return cast(func.strftime("%s", column), Integer) // 3600
-
-
-def series_since(conn: Connection, since: datetime) -> dict[tuple[int, int], list[int]]:
-    """Return {(scope_id, hour index): [accepted, failed]} for hours from `since`."""
-    accepted_hour = _hour_index(conn, receipts.c.accepted_at)
-    failed_at = func.coalesce(receipts.c.completed_at, receipts.c.accepted_at)
-    failed_hour = _hour_index(conn, failed_at)
-    series: dict[tuple[int, int], list[int]] = {}
-    for scope_id, hour, count in conn.execute(
-            select(receipts.c.scope_id, accepted_hour, func.count())
-            .where(receipts.c.accepted_at >= since)
-            .group_by(receipts.c.scope_id, accepted_hour)):
-        series.setdefault((scope_id, int(hour)), [0, 0])[0] = int(count)
-    for scope_id, hour, count in conn.execute(
-            select(receipts.c.scope_id, failed_hour, func.count())
-            .where(receipts.c.state == ReceiptState.FAILED.code, failed_at >= since)
-            .group_by(receipts.c.scope_id, failed_hour)):
-        series.setdefault((scope_id, int(hour)), [0, 0])[1] = int(count)
-    return series
-
-
-def refresh_hourly_series(conn: Connection, now: datetime, *, hours: int) -> int:
-    """Recompute the newest `hours` hours and drop hours older than the window."""
-    current = int(now.timestamp()) // 3600
-    since = datetime.fromtimestamp((current - hours + 1) * 3600, UTC)
-    window_start = datetime.fromtimestamp((current - SERIES_HOURS + 1) * 3600, UTC)
-    series = series_since(conn, since)
-    conn.execute(delete(hourly_series).where(hourly_series.c.hour >= since))
-    conn.execute(delete(hourly_series).where(hourly_series.c.hour < window_start))
-    if series:
-        conn.execute(insert(hourly_series), [
-            {"scope_id": scope_id, "hour": datetime.fromtimestamp(hour * 3600, UTC),
-             "accepted": accepted, "failed": failed, "refreshed_at": now}
-            for (scope_id, hour), (accepted, failed) in series.items()])
-    return len(series)

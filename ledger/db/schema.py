@@ -387,6 +387,7 @@ rollup_marks = Table(
     Column("recounted_at", UTCDateTime, nullable=False),
 )
 
+SERIES_MARK = "hourly_series"  # the rollup_marks row of jobs/rollup_series.py
 hourly_series = Table(
     "hourly_series",
     metadata,
@@ -395,6 +396,39 @@ hourly_series = Table(
     Column("accepted", BigInteger, nullable=False),
     Column("failed", BigInteger, nullable=False),
     Column("refreshed_at", UTCDateTime, nullable=False),
+    # Of `accepted`, the receipts inside the settled band (kept incrementally); the
+    # rest are the band's fresh edges, recounted every run (jobs/rollup_series.py).
+    Column("settled", BigInteger, nullable=False),
+)
+# Failures can move in any hour of the window (a requeue lowers a closed hour): each
+# run compares the failed cells, found here without reading the whole series.
+Index("ix_hourly_series_failed", hourly_series.c.scope_id, hourly_series.c.hour,
+      postgresql_where=hourly_series.c.failed > 0, sqlite_where=hourly_series.c.failed > 0)
+
+# From the delivery log, per integration and hour (jobs/rollup_deliveries.py): refusals
+# (4xx but 409), and answered deliveries (2xx, 409) per fixed latency bucket.
+DELIVERY_HOURS_MARK = "delivery_hours"  # its rollup_marks row
+hourly_refusals = Table(
+    "hourly_refusals",
+    metadata,
+    Column("scope_id", Integer, primary_key=True),
+    Column("hour", UTCDateTime, primary_key=True),
+    Column("refused", BigInteger, nullable=False),
+)
+# Upper bounds (us) of the latency buckets: each 1.33x or 1.5x the one before, so a
+# p95 read from them is its bucket's upper bound, at most 1.5x the true value; the
+# last bucket (index len(bounds)) holds everything slower.
+LATENCY_BOUNDS_US = (1_000, 1_500, 2_000, 3_000, 4_000, 6_000, 8_000, 12_000, 16_000,
+                     24_000, 32_000, 48_000, 64_000, 96_000, 128_000, 192_000, 256_000,
+                     384_000, 512_000, 768_000, 1_024_000, 1_536_000, 2_048_000, 3_072_000,
+                     4_096_000, 6_144_000, 8_192_000, 16_384_000)
+hourly_latency = Table(
+    "hourly_latency",
+    metadata,
+    Column("scope_id", Integer, primary_key=True),
+    Column("hour", UTCDateTime, primary_key=True),
+    Column("bucket", SmallInteger, primary_key=True),
+    Column("deliveries", BigInteger, nullable=False),
 )
 
 # The delivery log (README "Delivery log"): one row per request to /hooks/, or one row
@@ -416,6 +450,8 @@ deliveries = Table(
     Column("client", Text),
     Column("reason", Text),
     Column("count", Integer, nullable=False),
+    # Microseconds from the request reaching the intake to its answer (NULL before 0010).
+    Column("latency_us", Integer),
 )
 Index("ix_deliveries_at", deliveries.c.at, deliveries.c.id)
 Index("ix_deliveries_integration", deliveries.c.integration_id, deliveries.c.at,
@@ -423,6 +459,12 @@ Index("ix_deliveries_integration", deliveries.c.integration_id, deliveries.c.at,
 Index("ix_deliveries_key", deliveries.c.key_id, deliveries.c.at,
       postgresql_where=deliveries.c.key_id.is_not(None),
       sqlite_where=deliveries.c.key_id.is_not(None))
+# The outcome filter: every outcome but `accepted` (90 % of a normal log, which the
+# (at, id) index finds at once) is rare, and a rare or absent one would otherwise walk
+# the whole log newest first (1.3 s at 10M rows, bench/README.md).
+Index("ix_deliveries_outcome", deliveries.c.outcome, deliveries.c.at, deliveries.c.id,
+      postgresql_where=deliveries.c.outcome != "accepted",
+      sqlite_where=deliveries.c.outcome != "accepted")
 Index("ix_deliveries_event", deliveries.c.integration_id, deliveries.c.event_id,
       postgresql_where=deliveries.c.event_id.is_not(None),
       sqlite_where=deliveries.c.event_id.is_not(None))

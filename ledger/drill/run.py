@@ -30,6 +30,8 @@ from ledger.db.schema import (
     conflicts,
     credentials,
     demo_balances,
+    hourly_latency,
+    hourly_refusals,
     hourly_series,
     integrations,
     jobs,
@@ -57,7 +59,8 @@ if TYPE_CHECKING:
 POLL_SECONDS = 0.2
 # Tables keyed by scope id that a sandbox integration can leave rows in.
 SCOPED_TABLES = (receipts, jobs, attempts, conflicts, unsigned_bodies, demo_balances,
-                 scope_counts, scope_totals, hourly_series)
+                 scope_counts, scope_totals, hourly_series, hourly_refusals,
+                 hourly_latency)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -64,6 +64,8 @@ class Delivery:
     reason: str | None = None
     # True when a key signed the request: such rows are never rate-limited.
     authenticated: bool = False
+    # From the request reaching the intake to its answer: body read, checks, commit.
+    latency_us: int | None = None
 
     def row(self, count: int = 1) -> dict[str, Any]:
         """Return the deliveries row of this delivery."""
@@ -72,7 +74,7 @@ class Delivery:
                 "public_id": self.public_id, "outcome": self.outcome,
                 "http_status": self.http_status, "key_id": self.key_id,
                 "event_id": self.event_id, "client": self.client, "reason": reason,
-                "count": count}
+                "count": count, "latency_us": self.latency_us}
 
 
 class _Bucket:
@@ -129,8 +131,9 @@ class DeliveryLog:
                 self._rows.append(delivery.row())
             else:
                 minute = delivery.at.replace(second=0, microsecond=0)
-                key = (minute, replace(delivery, at=minute, client=None, public_id=None
-                                       if delivery.integration_id is None
+                # A counted row keeps no client or latency: they differ request by request.
+                key = (minute, replace(delivery, at=minute, client=None, latency_us=None,
+                                       public_id=None if delivery.integration_id is None
                                        else delivery.public_id))
                 entry = self._counted.setdefault(key, [0, delivery])
                 entry[0] += 1
@@ -158,7 +161,7 @@ class DeliveryLog:
             for key in done:
                 count, newest = self._counted.pop(key)
                 row = newest.row(count)
-                row["public_id"] = key[1].public_id
+                row["public_id"], row["latency_us"] = key[1].public_id, None
                 rows.append(row)
         if not rows:
             return 0

@@ -1,7 +1,8 @@
 """The delivery log's reads: filtered keyset pages, an event's deliveries, per-key usage.
 
 Lists are newest first on (at, id): the (integration_id, at, id) index when an
-integration is named, the partial (key_id, at) index for a key, else (at, id).
+integration is named, the partial (key_id, at) index for a key, the partial
+(outcome, at, id) index for any outcome but `accepted`, else (at, id).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, func, select, tuple_
+from sqlalchemy import Connection, Select, func, literal_column, select, tuple_
 
 from ledger.db.schema import deliveries
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
@@ -50,6 +51,12 @@ def _terms(f: DeliveryFilter) -> list[Any]:
         terms.append(deliveries.c.key_id == f.key_id)
     if f.outcome is not None:
         terms.append(deliveries.c.outcome == f.outcome)
+        if f.outcome != "accepted" and f.integration_id is None and f.key_id is None:
+            # Spelled out so the partial ix_deliveries_outcome matches whatever plan
+            # PostgreSQL caches for the bound outcome. Not with an integration or a key:
+            # their own index walks one sender's rows (combining both indexes and then
+            # sorting took 0.5 s at 10M rows, bench/README.md).
+            terms.append(deliveries.c.outcome != literal_column("'accepted'"))
     if f.since is not None:
         terms.append(deliveries.c.at >= f.since)
     if f.until is not None:

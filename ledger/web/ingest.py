@@ -118,15 +118,17 @@ def answer_delivery(svc: Services, public_id: str, environ: dict[str, Any]) -> H
     """Authenticate, validate and durably claim one delivery; answer after commit."""
     seen = _Seen()
     at = svc.clock.now()
+    started = time.perf_counter()
     answer = _answer(svc, public_id, environ, seen)
     if svc.delivery_log.enabled:
+        latency_us = int((time.perf_counter() - started) * 1_000_000)
         integration = seen.auth.integration if seen.auth is not None else None
         svc.delivery_log.record(Delivery(
             at=at, integration_id=integration.id if integration else None,
             public_id=public_id if INTEGRATION_ID.fullmatch(public_id) else None,
             outcome=seen.outcome, http_status=answer.status, key_id=seen.key_id,
             event_id=seen.event_id, client=environ.get("REMOTE_ADDR"), reason=seen.reason,
-            authenticated=seen.authenticated))
+            authenticated=seen.authenticated, latency_us=latency_us))
     return answer
 
 

@@ -35,7 +35,8 @@ def _seed_rollups(app, scope_id: int) -> None:  # type: ignore[no-untyped-def]
         for hour in range(3):
             conn.execute(insert(hourly_series).values(
                 scope_id=scope_id, hour=now.replace(minute=0, second=0, microsecond=0)
-                - timedelta(hours=hour), accepted=10 + hour, failed=hour, refreshed_at=now))
+                - timedelta(hours=hour), accepted=10 + hour, failed=hour, settled=10 + hour,
+                refreshed_at=now))
         conn.execute(insert(instances).values(
             id="web-1", kind="web", hostname="host-a", pid=4242, started_at=now,
             heartbeat_at=now, credentials_refreshed_at=now - timedelta(seconds=12)))

@@ -324,3 +324,25 @@ def test_credential_use_counts_stop_at_their_cap_and_say_so(app, monkeypatch) ->
     page = logged_in(app, "viewer").get(f"/credentials/{sender.public_id}").get_data(
         as_text=True)
     assert f'{cred["uses_24h"]}+</td>' in page
+
+
+def test_counted_refusals_are_one_row_per_minute_whatever_their_latencies(test_env) -> None:  # type: ignore[no-untyped-def]
+    """Each request's latency differs; the refusals over the rate still share one count row."""
+    app = create_app({**test_env, "LEDGER_DELIVERY_LOG_REFUSALS_PER_MINUTE": "1"})
+    try:
+        sender = make_sender(app)
+        client = app.test_client()
+        body = event_body(sender.profile, "evt_f")
+        for n in range(40):
+            forged = signed_headers(sender, body, "evt_f", secret=f"whsec_forged{n}")
+            assert client.post(f"/hooks/{sender.public_id}", data=body,
+                               headers=forged).status_code == 401
+        rows = _rows(app)
+    finally:
+        app.extensions["ledger"].close()
+    exact = [r for r in rows if r["count"] == 1]
+    counted = [r for r in rows if r["count"] > 1]
+    assert exact and all(r["latency_us"] is not None for r in exact)
+    assert len(counted) in (1, 2)  # one per minute the flood touched
+    assert all(r["latency_us"] is None for r in counted)
+    assert sum(r["count"] for r in rows) == 40

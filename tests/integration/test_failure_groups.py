@@ -227,7 +227,7 @@ def test_the_purge_takes_expired_failures_out_of_their_groups(app) -> None:  # t
     assert first == oldest_left  # first seen moves on with the oldest failure left
 
 
-def test_the_migration_groups_every_failure_already_there(empty_db_url: str,  # noqa: F811
+def test_the_migration_groups_every_failure_already_there(empty_db_url: str,
                                                           tmp_path: Path) -> None:
     engine = make_engine(Settings(database_url=empty_db_url, var_dir=tmp_path,
                                   master_key=TEST_MASTER_KEY))

@@ -75,7 +75,7 @@ def test_series_refresh_is_incremental_and_forgets_hours_past_the_window(app):
     svc, a, _ = _two_scopes(app)
     clock = FixedClock(NOW)
     refresh(svc.engine, clock)
-    with svc.engine.begin() as conn:  # a late write into a closed hour is not re-read ...
+    with svc.engine.begin() as conn:  # a write into an hour the band has settled is not read ...
         add_receipt(conn, a, "late", state=ReceiptState.COMPLETE, accepted_at=NOW - 5 * HOUR)
     clock.advance(60)
     refresh(svc.engine, clock)
@@ -84,7 +84,7 @@ def test_series_refresh_is_incremental_and_forgets_hours_past_the_window(app):
         old = conn.execute(select(hourly_series.c.accepted).where(
             hourly_series.c.scope_id == a, hourly_series.c.hour == five_ago)).all()
     assert old == []
-    clock.advance(3600)  # ... until the hourly full refresh
+    clock.advance(3600)  # ... until a full recount (a pause over the purge margin forces one)
     refresh(svc.engine, clock)
     with svc.engine.connect() as conn:
         old = conn.execute(select(hourly_series.c.accepted).where(

@@ -1,9 +1,13 @@
-"""Incremental scope_counts (jobs/rollups.py) equal a full recount, both databases.
+"""Incremental rollups (jobs/rollups.py) equal a full recount, both databases.
 
 A hypothesis state machine accepts, completes, fails, requeues and purges
-receipts (the real purge) while the clock moves by seconds, by more than the
-purge margin, or by a day; after every rollups run each scope's counts and
-oldest unfinished receipt equal a GROUP BY over the receipts table.
+receipts (the real purge), and logs deliveries (accepted, refused, unknown
+integration, purged by the log's own retention), while the clock moves by
+seconds, by more than the purge margin, or by a day. After every rollups run:
+each scope's counts and oldest unfinished receipt equal a GROUP BY over the
+receipts table; every hourly_series cell equals a GROUP BY of accepted and
+failed receipts per hour; the delivery hours the log still holds whole equal a
+GROUP BY of the log; and a full recount at that moment changes no cell.
 """
 
 from __future__ import annotations
@@ -15,13 +19,29 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, insert, select, update
 
 from app import create_app
 from jobs import rollups
+from jobs.delivery_log import purge_deliveries
 from jobs.retention import Pacer, purge
+from jobs.rollup_band import HOUR, hour_index, hour_of, settled_band
+from jobs.rollup_deliveries import DELIVERY_SETTLE_SECONDS, latency_bucket
+from jobs.rollup_series import window_start
 from ledger.clock import FixedClock
-from ledger.db.schema import attempts, jobs, receipts, rollup_marks, scope_counts, scope_totals
+from ledger.db.schema import (
+    LATENCY_BOUNDS_US,
+    attempts,
+    deliveries,
+    hourly_latency,
+    hourly_refusals,
+    hourly_series,
+    jobs,
+    receipts,
+    rollup_marks,
+    scope_counts,
+    scope_totals,
+)
 from ledger.domain import JobStatus, ReceiptState
 from tests.helpers import make_sender
 from tests.integration.ledger_rows import add_receipt
@@ -30,7 +50,62 @@ from tests.integration.ledger_rows import add_receipt
 # [now - 600 s, now - 60 s)), short enough that a few steps of the clock carry
 # receipts out of it and past the purge cutoff.
 RETENTION = rollups.PURGE_MARGIN_SECONDS + 600
+# The delivery log's own retention: its band is [now - 600 s, now - 150 s), so its
+# purge reaches hours the rollup has already counted.
+LOG_RETENTION = RETENTION
 _examples = itertools.count()
+ROLLUP_TABLES = (attempts, jobs, receipts, scope_counts, scope_totals, rollup_marks,
+                 hourly_series, hourly_refusals, hourly_latency, deliveries)
+
+
+def series_recount(conn, now: datetime) -> dict[tuple[int, datetime], tuple[int, int]]:  # type: ignore[no-untyped-def]
+    """Accepted per accepted hour and failed per failed hour, straight from receipts."""
+    window = window_start(now)
+    cells: dict[tuple[int, datetime], list[int]] = {}
+    failed_at = func.coalesce(receipts.c.completed_at, receipts.c.accepted_at)
+    for column, where, i in ((receipts.c.accepted_at, receipts.c.accepted_at >= window, 0),
+                             (failed_at, (receipts.c.state == ReceiptState.FAILED.code)
+                              & (failed_at >= window), 1)):
+        hour = hour_index(conn, column)
+        for scope_id, h, n in conn.execute(select(receipts.c.scope_id, hour, func.count())
+                                           .where(where).group_by(receipts.c.scope_id, hour)):
+            cells.setdefault((scope_id, hour_of(int(h))), [0, 0])[i] = int(n)
+    return {key: (a, f) for key, (a, f) in cells.items()}
+
+
+def series(conn) -> dict[tuple[int, datetime], tuple[int, int]]:  # type: ignore[no-untyped-def]
+    """Return hourly_series as {(scope, hour): (accepted, failed)}."""
+    return {(r.scope_id, r.hour): (r.accepted, r.failed) for r in conn.execute(
+        select(hourly_series))}
+
+
+def delivery_cells(conn) -> dict[tuple[int, datetime, int], int]:  # type: ignore[no-untyped-def]
+    """Return the delivery hours: {(scope, hour, bucket or -1 for refusals): deliveries}."""
+    cells = {(r.scope_id, r.hour, -1): r.refused for r in conn.execute(select(hourly_refusals))}
+    return cells | {(r.scope_id, r.hour, r.bucket): r.deliveries
+                    for r in conn.execute(select(hourly_latency))}
+
+
+def delivery_recount(conn, since: datetime, until: datetime  # type: ignore[no-untyped-def]
+                     ) -> dict[tuple[int, datetime, int], int]:
+    """Refusals and latency buckets per integration and hour, straight from the log."""
+    status, hour = deliveries.c.http_status, hour_index(conn, deliveries.c.at)
+    cells: dict[tuple[int, datetime, int], int] = {}
+    for kind, where, bucket in (
+            ("refused", (status >= 400) & (status < 500) & (status != 409), None),
+            ("answered", status.in_((200, 202, 409)), latency_bucket(deliveries.c.latency_us))):
+        group = [deliveries.c.integration_id, hour] + ([bucket] if bucket is not None else [])
+        for row in conn.execute(select(*group, func.sum(deliveries.c.count)).where(
+                where, deliveries.c.integration_id.is_not(None), deliveries.c.at >= since,
+                deliveries.c.at < until).group_by(*group)):
+            b = -1 if kind == "refused" else int(row[2])
+            cells[(row[0], hour_of(int(row[1])), b)] = int(row[-1])
+    return cells
+
+
+def whole_hours(cells: dict, since: datetime) -> dict:  # type: ignore[type-arg]
+    """Keep the delivery cells of the hours from `since`."""
+    return {key: n for key, n in cells.items() if key[1] >= since}
 
 
 def full_recount(conn) -> dict[tuple[int, int], tuple[int, datetime | None]]:  # type: ignore[no-untyped-def]
@@ -57,7 +132,7 @@ class RollupMachine(RuleBasedStateMachine):
         self.app, self.svc = app, app.extensions["ledger"]
         self.clock: FixedClock = self.svc.clock
         with self.svc.engine.begin() as conn:
-            for table in (attempts, jobs, receipts, scope_counts, scope_totals, rollup_marks):
+            for table in ROLLUP_TABLES:
                 conn.execute(delete(table))
         n = next(_examples)
         self.scopes = [make_sender(app, account=f"acct{n}x{i}").scope_id for i in range(2)]
@@ -116,19 +191,55 @@ class RollupMachine(RuleBasedStateMachine):
         """Time passes (past the purge margin, past a full-recount period sometimes)."""
         self.clock.advance(seconds)
 
+    @rule(side=st.integers(0, 2), status=st.sampled_from([202, 200, 409, 401, 400, 413, 503]),
+          late=st.integers(0, 70), latency=st.sampled_from([300, 1_000, 1_001, 47_000,
+                                                            LATENCY_BOUNDS_US[-1] + 1]),
+          count=st.sampled_from([1, 1, 7]))
+    def deliver(self, side: int, status: int, late: int, latency: int, count: int) -> None:
+        """The delivery log's flusher writes a row, up to a minute after its `at`.
+
+        Side 2 is a request to an unknown integration (404, no integration id); a
+        count over 1 is a minute of refusals the log only counted.
+        """
+        scope = None if side == 2 else self.scopes[side]
+        status = 404 if scope is None else status
+        refusal = 400 <= status < 500 and status != 409
+        with self.svc.engine.begin() as conn:
+            conn.execute(insert(deliveries).values(
+                at=self.clock.now() - timedelta(seconds=late), integration_id=scope,
+                public_id=None, outcome="test", http_status=status, key_id=None,
+                event_id=None, client=None, reason=None, count=count if refusal else 1,
+                latency_us=latency))
+
     @rule()
     def purge_expired(self) -> None:
-        """The retention purge deletes finished receipts past the cutoff."""
+        """The retention purges delete finished receipts and old log rows past their cutoffs."""
         purge(self.svc.engine, self.svc.settings, self.clock, pacer=Pacer(1.0))
+        purge_deliveries(self.svc.engine, self.svc.settings, self.clock)
 
     @rule()
     def refresh(self) -> None:
-        """A rollups run: its counts equal a full recount at that moment."""
+        """A rollups run: every rollup equals a recount from its table at that moment."""
+        now = self.clock.now()
         with self.svc.engine.begin() as conn:
-            run = rollups.refresh_scope_counts(conn, self.clock.now(),
-                                               retention_seconds=RETENTION)
+            run = rollups.refresh_scope_counts(conn, now, retention_seconds=RETENTION)
+            series_run = rollups.refresh_hourly_series(conn, now, retention_seconds=RETENTION)
+            rollups.refresh_delivery_hours(conn, now, log_seconds=LOG_RETENTION)
+        band = settled_band(now, LOG_RETENTION, lag_seconds=DELIVERY_SETTLE_SECONDS)
+        # Hours the log still holds whole: from the first hour past its band's start.
+        whole = max(window_start(now), hour_of(int(band.start.timestamp()) // 3600) + HOUR)
         with self.svc.engine.connect() as conn:
             assert rollup(conn) == full_recount(conn), "full" if run.full else "incremental"
+            assert series(conn) == series_recount(conn, now), series_run
+            incremental = delivery_cells(conn)
+            assert whole_hours(incremental, whole) == delivery_recount(conn, whole, band.end)
+        with self.svc.engine.connect() as conn:
+            repair = conn.begin()  # the repair path, rolled back: it finds nothing to change
+            rollups.refresh_hourly_series(conn, now, retention_seconds=RETENTION, full=True)
+            rollups.refresh_delivery_hours(conn, now, log_seconds=LOG_RETENTION, full=True)
+            assert series(conn) == series_recount(conn, now)
+            assert delivery_cells(conn) == incremental
+            repair.rollback()
 
 
 @pytest.fixture
@@ -136,13 +247,14 @@ def rollup_app(test_env):  # type: ignore[no-untyped-def]
     """An app on a FixedClock with a 40-minute retention."""
     app = create_app({**test_env, "LEDGER_RETENTION_SECONDS": str(RETENTION),
                       "LEDGER_REVIEW_WINDOW_SECONDS": str(RETENTION),
+                      "LEDGER_DELIVERY_LOG_SECONDS": str(LOG_RETENTION),
                       "LEDGER_LOG_LEVEL": "WARNING"}, clock=FixedClock(datetime.now(UTC)))
     yield app
     app.extensions["ledger"].close()
 
 
-def test_incremental_scope_counts_equal_a_full_recount(rollup_app):
-    """Random accept/complete/fail/requeue/purge/wait sequences; every run is exact."""
+def test_incremental_rollups_equal_a_full_recount(rollup_app):
+    """Random accept/complete/fail/requeue/deliver/purge/wait sequences; every run is exact."""
     run_state_machine_as_test(
         lambda: RollupMachine(rollup_app),
         settings=settings(max_examples=40, stateful_step_count=50, deadline=None,
@@ -214,3 +326,26 @@ def test_an_unchanged_run_still_shows_as_the_latest_rollup(rollup_app):
         assert read_overview(conn, clock.now(), live_within=30).rollups_refreshed_at == clock.now()
     lines = render_metrics(svc.engine, clock, revocation_bound_seconds=30)[0].decode()
     assert "ledger_rollup_age_seconds 0.0" in lines.splitlines()
+
+
+def test_series_runs_read_what_changed_and_stay_exact_as_receipts_leave_the_band(rollup_app):
+    """Settled receipts that age past the band's start are counted once, not twice."""
+    svc = rollup_app.extensions["ledger"]
+    clock: FixedClock = svc.clock
+    scope = make_sender(rollup_app).scope_id
+    with svc.engine.begin() as conn:
+        for i in range(5):  # inside the settled band [now - 600 s, now - 60 s)
+            add_receipt(conn, scope, f"c{i}", state=ReceiptState.COMPLETE,
+                        accepted_at=clock.now() - timedelta(seconds=300))
+        first = rollups.refresh_hourly_series(conn, clock.now(), retention_seconds=RETENTION)
+    for step in (400, 400):  # they leave the band, then stay on its old edge
+        clock.advance(step)
+        with svc.engine.begin() as conn:
+            add_receipt(conn, scope, f"n{step}{clock.now():%S%f}", state=ReceiptState.PENDING,
+                        job=JobStatus.QUEUED, accepted_at=clock.now())
+            run = rollups.refresh_hourly_series(conn, clock.now(), retention_seconds=RETENTION)
+            assert not run.full
+            assert series(conn) == series_recount(conn, clock.now())
+    assert first.full and first.receipts_read == 5
+    # The second step reads the old edge (5) and the newest receipts (2), not the table.
+    assert run.receipts_read == 7

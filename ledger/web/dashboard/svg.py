@@ -10,6 +10,8 @@ from markupsafe import Markup, escape
 ACCEPTED_COLOUR = "#2b6cb0"
 FAILED_COLOUR = "#c53030"
 PROJECTION_COLOUR = "#2f855a"
+REFUSED_COLOUR = "#b7791f"
+LATENCY_COLOUR = "#6b46c1"
 
 
 def _polyline(values: Sequence[float], width: float, height: float, top: float,
@@ -120,3 +122,26 @@ def volume_bars(buckets: Sequence[tuple[datetime, int, int]], *, label: str,
         f'viewBox="0 0 {width} {height}"><title>{escape(label)}</title>{"".join(bars)}'
         f'<text x="0" y="{height - 1}">{escape(start_text)}</text>'
         f'<text x="{width}" y="{height - 1}" text-anchor="end">now</text></svg>')
+
+
+def value_bars(values: Sequence[tuple[datetime, float | None, str]], *, label: str,
+               colour: str, width: int = 336, height: int = 48,
+               fmt: str = "%H:%M") -> Markup:
+    """Return one bar per bucket of `values` (start, value or None, tooltip text)."""
+    finite = [v for _, v, _ in values if v is not None and v != float("inf")]
+    top = max([*finite, 1.0])
+    slot = width / max(1, len(values))
+    bars = []
+    for i, (start, value, text) in enumerate(values):
+        x = i * slot + 1
+        shown = top if value == float("inf") else (value or 0.0)
+        tall = (height - 14) * shown / top
+        when = f"{start:%Y-%m-%d}" + (f" {start:{fmt}}" if fmt else "")
+        bars.append(
+            f'<g><title>{escape(f"{when} UTC: {text}")}</title>'
+            f'<rect x="{x:.1f}" y="{height - 12 - tall:.1f}" width="{slot - 2:.1f}" '
+            f'height="{tall:.1f}" fill="{colour}"/></g>')
+    return Markup(
+        f'<svg class="bars" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}"><title>{escape(label)}</title>{"".join(bars)}'
+        f'<text x="0" y="{height - 1}">{escape(label)}</text></svg>')

@@ -1,0 +1,133 @@
+"""The settled band and the marks the incremental rollups share (jobs/rollups.py).
+
+A rollup that is kept incrementally stores where its last run left a band of
+time (`rollup_marks`, one row per rollup) and, next run, counts only the rows
+that entered or left the band since, plus the band's unsettled edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Integer, case, cast, delete, func, insert, select, text
+
+from ledger.config import CLOCK_SKEW_SECONDS
+from ledger.db.schema import rollup_marks
+from ledger.db.timestamps import as_utc
+from ledger.scheduling.runner import advisory_key
+
+HOUR = timedelta(hours=1)
+# Intake stamps accepted_at before it commits: receipts younger than this are
+# recounted every run instead of settled, so a commit up to a minute late is
+# still counted (a later one waits for the daily full recount).
+SETTLE_LAG_SECONDS = 60
+# The settled band starts this far after the retention cutoff; a purge (on any
+# instance, clock skew included) cannot delete from it before the next run.
+PURGE_MARGIN_SECONDS = 1800
+FULL_RECOUNT_SECONDS = 86400
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Band:
+    """The settled band [start, end) of a rollup's time column."""
+
+    start: datetime
+    end: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mark:
+    """Where the last run left the settled band, and when it last recounted in full."""
+
+    band: Band
+    counted_at: datetime
+    recounted_at: datetime
+
+
+def settled_band(now: datetime, retention_seconds: float,
+                 lag_seconds: float = SETTLE_LAG_SECONDS) -> Band:
+    """Return the band a run at `now` settles (empty when retention is that short)."""
+    end = now - timedelta(seconds=lag_seconds)
+    start = now + timedelta(seconds=PURGE_MARGIN_SECONDS - retention_seconds)
+    return Band(start=min(start, end), end=end)
+
+
+def lock_mark(conn: Connection, name: str) -> None:
+    """Serialize runs of one rollup on PostgreSQL: a racing run would apply a delta twice."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": advisory_key(name)})
+
+
+def read_mark(conn: Connection, name: str) -> Mark | None:
+    """Return the stored mark of the rollup `name`, if any."""
+    row = conn.execute(select(rollup_marks).where(rollup_marks.c.name == name)).first()
+    if row is None:
+        return None
+    start, end = as_utc(row.settled_from), as_utc(row.settled_until)
+    counted, recounted = as_utc(row.counted_at), as_utc(row.recounted_at)
+    assert start and end and counted and recounted  # NOT NULL columns
+    return Mark(band=Band(start=start, end=end), counted_at=counted, recounted_at=recounted)
+
+
+def write_mark(conn: Connection, name: str, band: Band, now: datetime,
+               recounted_at: datetime) -> None:
+    """Store where this run left the band of the rollup `name`."""
+    conn.execute(delete(rollup_marks).where(rollup_marks.c.name == name))
+    conn.execute(insert(rollup_marks).values(name=name, settled_from=band.start,
+                                             settled_until=band.end, counted_at=now,
+                                             recounted_at=recounted_at))
+
+
+def can_step(mark: Mark, band: Band, now: datetime) -> bool:
+    """Return whether the stored band can be moved forward to `band` exactly."""
+    since_run = now - mark.counted_at
+    return (timedelta(0) <= since_run
+            <= timedelta(seconds=PURGE_MARGIN_SECONDS - CLOCK_SKEW_SECONDS)
+            and now - mark.recounted_at < timedelta(seconds=FULL_RECOUNT_SECONDS)
+            and mark.band.start <= band.start and mark.band.end <= band.end
+            # A changed retention changes the band's width: recount.
+            and mark.band.end - mark.band.start == band.end - band.start)
+
+
+def flag(condition: Any) -> Any:
+    """Return 1 where `condition` holds, else 0, for a SUM."""
+    return case((condition, 1), else_=0)
+
+
+def hour_index(conn: Connection, column: Any) -> Any:
+    """Return an SQL expression for whole hours since the epoch (UTC)."""
+    if conn.dialect.name == "postgresql":
+        return cast(func.floor(func.extract("epoch", column) / 3600), Integer)
+    return cast(func.strftime("%s", column), Integer) // 3600
+
+
+def hour_of(index: int) -> datetime:
+    """Return the start of the hour `index` hours after the epoch."""
+    return datetime.fromtimestamp(index * 3600, UTC)
+
+
+def index_of(when: datetime) -> int:
+    """Return the hour index of `when` (whole hours since the epoch)."""
+    return int(when.timestamp()) // 3600
+
+
+def hour_spans(since: datetime, until: datetime | None,
+               now: datetime) -> list[tuple[datetime, datetime | None]]:
+    """Split [since, until) at hour boundaries up to the hour of `now`; the rest is one span.
+
+    A full recount reads one span per statement, so each stays inside the statement
+    timeout (5 s by default) however many days the window holds. With `until` None
+    the last span is open (receipts stamped ahead of this clock are counted too).
+    """
+    last = hour_of(index_of(now))
+    spans: list[tuple[datetime, datetime | None]] = []
+    start = since
+    while start < last and (until is None or start < until):
+        end = min(hour_of(index_of(start) + 1), until or last)
+        spans.append((start, end))
+        start = end
+    if until is None or start < until:
+        spans.append((start, until))
+    return spans

@@ -1,0 +1,198 @@
+"""`hourly_series`, kept incrementally: accepted and failed per scope per hour, 7 days.
+
+Accepted (by accepted_at) uses the same settled band as scope_totals
+(jobs/rollup_band.py): each cell stores `settled`, its receipts inside the band,
+and `accepted` = settled + its receipts on the band's two fresh edges (the
+newest minute, and what is old enough to be purged). A run counts the receipts
+that entered or left the band since the last run and the edges, and reads the
+stored cells of the hours those touch only. Failed (by the time they failed; a
+requeue lowers a closed hour) is counted each run from the failed receipts (the
+partial index ix_receipts_open) and compared with the stored failed cells (the
+partial index ix_hourly_series_failed). Only cells whose figures changed are
+written, and hours older than the window are dropped. The first run, a pause
+longer than the purge margin, a changed retention and a day since the last
+recount count the whole window again (`full=True` does it on demand: the repair).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select, tuple_
+
+from jobs.rollup_band import (
+    Band,
+    can_step,
+    flag,
+    hour_index,
+    hour_of,
+    hour_spans,
+    index_of,
+    lock_mark,
+    read_mark,
+    settled_band,
+    write_mark,
+)
+from ledger.config import DEFAULT_RETENTION_SECONDS
+from ledger.db.schema import SERIES_MARK, hourly_series, receipts
+from ledger.domain import ReceiptState
+
+SERIES_HOURS = 7 * 24  # the overview charts 48 h; per-integration health shows 24 h and 7 days
+Cell = tuple[int, int]  # (scope id, hour index)
+Figures = tuple[int, int, int]  # (accepted, failed, settled)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SeriesRun:
+    """What one hourly_series refresh did: cells written, receipts read, full or not."""
+
+    written: int
+    receipts_read: int
+    full: bool
+
+
+def window_start(now: datetime) -> datetime:
+    """Return the first hour of the window a run at `now` keeps."""
+    return hour_of(index_of(now) - SERIES_HOURS + 1)
+
+
+def _settled_from(band: Band, window: datetime) -> datetime:
+    """Return where the band's cells start: never before the window."""
+    return min(max(band.start, window), band.end)
+
+
+def refresh_hourly_series(conn: Connection, now: datetime, *,
+                          retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+                          full: bool = False) -> SeriesRun:
+    """Bring hourly_series up to `now`, counting only what changed unless `full`."""
+    band = settled_band(now, retention_seconds)
+    lock_mark(conn, SERIES_MARK)
+    mark = read_mark(conn, SERIES_MARK)
+    window = window_start(now)
+    start = _settled_from(band, window)
+    if full or mark is None or not can_step(mark, band, now):
+        stored = _stored(conn, window, None)
+        counted, read = _count_window(conn, window, start, band.end)
+        new = {cell: (0, 0) for cell in stored} | counted  # what is gone counts zero
+        recounted_at, full = now, True
+    else:
+        prev_start = _settled_from(mark.band, window_start(mark.counted_at))
+        stored = _stored(conn, window, (max(prev_start, start), mark.band.end))
+        new, read = _step(conn, stored, window, Band(start=prev_start, end=mark.band.end),
+                          Band(start=start, end=band.end))
+        recounted_at = mark.recounted_at
+    failed, failed_read = _failed_cells(conn, window)
+    stored |= _stored_cells(conn, [c for c in failed if c not in stored and c not in new])
+    written = _write_changed(conn, stored, new, failed, now)
+    conn.execute(delete(hourly_series).where(hourly_series.c.hour < window))
+    write_mark(conn, SERIES_MARK, band, now, recounted_at)
+    return SeriesRun(written=written, receipts_read=read + failed_read, full=full)
+
+
+def _figures(rows: Any) -> dict[Cell, Figures]:
+    """Return {cell: (accepted, failed, settled)} of hourly_series rows."""
+    return {(r.scope_id, index_of(r.hour)): (int(r.accepted), int(r.failed), int(r.settled))
+            for r in rows}
+
+
+def _stored(conn: Connection, window: datetime,
+            edges: tuple[datetime, datetime] | None) -> dict[Cell, Figures]:
+    """Return the window's stored cells: all, or the edges' hours' and the failed ones."""
+    query = select(hourly_series).where(hourly_series.c.hour >= window)
+    if edges is not None:
+        old_until, new_from = edges
+        query = query.where(or_(hourly_series.c.hour < old_until,
+                                hourly_series.c.hour >= hour_of(index_of(new_from)),
+                                hourly_series.c.failed > 0))
+    return _figures(conn.execute(query))
+
+
+def _stored_cells(conn: Connection, cells: list[Cell]) -> dict[Cell, Figures]:
+    """Return the stored figures of the given cells (those that exist)."""
+    if not cells:
+        return {}
+    keys = [(scope_id, hour_of(hour)) for scope_id, hour in cells]
+    return _figures(conn.execute(select(hourly_series).where(
+        tuple_(hourly_series.c.scope_id, hourly_series.c.hour).in_(keys))))
+
+
+def _grouped(conn: Connection, where: Any, moved: Any) -> list[tuple[Cell, int, int]]:
+    """Return (cell, receipts, receipts where `moved`) for the receipts matching `where`."""
+    hour = hour_index(conn, receipts.c.accepted_at)
+    rows = conn.execute(select(receipts.c.scope_id, hour, func.count(), func.sum(flag(moved)))
+                        .where(where).group_by(receipts.c.scope_id, hour))
+    return [((scope_id, int(h)), int(n), int(m or 0)) for scope_id, h, n, m in rows]
+
+
+def _count_window(conn: Connection, window: datetime, start: datetime,
+                  end: datetime) -> tuple[dict[Cell, tuple[int, int]], int]:
+    """Count every receipt of the window: {cell: (accepted, settled)}, receipts read."""
+    at = receipts.c.accepted_at
+    counted: dict[Cell, tuple[int, int]] = {}
+    for lo, hi in hour_spans(window, None, end):  # one hour per statement
+        span = (at >= lo) if hi is None else (at >= lo) & (at < hi)
+        for cell, n, settled in _grouped(conn, span, (at >= start) & (at < end)):
+            old = counted.get(cell, (0, 0))
+            counted[cell] = (old[0] + n, old[1] + settled)
+    return counted, sum(n for n, _ in counted.values())
+
+
+def _step(conn: Connection, stored: dict[Cell, Figures], window: datetime, prev: Band,
+          band: Band) -> tuple[dict[Cell, tuple[int, int]], int]:
+    """Move the settled cells from `prev` to `band`; recount the edges fresh.
+
+    Old edge [window, band.start): counted fresh; those at or after prev.start were
+    settled and leave. New edge from prev.end: those before band.end enter, the rest
+    are the fresh tail. A receipt that both enters and leaves (the band moved past
+    prev.end) nets to zero, as in scope_totals. Every stored cell of the edges' hours
+    is recomputed, so a fresh count that fell to zero is written too.
+    """
+    at = receipts.c.accepted_at
+    old_until, new_from = index_of(max(prev.start, band.start)), index_of(prev.end)
+    settled = {cell: figures[2] for cell, figures in stored.items()
+               if cell[1] <= old_until or cell[1] >= new_from}
+    fresh: dict[Cell, int] = {}
+    read = 0
+    for sign, where, moved in ((-1, (at >= window) & (at < band.start), at >= prev.start),
+                               (1, at >= prev.end, at < band.end)):
+        for cell, n, m in _grouped(conn, where, moved):
+            read += n
+            settled[cell] = settled.get(cell, 0) + sign * m
+            fresh[cell] = fresh.get(cell, 0) + (n if sign < 0 else n - m)
+    return {cell: (s + fresh.get(cell, 0), s) for cell, s in settled.items()}, read
+
+
+def _failed_cells(conn: Connection, window: datetime) -> tuple[dict[Cell, int], int]:
+    """Count failed receipts per scope and the hour they failed, within the window."""
+    failed_at = func.coalesce(receipts.c.completed_at, receipts.c.accepted_at)
+    hour = hour_index(conn, failed_at)
+    cells = {(scope_id, int(h)): int(n) for scope_id, h, n in conn.execute(
+        select(receipts.c.scope_id, hour, func.count())
+        .where(receipts.c.state == ReceiptState.FAILED.code, failed_at >= window)
+        .group_by(receipts.c.scope_id, hour))}
+    return cells, sum(cells.values())
+
+
+def _write_changed(conn: Connection, stored: dict[Cell, Figures],
+                   new: dict[Cell, tuple[int, int]], failed: dict[Cell, int],
+                   now: datetime) -> int:
+    """Write the cells whose figures changed (delete the emptied ones); return how many."""
+    changed: dict[Cell, Figures] = {}
+    for cell in stored.keys() | new.keys() | failed.keys():
+        old = stored.get(cell, (0, 0, 0))
+        accepted, settled = new.get(cell, (old[0], old[2]))
+        figures = (accepted, failed.get(cell, 0), settled)
+        if figures != old:
+            changed[cell] = figures
+    stale = [{"s": s, "h": hour_of(h)} for s, h in changed if (s, h) in stored]
+    if stale:
+        conn.execute(delete(hourly_series).where(hourly_series.c.scope_id == bindparam("s"),
+                                                 hourly_series.c.hour == bindparam("h")), stale)
+    rows = [{"scope_id": s, "hour": hour_of(h), "accepted": a, "failed": f, "settled": st,
+             "refreshed_at": now}
+            for (s, h), (a, f, st) in changed.items() if a or f or st]
+    if rows:
+        conn.execute(insert(hourly_series), rows)
+    return len(changed)
