@@ -12,7 +12,6 @@ line and appends it to bench/results/dashboard.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import tempfile
@@ -25,6 +24,7 @@ from sqlalchemy import text
 
 from bench.datagen import DataSpec, generate
 from bench.env import BenchEnv
+from bench.report import record
 from ledger.access import audit
 from ledger.access.operators import create_operator
 from ledger.access.secrets_box import load_box
@@ -133,11 +133,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     report = run(args.receipts, args.scopes, args.rounds)
-    line = json.dumps(report)
-    print(line, flush=True)
-    RESULTS.parent.mkdir(exist_ok=True)
-    with RESULTS.open("a") as handle:
-        handle.write(line + "\n")
+    record(report, RESULTS)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ and appends it to bench/results/dlog_scale.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import tempfile
@@ -33,6 +32,7 @@ from sqlalchemy import Engine, select, text
 
 from bench.datagen import create_scopes
 from bench.env import BenchEnv
+from bench.report import record
 from jobs import rollup_deliveries
 from ledger.access import audit
 from ledger.access.operators import create_operator
@@ -238,11 +238,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     report = run(args.rows, args.integrations, args.rounds)
-    line = json.dumps(report, default=str)
-    print(line, flush=True)
-    RESULTS.parent.mkdir(exist_ok=True)
-    with RESULTS.open("a") as handle:
-        handle.write(line + "\n")
+    record(report, RESULTS)
 
 
 if __name__ == "__main__":

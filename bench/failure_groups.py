@@ -24,6 +24,7 @@ from sqlalchemy import text
 
 from bench.dashboard import PASSWORD, _time
 from bench.env import BenchEnv
+from bench.report import record
 from ledger.access import audit
 from ledger.access.operators import create_operator
 from ledger.services import ledger_engine
@@ -129,11 +130,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     report = run(args.failures, args.scopes, args.rounds)
-    line = json.dumps(report)
-    print(line, flush=True)
-    RESULTS.parent.mkdir(exist_ok=True)
-    with RESULTS.open("a") as handle:
-        handle.write(line + "\n")
+    record(report, RESULTS)
 
 
 if __name__ == "__main__":

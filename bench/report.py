@@ -89,3 +89,12 @@ def write(figures: list[Figure], extra: dict[str, object], path: Path | None = N
            "figures": [asdict(f) for f in figures], "details": extra}
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return path
+
+
+def record(report: dict[str, object], results: Path) -> None:
+    """Print one bench's report as a JSON line and append it to its results file."""
+    line = json.dumps(report, default=str)
+    print(line, flush=True)
+    results.parent.mkdir(exist_ok=True)
+    with results.open("a") as handle:
+        handle.write(line + "\n")

@@ -410,3 +410,47 @@ def test_dashboard_api_and_drill_work_on_citus(citus_app):
     with local_server(citus_app) as url:
         report = run_drill(url, citus_app.extensions["ledger"])
     assert report.to_json()["passed"] is True, report.to_json()
+
+
+def test_failures_are_grouped_and_requeued_on_citus(citus_env):
+    """A terminal failure stores its group on its scope's node; the pages read the groups,
+    the delivery log and the health charts; a requeue takes the member out of its group."""
+    from app import create_app
+    from ledger.access import audit
+    from ledger.db.schema import failure_group_scopes, failure_members
+    from ledger.worker.requeue import requeue_receipt
+
+    application = create_app({**citus_env, "LEDGER_MAX_ATTEMPTS": "1"})
+    try:
+        svc = application.extensions["ledger"]
+        senders = [make_sender(application, account=_account()) for _ in range(2)]
+        for sender in senders:
+            assert deliver(application.test_client(), sender, "evt_fails",
+                           "demo.fail").status_code == 202
+        worker = Worker(svc, worker_id="citus-fail")
+        while worker.process_one():
+            pass
+        ids = [s.scope_id for s in senders]
+        with svc.engine.connect() as conn:
+            failed = conn.execute(select(func.count()).select_from(receipts).where(
+                receipts.c.scope_id.in_(ids), receipts.c.state == 2)).scalar_one()
+            members = conn.execute(select(func.count()).select_from(failure_members).where(
+                failure_members.c.scope_id.in_(ids))).scalar_one()
+            counted = conn.execute(select(func.sum(failure_group_scopes.c.count)).where(
+                failure_group_scopes.c.scope_id.in_(ids))).scalar_one()
+        assert (failed, members, counted) == (2, 2, 2)
+        client = logged_in(application, "admin", username=f"admin-{uuid.uuid4().hex[:6]}")
+        groups = client.get("/failures/groups")
+        assert groups.status_code == 200 and "demo.fail" in groups.get_data(as_text=True)
+        for path in ("/deliveries", f"/credentials/{senders[0].public_id}/health"):
+            assert client.get(path).status_code == 200, path
+        with svc.engine.begin() as conn:
+            requeue_receipt(conn, audit.Actor(name="test", role="admin"),
+                            scope=senders[0].scope, event_id="evt_fails",
+                            reason="fixed downstream", now=svc.clock.now())
+        with svc.engine.connect() as conn:
+            left = conn.execute(select(failure_members.c.scope_id).where(
+                failure_members.c.scope_id.in_(ids))).scalars().all()
+        assert left == [senders[1].scope_id]
+    finally:
+        application.extensions["ledger"].close()

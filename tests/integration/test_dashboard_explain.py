@@ -4,14 +4,11 @@ sequential scan of receipts. Runs the exact SQL the query functions produce."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
-from ledger.config import Settings
-from ledger.db.engine import make_engine
 from ledger.domain import ReceiptState
 from ledger.reads.admin import AuditFilter, list_audit, list_conflicts
 from ledger.reads.groups import window_stmt as window_groups_stmt
@@ -22,6 +19,7 @@ from ledger.reads.receipts import (
     window_stmt,
 )
 from ledger.reads.work import failures_chunk, stuck_pending
+from tests.integration.pg_filled import filled_pg_ledger, insert_integrations
 
 pytestmark = pytest.mark.postgres_only
 
@@ -34,49 +32,32 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 def big_ledger(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
                ) -> Any:
     """A PostgreSQL ledger with 20k receipts in arrival order over 50 scopes, analysed."""
-    yield from _big_ledger(request, tmp_path_factory.mktemp("explain"))
+    yield from filled_pg_ledger(request, tmp_path_factory.mktemp("explain"), _fill_big_ledger)
 
 
-def _big_ledger(request: pytest.FixtureRequest, tmp: Path) -> Any:
-    """Fill a fresh database (one per module) and yield its engine."""
-    from tests.conftest import _pg_database
-
-    admin = request.getfixturevalue("pg_admin_url")
-    template = request.getfixturevalue("pg_template")
-    if admin is None or template is None:
-        pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
-    for url in _pg_database(admin, template):
-        engine = make_engine(Settings(database_url=url, var_dir=tmp))
-        with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO integrations (public_id, account, name, profile, "
-                "tolerance_seconds, sandbox, created_at) SELECT 'in_' || lpad(g::text, 22, '0'),"
-                " 'acct' || g, 'stripe', 'stripe', 300, false, :now "
-                "FROM generate_series(1, :n) g"), {"now": NOW, "n": SCOPES})
-            # One receipt a minute, oldest first (arrival order, as the intake writes them):
-            # 3 % failed, 1 % pending, the rest complete.
-            conn.execute(text(
-                "INSERT INTO receipts (accepted_at, completed_at, scope_id, state, attempts, "
-                "event_id, event_type, body_sha256, result_ref) "
-                "SELECT :now - make_interval(mins => :n - g), :now - make_interval(mins => :n - g),"
-                " 1 + g % :scopes, CASE WHEN g % 33 = 0 THEN 2 WHEN g % 97 = 0 THEN 0 ELSE 1 END,"
-                " 1, 'evt_' || md5(g::text), 'demo.credit', decode(md5(g::text), 'hex'), 'ok' "
-                "FROM generate_series(1, :n) g"), {"now": NOW, "n": ROWS, "scopes": SCOPES})
-            conn.execute(text(  # each failure's stored group, as the worker records it
-                "INSERT INTO failure_members (scope_id, event_id, group_id, failed_at) "
-                "SELECT scope_id, event_id, 'g' || (scope_id % 3), completed_at FROM receipts "
-                "WHERE state = 2"))
-            conn.execute(text(
-                "INSERT INTO conflicts (scope_id, event_id, kind, original_event_id, "
-                "original_sha256, incoming_sha256, first_seen, last_seen, count) "
-                "SELECT 1 + g % :scopes, 'evt_' || g, 'different_body', 'evt_' || g, "
-                "'\\x01', '\\x02', :now - make_interval(mins => g), "
-                "   :now - make_interval(mins => g), 1 FROM generate_series(1, 5000) g"),
-                {"now": NOW, "scopes": SCOPES})
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("ANALYZE"))
-        yield engine
-        engine.dispose()
+def _fill_big_ledger(conn: Connection) -> None:
+    """20k receipts in arrival order over 50 scopes, their failures' groups, 5,000 conflicts."""
+    insert_integrations(conn, SCOPES, NOW)
+    # One receipt a minute, oldest first (arrival order, as the intake writes them):
+    # 3 % failed, 1 % pending, the rest complete.
+    conn.execute(text(
+        "INSERT INTO receipts (accepted_at, completed_at, scope_id, state, attempts, "
+        "event_id, event_type, body_sha256, result_ref) "
+        "SELECT :now - make_interval(mins => :n - g), :now - make_interval(mins => :n - g),"
+        " 1 + g % :scopes, CASE WHEN g % 33 = 0 THEN 2 WHEN g % 97 = 0 THEN 0 ELSE 1 END,"
+        " 1, 'evt_' || md5(g::text), 'demo.credit', decode(md5(g::text), 'hex'), 'ok' "
+        "FROM generate_series(1, :n) g"), {"now": NOW, "n": ROWS, "scopes": SCOPES})
+    conn.execute(text(  # each failure's stored group, as the worker records it
+        "INSERT INTO failure_members (scope_id, event_id, group_id, failed_at) "
+        "SELECT scope_id, event_id, 'g' || (scope_id % 3), completed_at FROM receipts "
+        "WHERE state = 2"))
+    conn.execute(text(
+        "INSERT INTO conflicts (scope_id, event_id, kind, original_event_id, "
+        "original_sha256, incoming_sha256, first_seen, last_seen, count) "
+        "SELECT 1 + g % :scopes, 'evt_' || g, 'different_body', 'evt_' || g, "
+        "'\\x01', '\\x02', :now - make_interval(mins => g), "
+        "   :now - make_interval(mins => g), 1 FROM generate_series(1, 5000) g"),
+        {"now": NOW, "scopes": SCOPES})
 
 
 def _plan(engine: Engine, stmt: Any) -> str:

@@ -5,16 +5,14 @@ functions produce."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
-from ledger.config import Settings
-from ledger.db.engine import make_engine
 from ledger.reads.groups import count_group_stmt, group_chunk_stmt, groups_stmt
 from ledger.reads.receipts import ReceiptFilter
+from tests.integration.pg_filled import filled_pg_ledger
 from tests.integration.test_dashboard_explain import _plan
 
 pytestmark = pytest.mark.postgres_only
@@ -29,39 +27,26 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 def stored_groups(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
                   ) -> Any:
     """A PostgreSQL ledger whose failures are stored in groups, with their counters, analysed."""
-    yield from _stored_groups(request, tmp_path_factory.mktemp("explain-groups"))
+    yield from filled_pg_ledger(request, tmp_path_factory.mktemp("explain-groups"),
+                                _fill_stored_groups)
 
 
-def _stored_groups(request: pytest.FixtureRequest, tmp: Path) -> Any:
-    """Fill a fresh database and yield its engine."""
-    from tests.conftest import _pg_database
-
-    admin = request.getfixturevalue("pg_admin_url")
-    template = request.getfixturevalue("pg_template")
-    if admin is None or template is None:
-        pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
-    for url in _pg_database(admin, template):
-        engine = make_engine(Settings(database_url=url, var_dir=tmp))
-        with engine.begin() as conn:
-            conn.execute(text("SET LOCAL statement_timeout = 0"))  # a loaded machine
-            conn.execute(text(
-                "INSERT INTO failure_members (scope_id, event_id, group_id, failed_at) "
-                "SELECT 1 + (g / 7) % :scopes, 'evt_' || g,"
-                " 'g' || lpad((CASE WHEN g % 2 = 0 THEN 7 ELSE g % :groups END)::text, 15, '0'),"
-                " :now - make_interval(secs => g) FROM generate_series(1, :n) g"),
-                {"now": NOW, "n": MEMBERS, "scopes": SCOPES, "groups": GROUPS})
-            conn.execute(text(
-                "INSERT INTO failure_signatures (id, event_type, signature, first_seen) "
-                "SELECT DISTINCT group_id, 'demo.credit', 'E: ' || group_id, :now "
-                "FROM failure_members"), {"now": NOW})
-            conn.execute(text(
-                "INSERT INTO failure_group_scopes (group_id, scope_id, count, first_seen, "
-                "last_seen) SELECT group_id, scope_id, count(*), min(failed_at), max(failed_at)"
-                " FROM failure_members GROUP BY group_id, scope_id"))
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("ANALYZE"))
-        yield engine
-        engine.dispose()
+def _fill_stored_groups(conn: Connection) -> None:
+    """100,000 failures stored in 2,000 groups over 50 scopes, with their counters."""
+    conn.execute(text(
+        "INSERT INTO failure_members (scope_id, event_id, group_id, failed_at) "
+        "SELECT 1 + (g / 7) % :scopes, 'evt_' || g,"
+        " 'g' || lpad((CASE WHEN g % 2 = 0 THEN 7 ELSE g % :groups END)::text, 15, '0'),"
+        " :now - make_interval(secs => g) FROM generate_series(1, :n) g"),
+        {"now": NOW, "n": MEMBERS, "scopes": SCOPES, "groups": GROUPS})
+    conn.execute(text(
+        "INSERT INTO failure_signatures (id, event_type, signature, first_seen) "
+        "SELECT DISTINCT group_id, 'demo.credit', 'E: ' || group_id, :now "
+        "FROM failure_members"), {"now": NOW})
+    conn.execute(text(
+        "INSERT INTO failure_group_scopes (group_id, scope_id, count, first_seen, "
+        "last_seen) SELECT group_id, scope_id, count(*), min(failed_at), max(failed_at)"
+        " FROM failure_members GROUP BY group_id, scope_id"))
 
 
 GID = "g" + "7".zfill(15)  # the largest group: half of every failure

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from ledger.config import Settings
 from ledger.db.engine import make_engine
@@ -23,6 +23,7 @@ from tests.dashboard_helpers import (
     logged_in,
 )
 from tests.helpers import make_sender
+from tests.integration.pg_filled import filled_pg_ledger, insert_integrations
 
 SCOPES = 10_000
 ROWS = 100_000
@@ -86,33 +87,18 @@ def test_a_cursor_from_another_list_is_refused(app) -> None:  # type: ignore[no-
 def many_scopes(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
                 ) -> Any:
     """A PostgreSQL ledger of 100,000 receipts over 10,000 scopes, analysed."""
-    from tests.conftest import _pg_database
+    yield from filled_pg_ledger(request, tmp_path_factory.mktemp("prefix"), _fill_many_scopes)
 
-    admin = request.getfixturevalue("pg_admin_url")
-    template = request.getfixturevalue("pg_template")
-    if admin is None or template is None:
-        pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
-    tmp: Path = tmp_path_factory.mktemp("prefix")
-    for url in _pg_database(admin, template):
-        # A loaded machine can take more than the default statement timeout to fill it.
-        engine = make_engine(Settings(database_url=url, var_dir=tmp,
-                                      statement_timeout_ms=600_000))
-        with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO integrations (public_id, account, name, profile, "
-                "tolerance_seconds, sandbox, created_at) SELECT 'in_' || lpad(g::text, 22, '0'),"
-                " 'acct' || g, 'stripe', 'stripe', 300, false, :now "
-                "FROM generate_series(1, :n) g"), {"now": NOW, "n": SCOPES})
-            conn.execute(text(
-                "INSERT INTO receipts (accepted_at, completed_at, scope_id, state, attempts, "
-                "event_id, event_type, body_sha256, result_ref) "
-                "SELECT :now - make_interval(secs => :n - g), :now, 1 + g % :scopes, 1, 1,"
-                " 'evt_' || md5(g::text), 'demo.credit', decode(md5(g::text), 'hex'), 'ok' "
-                "FROM generate_series(1, :n) g"), {"now": NOW, "n": ROWS, "scopes": SCOPES})
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("ANALYZE"))
-        yield engine
-        engine.dispose()
+
+def _fill_many_scopes(conn: Connection) -> None:
+    """100,000 receipts over 10,000 scopes."""
+    insert_integrations(conn, SCOPES, NOW)
+    conn.execute(text(
+        "INSERT INTO receipts (accepted_at, completed_at, scope_id, state, attempts, "
+        "event_id, event_type, body_sha256, result_ref) "
+        "SELECT :now - make_interval(secs => :n - g), :now, 1 + g % :scopes, 1, 1,"
+        " 'evt_' || md5(g::text), 'demo.credit', decode(md5(g::text), 'hex'), 'ok' "
+        "FROM generate_series(1, :n) g"), {"now": NOW, "n": ROWS, "scopes": SCOPES})
 
 
 def _analyze(engine: Engine, stmt: Any) -> dict[str, Any]:

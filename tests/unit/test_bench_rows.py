@@ -21,7 +21,7 @@ def _scale(receipts: int, prefix_p95: float) -> dict[str, Any]:
                                       "scope_counts": {"seconds": 1.0, "receipts_read": 5,
                                                        "full": False}},
                         "full_recount": {"seconds": 1.4, "receipts_read": 10},
-                        "series_full_48h_seconds": 8.0},
+                        "series_full_seconds": 8.0},
             "dashboard": {"overview": {"median_ms": 20.0, "p95_ms": 40.0},
                           "receipts_prefix": {"median_ms": 90.0, "p95_ms": prefix_p95}},
             "purge": {1_000_000: {"us_per_receipt": 5.0, "expired_receipts": 9,
@@ -44,7 +44,7 @@ def test_a_default_run_prints_the_10m_rows_as_not_run_with_the_last_record(
     assert set(recorded) == {
         "intake accepted/s at 10M receipts / 10,000 scopes (>= 0.9x the 100k ledger)",
         "rollups scheduled run at 10M (<= 2 s, incremental)",
-        "rollups hourly run at 10M (48 h series rewrite, <= 2 s)",
+        "rollups daily repair at 10M (full 7-day series recount, <= 2 s)",
         "every dashboard page at 10M (p95 <= 300 ms)",
         "purge us per receipt, 1M -> 10M (flat within 20 %)"}
     pages = recorded["every dashboard page at 10M (p95 <= 300 ms)"]
