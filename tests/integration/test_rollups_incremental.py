@@ -257,7 +257,7 @@ def test_incremental_rollups_equal_a_full_recount(rollup_app):
     """Random accept/complete/fail/requeue/deliver/purge/wait sequences; every run is exact."""
     run_state_machine_as_test(
         lambda: RollupMachine(rollup_app),
-        settings=settings(max_examples=40, stateful_step_count=50, deadline=None,
+        settings=settings(max_examples=20, stateful_step_count=40, deadline=None,
                           database=None, suppress_health_check=[HealthCheck.too_slow]))
 
 
