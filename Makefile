@@ -6,6 +6,10 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 export LEDGER_DEMO_HANDLERS ?= 1
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each module whole in one of them
+# so that its clusters and servers start once; TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 .PHONY: run test test-pgbouncer lint bench clean system-deps js-deps
 # Run a second time through a private PgBouncer in transaction mode (LEDGER_DB_PGBOUNCER=1).
@@ -34,12 +38,12 @@ run: $(RUN_STAMP)
 test: $(TEST_STAMP) system-deps js-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(PYTEST)
 	$(MAKE) --no-print-directory test-pgbouncer
 
 ## test-pgbouncer: intake, worker, scheduler, credential and dashboard tests via PgBouncer
 test-pgbouncer: $(TEST_STAMP) system-deps
-	LEDGER_TEST_VIA_PGBOUNCER=1 LEDGER_DB_PGBOUNCER=1 $(BIN)/python -m pytest $(PGBOUNCER_TESTS)
+	LEDGER_TEST_VIA_PGBOUNCER=1 LEDGER_DB_PGBOUNCER=1 $(PYTEST) $(PGBOUNCER_TESTS)
 
 ## js-deps: the senders' JavaScript libraries for the interop test (tests/js)
 js-deps:

@@ -29,13 +29,24 @@ if VIA_PGBOUNCER:  # every app, CLI and process a test starts inherits the PgBou
     os.environ["LEDGER_DB_PGBOUNCER"] = "1"
 TEST_MASTER_KEY = Fernet.generate_key().decode()
 TEST_AUDIT_KEY = "test-audit-key-" + uuid.uuid4().hex
+CITUS_TESTS = "tests/integration/test_citus.py"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say which whole groups of tests were skipped on this machine, and why."""
-    from tests.integration.citus_cluster import LOUD_SKIPS
+    """Say which whole groups of tests were skipped on this machine, and why.
 
-    for reason in LOUD_SKIPS:
+    Under pytest-xdist the modules are collected in the workers, so the controller's
+    LOUD_SKIPS is empty: a skipped Citus test in the reports brings its reason back.
+    """
+    from tests.integration.citus_cluster import LOUD_SKIPS, citus_skip_reason
+
+    reasons = list(LOUD_SKIPS)
+    skipped = terminalreporter.stats.get("skipped", [])
+    if any(getattr(report, "nodeid", "").startswith(CITUS_TESTS) for report in skipped):
+        reason = citus_skip_reason()
+        if reason is not None and reason not in reasons:
+            reasons.append(reason)
+    for reason in reasons:
         terminalreporter.write_line(f"!!! {reason} !!!", yellow=True, bold=True)
 
 

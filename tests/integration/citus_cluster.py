@@ -38,6 +38,14 @@ def note_skip(reason: str) -> None:
         LOUD_SKIPS.append(reason)
 
 
+def citus_skip_reason() -> str | None:
+    """The summary line of the Citus tests skipped on this machine, or None if they run."""
+    missing = citus_missing()
+    if missing is None:
+        return None
+    return f"tests/integration/test_citus.py: every test on a Citus cluster SKIPPED: {missing}"
+
+
 def citus_missing() -> str | None:
     """Return why no Citus cluster can be started here, or None when one can."""
     version = _pg_version()

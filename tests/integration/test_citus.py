@@ -43,15 +43,16 @@ from ledger.worker.store import _DUE_BY_KEY, _DUE_KEYS
 from tests.conftest import TEST_MASTER_KEY, _settings
 from tests.dashboard_helpers import fast_hashes, logged_in, make_operator, make_token
 from tests.helpers import deliver, make_sender
-from tests.integration.citus_cluster import CitusCluster, citus_missing, note_skip
+from tests.integration.citus_cluster import (
+    CitusCluster, citus_missing, citus_skip_reason, note_skip)
 from tests.integration.test_scope_keyed import captured_sql, keyed_by_scope, ledger_statements
 
 __all__ = ["fast_hashes"]  # the autouse fixture: cheap password hashes here too
 
 MISSING = citus_missing()
-if MISSING is not None:
-    note_skip(f"tests/integration/test_citus.py: every test on a Citus cluster SKIPPED: "
-              f"{MISSING}")
+SKIP_REASON = citus_skip_reason()
+if SKIP_REASON is not None:
+    note_skip(SKIP_REASON)
 
 
 @pytest.fixture(scope="module")
