@@ -44,7 +44,11 @@ from tests.conftest import TEST_MASTER_KEY, _settings
 from tests.dashboard_helpers import fast_hashes, logged_in, make_operator, make_token
 from tests.helpers import deliver, make_sender
 from tests.integration.citus_cluster import (
-    CitusCluster, citus_missing, citus_skip_reason, note_skip)
+    CitusCluster,
+    citus_missing,
+    citus_skip_reason,
+    note_skip,
+)
 from tests.integration.test_scope_keyed import captured_sql, keyed_by_scope, ledger_statements
 
 __all__ = ["fast_hashes"]  # the autouse fixture: cheap password hashes here too
