@@ -24,7 +24,7 @@ from sqlalchemy import text
 
 from bench.datagen import DataSpec, generate
 from bench.env import BenchEnv
-from bench.report import record
+from bench.report import percentile, record
 from ledger.access import audit
 from ledger.access.operators import create_operator
 from ledger.access.secrets_box import load_box
@@ -87,7 +87,7 @@ def _time(client: Any, path: str, rounds: int, headers: dict[str, str]) -> dict[
         assert response.status_code in (200, 303), path
     samples.sort()
     return {"median_ms": round(statistics.median(samples), 1),
-            "p95_ms": round(samples[max(0, int(len(samples) * 0.95) - 1)], 1)}
+            "p95_ms": round(percentile(samples, 95), 1)}
 
 
 def run(receipts: int, scopes: int, rounds: int) -> dict[str, Any]:

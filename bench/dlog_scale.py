@@ -32,7 +32,7 @@ from sqlalchemy import Engine, select, text
 
 from bench.datagen import create_scopes
 from bench.env import BenchEnv
-from bench.report import record
+from bench.report import percentile, record
 from jobs import rollup_deliveries
 from ledger.access import audit
 from ledger.access.operators import create_operator
@@ -130,7 +130,7 @@ def _time(client: Any, path: str, rounds: int, headers: dict[str, str]) -> dict[
         assert response.status_code == 200, path
     samples.sort()
     return {"median_ms": round(statistics.median(samples), 1),
-            "p95_ms": round(samples[max(0, int(len(samples) * 0.95) - 1)], 1)}
+            "p95_ms": round(percentile(samples, 95), 1)}
 
 
 def filters(made: dict[str, Any]) -> dict[str, tuple[str, DeliveryFilter]]:

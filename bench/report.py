@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from dataclasses import asdict, dataclass
@@ -28,6 +29,15 @@ class Figure:
     # A row of the targets that this run did not measure (the 10M rows of a default run):
     # printed with its last recorded figures, counted neither met nor missed.
     not_run: bool = False
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The q-th percentile (0 < q <= 100) of `samples` by nearest rank: the smallest sample
+    with at least q % of the samples at or below it (p95 of two samples is the larger)."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def at_least(measure: str, value: float, unit: str, baseline: str, baseline_value: float,

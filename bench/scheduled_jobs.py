@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from bench.report import percentile
 from jobs import rollups
 from jobs.retention import purge
 from ledger.clock import SystemClock
@@ -89,7 +90,7 @@ def _measure_intake(engine: Any, seconds: float | None, during: Any = None) -> d
     every = sorted(lat[0] + lat[1])
     return {"intake_tps": round(len(every) / elapsed), "intake_p50_ms":
             round(statistics.median(every) * 1000, 2),
-            "intake_p99_ms": round(every[int(len(every) * 0.99)] * 1000, 2),
+            "intake_p99_ms": round(percentile(every, 99) * 1000, 2),
             "intake_max_ms": round(every[-1] * 1000, 2), "result": result,
             "seconds": round(elapsed, 2)}
 

@@ -39,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, func, select
 
 from bench.env import BIN, ROOT, SECRET, BenchEnv, ServerShape, bench_integration, gunicorn, stop
+from bench.report import percentile
 from ledger.access.secrets_box import load_box
 from ledger.config import Settings
 from ledger.db.schema import demo_balances, jobs, receipts
@@ -125,12 +126,9 @@ class Client(threading.Thread):
             self.recent.append((time.monotonic(), public_id, event_id, body))
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Return the q-th percentile (nearest rank) in milliseconds."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] * 1000, 2)
+def percentile_ms(values: list[float], q: float) -> float:
+    """Return the q-th percentile (nearest rank) of seconds, in milliseconds."""
+    return round(percentile(values, q) * 1000, 2)
 
 
 def purged_receipts(base_url: str) -> int:
@@ -188,13 +186,13 @@ def report(tally: Tally, seconds: float, invariant: dict[str, Any]) -> dict[str,
     every = [x for values in tally.latencies.values() for x in values]
     kinds = {kind: {"requests": len(values), "errors": tally.errors.get(kind, 0),
                     "error_rate": round(tally.errors.get(kind, 0) / max(1, len(values)), 5),
-                    "p50_ms": percentile(values, 50), "p99_ms": percentile(values, 99)}
+                    "p50_ms": percentile_ms(values, 50), "p99_ms": percentile_ms(values, 99)}
              for kind, values in sorted(tally.latencies.items())}
     return {"seconds": round(seconds, 1), "requests": len(every),
             "throughput_rps": round(len(every) / seconds, 1),
             "errors": sum(tally.errors.values()),
             "error_rate": round(sum(tally.errors.values()) / max(1, len(every)), 5),
-            "p50_ms": percentile(every, 50), "p99_ms": percentile(every, 99),
+            "p50_ms": percentile_ms(every, 50), "p99_ms": percentile_ms(every, 99),
             "by_kind": kinds, "invariant": invariant}
 
 

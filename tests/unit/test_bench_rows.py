@@ -73,3 +73,16 @@ def test_the_ceilings_are_shown_and_a_missing_one_is_not_measured() -> None:
     assert "2,200/s" in why and "4,000/s" in why and "7,000" in why
     broken = run.intake_figures(r | {"ceilings": {"error": "RuntimeError: no pgbench"}})
     assert broken[-1].note.startswith("NOT MEASURED")
+
+
+@pytest.mark.parametrize(("samples", "q", "expected"), [
+    ([5.0, 1.0], 95, 5.0),            # two rounds: p95 is the slower one, not the minimum
+    ([3.0], 95, 3.0),
+    ([float(n) for n in range(1, 101)], 95, 95.0),
+    ([float(n) for n in range(1, 101)], 99, 99.0),
+    ([float(n) for n in range(1, 21)], 50, 10.0),
+    ([], 95, 0.0),
+])
+def test_the_bench_percentile_is_the_nearest_rank(samples: list[float], q: float,
+                                                  expected: float) -> None:
+    assert report.percentile(samples, q) == expected
