@@ -55,6 +55,9 @@ class Operator:
     role: str
     # None for a browser session; the scopes of the API token that authenticated otherwise.
     token_scopes: tuple[str, ...] | None = None
+    # The API token's row and the primary's WAL position after its last write (tokens only).
+    token_row: int | None = None
+    token_wrote_at: str | None = None
 
     def can(self, needed: str) -> bool:
         """Tell whether this operator's role includes `needed`."""
@@ -259,7 +262,7 @@ def operator_for_token(conn: Connection, token: str, now: datetime) -> Operator 
     row = conn.execute(
         select(operators.c.id, operators.c.username, operators.c.role,
                api_tokens.c.id.label("token_row"), api_tokens.c.scopes,
-               api_tokens.c.expires_at, api_tokens.c.last_used_at)
+               api_tokens.c.expires_at, api_tokens.c.last_used_at, api_tokens.c.wrote_at)
         .join(api_tokens, api_tokens.c.operator_id == operators.c.id)
         .where(api_tokens.c.token_sha256 == token_digest(token),
                api_tokens.c.revoked_at.is_(None), operators.c.disabled_at.is_(None))
@@ -275,4 +278,11 @@ def operator_for_token(conn: Connection, token: str, now: datetime) -> Operator 
                                 api_tokens.c.last_used_at < stale))
                      .values(last_used_at=now))
     return Operator(id=row.id, username=row.username, role=row.role,
-                    token_scopes=_scopes(row.scopes))
+                    token_scopes=_scopes(row.scopes), token_row=row.token_row,
+                    token_wrote_at=row.wrote_at)
+
+
+def note_token_write(conn: Connection, token_row: int, position: str) -> None:
+    """Remember the primary's WAL position after a write made with this API token."""
+    conn.execute(update(api_tokens).where(api_tokens.c.id == token_row)
+                 .values(wrote_at=position))

@@ -282,6 +282,9 @@ api_tokens = Table(
     # Space-separated: "read" or "read write".
     Column("scopes", Text, nullable=False, server_default="read"),
     Column("expires_at", UTCDateTime, nullable=False),
+    # The primary's WAL position after this token's last write (a pg_lsn as text): its
+    # reads go to the primary until a read replica has replayed that far.
+    Column("wrote_at", Text),
 )
 
 # Dashboard sessions: the cookie holds a random id, the server keeps only its

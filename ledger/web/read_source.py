@@ -8,8 +8,9 @@ keys stay as the contract has them. Everything else (actions, logins, sessions,
 tokens, credential management, audit verification) uses the primary engine directly.
 
 Read-your-writes: after a POST from a signed-in session, the primary's WAL position
-is kept in the session; that session's reads go to the primary until the replica
-has replayed that far.
+is kept in the session; after a write with an API token, in the token's row
+(`api_tokens.wrote_at`). That session's or token's reads go to the primary until the
+replica has replayed that far.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from flask import Flask, Response, g, request, session
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
 
+from ledger.access.operators import Operator, note_token_write
 from ledger.db.replica import ReadSource, primary_position
 from ledger.web.auth import UNSAFE_METHODS, services
 
@@ -37,12 +39,19 @@ def replica_read(read: Callable[[Connection], T]) -> T:
     if svc.reads.replica is None:
         with svc.engine.connect() as conn:
             return read(conn)
-    wrote_at = session.get(WROTE_AT)
+    token = _token_operator()
+    wrote_at = session.get(WROTE_AT) if token is None else token.token_wrote_at
     result, source = svc.reads.run(read, wrote_at=wrote_at)
-    if source.replica and wrote_at is not None:
+    if source.replica and wrote_at is not None and token is None:
         session.pop(WROTE_AT, None)  # the replica has this session's writes now
     g.read_source = source
     return result
+
+
+def _token_operator() -> Operator | None:
+    """The operator of this request when an API token authenticated it, else None."""
+    operator: Operator | None = g.get("operator")
+    return operator if operator is not None and operator.token_row is not None else None
 
 
 def primary_read(read: Callable[[Connection], T]) -> T:
@@ -66,12 +75,19 @@ def _tell_source(response: Response) -> Response:
         response.headers[SOURCE_HEADER] = "replica" if source.replica else "primary"
         if source.replica or source.lag_seconds is not None:
             response.headers[LAG_HEADER] = lag_text(source)
-    if (request.method in UNSAFE_METHODS and not request.path.startswith("/hooks/")
-            and session.get("sid")):
-        # The primary away: the action's own answer said so; the older position stays.
-        with contextlib.suppress(sa_exc.DBAPIError, sa_exc.TimeoutError), \
-                svc.engine.connect() as conn:
-            session[WROTE_AT] = primary_position(conn)
+    if request.method not in UNSAFE_METHODS or request.path.startswith("/hooks/"):
+        return response
+    token = _token_operator()
+    if token is None and not session.get("sid"):
+        return response
+    # The primary away: the action's own answer said so; the older position stays.
+    with contextlib.suppress(sa_exc.DBAPIError, sa_exc.TimeoutError), \
+            svc.engine.begin() as conn:
+        position = primary_position(conn)
+        if token is None:
+            session[WROTE_AT] = position
+        elif token.token_row is not None and response.status_code < 400:
+            note_token_write(conn, token.token_row, position)
     return response
 
 

@@ -20,9 +20,11 @@ from sqlalchemy import Engine, create_engine, text
 from app import create_app
 from ledger.db.engine import upgrade
 from tests.conftest import IN_CI, TEST_AUDIT_KEY, TEST_MASTER_KEY
-from tests.dashboard_helpers import fast_hashes, logged_in, post  # noqa: F401  (autouse)
+from tests.dashboard_helpers import fast_hashes, logged_in, make_operator, make_token, post
 from tests.helpers import deliver, event_body, make_sender
 from tests.integration.pg_cluster import PrivateCluster
+
+__all__ = ["fast_hashes"]  # the autouse fixture: cheap password hashes here too
 
 WAIT = 20.0  # seconds: the bound of every wait here
 SOURCE, LAG = "X-Ledger-Read-Source", "X-Ledger-Replica-Lag-Seconds"
@@ -273,6 +275,50 @@ def test_a_stopped_replica_falls_back_to_the_primary(pair: Pair, replica_app: An
     finally:
         pair.standby.start()
     pair.wait_replayed()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_an_api_token_reads_its_own_write_while_the_replica_lags(pair: Pair,
+                                                                 replica_app: Any) -> None:
+    sender = make_sender(replica_app, name="tokens")
+    make_operator(replica_app, "tess", "oncall")
+    writer = {"Authorization": f"Bearer {make_token(replica_app, 'tess', write=True)}"}
+    reader = {"Authorization": f"Bearer {make_token(replica_app, 'tess')}"}
+    client = replica_app.test_client()
+    conflicts = f"/api/v1/conflicts?scope={sender.scope}"
+    assert deliver(client, sender, "evt_tok").status_code == 202
+    other = event_body(sender, "evt_tok", data={"amount": 9})
+    assert deliver(client, sender, "evt_tok", body=other).status_code == 409
+    pair.wait_replayed()
+    conflict_id = _autocommit(pair.primary.url("ledger"), "SELECT max(id) FROM conflicts")
+    assert client.get(conflicts, headers=writer).headers[SOURCE] == "replica"
+
+    pair.pause()
+    try:
+        acked = client.post(f"/conflicts/{conflict_id}/ack", headers=writer,
+                            data={"note": "acknowledged by a script"})
+        assert acked.status_code == 200
+        pair.wait_received()
+        # The writing token reads the primary and sees its acknowledgement ...
+        mine = client.get(conflicts, headers=writer)
+        assert mine.status_code == 200 and mine.headers[SOURCE] == "primary"
+        assert [c["acknowledged_by"] for c in mine.get_json()["items"]] == ["tess"]
+        # ... another token, which wrote nothing, is still served by the lagging replica.
+        theirs = client.get(conflicts, headers=reader)
+        assert theirs.status_code == 200 and theirs.headers[SOURCE] == "replica"
+        assert [c["acknowledged_by"] for c in theirs.get_json()["items"]] == [None]
+        # A refused write (a read-only token) records no write position.
+        refused = client.post(f"/conflicts/{conflict_id}/ack", headers=reader,
+                              data={"note": "not allowed"})
+        assert refused.status_code == 403
+        assert client.get(conflicts, headers=reader).headers[SOURCE] == "replica"
+    finally:
+        pair.resume()
+    pair.wait_replayed()
+    caught_up = client.get(conflicts, headers=writer)
+    assert caught_up.headers[SOURCE] == "replica"
+    assert [c["acknowledged_by"] for c in caught_up.get_json()["items"]] == ["tess"]
 
 
 def test_without_a_replica_nothing_changes(app: Any) -> None:  # both databases
