@@ -47,7 +47,8 @@ FROM (
          CASE WHEN t < 0.40 THEN 'demo.credit' WHEN t < 0.60 THEN 'invoice.paid'
               WHEN t < 0.75 THEN 'charge.succeeded' WHEN t < 0.90 THEN 'payment_intent.succeeded'
               ELSE 'customer.subscription.updated' END AS etype
-  FROM (SELECT g, random() AS u, random() AS t FROM generate_series(:lo, :hi) g) r
+  FROM (SELECT g, random() AS u, random() AS t
+        FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) g) r
 ) s
 """
 
@@ -55,7 +56,7 @@ JOBS = """
 INSERT INTO jobs (scope_id, event_id, event_type, accepted_at, run_at, status, attempts,
                   lease_token, payload)
 SELECT scope_id, event_id, event_type, accepted_at, accepted_at,
-       CASE state WHEN 2 THEN 1 ELSE 0 END, attempts, attempts,
+       CASE WHEN state = 2 THEN 1 ELSE 0 END, attempts, attempts,
        json_build_object('type', event_type, 'data', json_build_object('amount', 1,
                          'id', event_id))::text
 FROM receipts WHERE state <> 1
@@ -98,7 +99,7 @@ def copy_scopes(engine: Engine, box: SecretBox, count: int, *, now: datetime
             f"INSERT INTO integrations (public_id, account, {', '.join(columns)}) "
             f"SELECT 'in_' || substr(md5(random()::text || g), 1, 22),"
             f" 'acct-' || lpad(g::text, 6, '0'), {copied} "
-            "FROM integrations f, generate_series(1, :n - 1) g WHERE f.id = :first"),
+            "FROM integrations f, generate_series(1, CAST(:n AS int) - 1) g WHERE f.id = :first"),
             {"n": count, "first": first.id})
         conn.execute(text(
             "INSERT INTO credentials (key_id, integration_id, secret_enc, fingerprint, state,"
