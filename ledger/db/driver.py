@@ -99,6 +99,19 @@ class PreparedStatement:
             return values
         return self._convert_row(values)
 
+    def fetch_all(self, driver_connection: Any, params: dict[str, Any]) -> list[Any]:
+        """Execute on the driver connection (`params` may change); return every row."""
+        for name in self._times:
+            params[name] = self._to_driver(params[name])
+        cursor = driver_connection.cursor()
+        try:
+            cursor.execute(self.sql, params)
+            rows = cursor.fetchall()
+        finally:
+            cursor.close()
+        convert = self._convert_row
+        return rows if convert is None else [convert(values) for values in rows]
+
 
 def _row_converter(statement: TextClause | TextualSelect,
                    dialect: Dialect) -> Callable[[Any], Any] | None:
@@ -145,3 +158,7 @@ class DriverStatement:
     def row(self, conn: Connection, params: dict[str, Any]) -> Any:
         """Run in `conn`'s transaction with `params` (a dict it may change); return the row."""
         return run_in(conn, self.prepared(conn.dialect).fetch_one, params, what=self.what)
+
+    def rows(self, conn: Connection, params: dict[str, Any]) -> list[Any]:
+        """Run in `conn`'s transaction with `params` (a dict it may change); return all rows."""
+        return run_in(conn, self.prepared(conn.dialect).fetch_all, params, what=self.what)

@@ -10,7 +10,7 @@ token, lease, attempt row and receipt, exactly as a single claim writes them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +20,9 @@ from ledger.db.schema import jobs
 from ledger.domain import ReceiptState
 from ledger.worker.sql import (
     CLAIM_BATCH_SQL,
-    COMPLETE_BATCH_AND_CLAIM_SQL,
-    COMPLETE_BATCH_SQL,
-    HOLD_BATCH_SQL,
+    DRIVER_COMPLETE_BATCH,
+    DRIVER_COMPLETE_BATCH_AND_CLAIM,
+    DRIVER_HOLD_BATCH,
 )
 from ledger.worker.store import (
     Claim,
@@ -53,7 +53,23 @@ class BatchRequest:
     def params(self) -> dict[str, Any]:
         """Return the batch claim statement's parameters."""
         return {**self.claim.params(), "batch": self.size,
-                "alone_types": list(self.alone_types)}
+                "alone_types": text_array(self.alone_types)}
+
+
+# The batch statements take their per-job values as arrays (`CAST(:sids AS bigint[])`),
+# each bound as ONE text parameter holding PostgreSQL's array literal: psycopg's list
+# adapter inspects and dumps every element in Python, which cost a third of these
+# statements' client CPU (bench/README.md, "Workers", fifth round). Still bound
+# parameters: PostgreSQL parses the literal as array input, never as SQL.
+def int_array(values: Iterable[int]) -> str:
+    """Return the array literal of integers, e.g. {1,2,3}."""
+    return "{" + ",".join(str(int(value)) for value in values) + "}"
+
+
+def text_array(values: Iterable[str]) -> str:
+    """Return the array literal of strings, each quoted: {"a","b\\"c"}."""
+    return "{" + ",".join('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                          for value in values) + "}"
 
 
 def claim_batch(conn: Connection, request: BatchRequest) -> list[Claim]:
@@ -92,9 +108,10 @@ def hold_batch(conn: Connection, batch: list[ClaimedJob]) -> set[tuple[int, str]
     are checked one by one.
     """
     if conn.dialect.name == "postgresql":
-        rows = conn.execute(HOLD_BATCH_SQL, {
-            "sids": [job.scope_id for job in batch], "eids": [job.event_id for job in batch],
-            "tokens": [job.lease_token for job in batch]}).all()
+        rows = DRIVER_HOLD_BATCH.rows(conn, {
+            "sids": int_array(job.scope_id for job in batch),
+            "eids": text_array(job.event_id for job in batch),
+            "tokens": int_array(job.lease_token for job in batch)})
         return {(int(row.scope_id), str(row.event_id)) for row in rows}
     return {(job.scope_id, job.event_id) for job in batch if hold_lease(conn, job)}
 
@@ -119,13 +136,15 @@ def complete_batch(conn: Connection, done: list[tuple[ClaimedJob, str]], *, now:
         return BatchCompletion(completed=completed,
                                next=claim_batch(conn, then_claim) if then_claim else [])
     params: dict[str, Any] = {
-        "sids": [job.scope_id for job, _ in done], "eids": [job.event_id for job, _ in done],
-        "tokens": [job.lease_token for job, _ in done],
-        "numbers": [job.number for job, _ in done], "refs": [ref for _, ref in done],
+        "sids": int_array(job.scope_id for job, _ in done),
+        "eids": text_array(job.event_id for job, _ in done),
+        "tokens": int_array(job.lease_token for job, _ in done),
+        "numbers": int_array(job.number for job, _ in done),
+        "refs": text_array(ref for _, ref in done),
         "now": now, "complete": ReceiptState.COMPLETE.code}
     if then_claim is None:
-        return BatchCompletion(
-            completed=int(conn.execute(COMPLETE_BATCH_SQL, params).scalar_one()), next=[])
-    rows = conn.execute(COMPLETE_BATCH_AND_CLAIM_SQL, {**then_claim.params(), **params}).all()
+        return BatchCompletion(completed=int(DRIVER_COMPLETE_BATCH.row(conn, params).held),
+                               next=[])
+    rows = DRIVER_COMPLETE_BATCH_AND_CLAIM.rows(conn, {**then_claim.params(), **params})
     return BatchCompletion(completed=int(rows[0].held),
                            next=_claims_of(conn, rows, then_claim.claim))

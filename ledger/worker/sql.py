@@ -248,3 +248,12 @@ COMPLETE_BATCH_AND_CLAIM_SQL = text(
     + _NEXT_BATCH
 ).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
     column("held", Integer), *_CLAIM_RESULT)
+
+# The batch's hold and completion run on the driver connection inside the batch's
+# transaction, as the single completion does: SQLAlchemy's execution setup and
+# result machinery cost more client CPU per batch than the driver call itself
+# (bench/README.md, "Workers", fifth round).
+DRIVER_HOLD_BATCH = DriverStatement(HOLD_BATCH_SQL, what="worker batch hold")
+DRIVER_COMPLETE_BATCH = DriverStatement(COMPLETE_BATCH_SQL, what="worker batch completion")
+DRIVER_COMPLETE_BATCH_AND_CLAIM = DriverStatement(COMPLETE_BATCH_AND_CLAIM_SQL,
+                                                  what="worker batch completion")

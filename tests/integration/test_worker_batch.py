@@ -133,6 +133,49 @@ def test_one_failing_handler_undoes_only_its_own_job(fixed_app):
                                                    (2, "w-retry", "complete")], False)
 
 
+def test_a_failed_statement_in_one_handler_undoes_only_its_own_job(fixed_app):
+    """A handler whose SQL statement fails (on PostgreSQL the whole transaction is aborted
+    until ROLLBACK TO its savepoint): its credit is undone, its batch-mates commit."""
+    app, handlers = fixed_app, Handlers()
+    svc, sender = app.extensions["ledger"], make_sender(app)
+
+    def bad_statement(conn, event) -> str:
+        credit(conn, event)  # written, then undone with its savepoint
+        conn.execute(text("INSERT INTO demo_balances (scope_id, balance) VALUES (:s, 0)"),
+                     {"s": event.scope_id})  # the row exists now: a unique violation
+        return "unreachable"
+
+    registry = Registry({"demo.credit": HandlerSpec(event_type="demo.credit",
+                                                    apply=handlers.credit),
+                         "t.badsql": HandlerSpec(event_type="t.badsql", apply=bad_statement)})
+    for event_id, event_type, amount in (("evt_a", "demo.credit", 1), ("evt_b", "t.badsql", 100),
+                                         ("evt_c", "demo.credit", 2)):
+        _send(app, sender, event_id, event_type, amount)
+    assert Worker(svc, worker_id="w-sql", handlers=registry).run(burst=True) == 3
+    assert _balance(app, sender) == 3
+    for event_id in ("evt_a", "evt_c"):
+        assert _history(app, event_id) == ("complete", [(1, "w-sql", "complete")], False)
+    assert _history(app, "evt_b") == ("pending", [(1, "w-sql", "retry")], True)
+
+
+def test_result_refs_of_any_characters_complete_as_returned(fixed_app):
+    """The batch completion carries each job's result_ref as written by its handler:
+    quotes, backslashes, commas, braces, spaces and non-ASCII included."""
+    app = fixed_app
+    svc, sender = app.extensions["ledger"], make_sender(app)
+    refs = {"evt_q": 'say "hi"', "evt_b": "back\\slash\\", "evt_c": "a,b}{c", "evt_n": "NULL",
+            "evt_s": " spaced ", "evt_u": "crédit ☃"}
+    registry = Registry({"demo.ref": HandlerSpec(
+        event_type="demo.ref", apply=lambda conn, event: refs[event.event_id])})
+    for event_id in refs:
+        _send(app, sender, event_id, "demo.ref")
+    assert Worker(svc, worker_id="w-refs", handlers=registry).run(burst=True) == len(refs)
+    with svc.engine.connect() as conn:
+        for event_id, ref in refs.items():
+            receipt = get_receipt(conn, sender.scope, event_id)
+            assert (receipt.state.value, receipt.result_ref) == ("complete", ref)
+
+
 def test_a_database_error_in_one_handler_spends_no_attempt(test_env):
     app = create_app({**test_env, "LEDGER_WORKER_BATCH": "4", "LEDGER_MAX_ATTEMPTS": "1"},
                      clock=FixedClock(datetime.now(UTC)))
