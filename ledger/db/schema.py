@@ -390,6 +390,16 @@ rollup_marks = Table(
 
 SERIES_MARK = "hourly_series"  # the rollup_marks row of jobs/rollup_series.py
 
+# Where a bounded sweep stopped (jobs/sweep.py): each run reads its next batch of keys
+# after `position` (JSON) and wraps to the start at the end of the table.
+sweep_marks = Table(
+    "sweep_marks",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("position", Text, nullable=False),
+    Column("swept_at", UTCDateTime, nullable=False),
+)
+
 hourly_series = Table(
     "hourly_series",
     metadata,
