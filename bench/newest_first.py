@@ -44,6 +44,10 @@ from ledger.services import ledger_engine
 RESULTS = Path(__file__).parent / "results" / "newest_first.jsonl"
 BEFORE = "0011_health_rollups"
 NEW_BATCH = 100
+# The fresh hour's event types in bench/fastload.py's mix (in twentieths).
+TYPE_MIX = "{" + ",".join(["demo.credit"] * 8 + ["invoice.paid"] * 4 + ["charge.succeeded"] * 3
+                          + ["payment_intent.succeeded"] * 3
+                          + ["customer.subscription.updated"] * 2) + "}"
 
 # One hour's window of the newest-first list, as ledger/reads/receipts.window_stmt writes it.
 HOUR_WINDOW = """
@@ -107,10 +111,12 @@ def _write_hour(engine: Engine, scope_ids: list[int], now: datetime, rows: int) 
                 " SELECT :start + make_interval(secs => 3600.0 * g / :n),"
                 " :start + make_interval(secs => 3600.0 * g / :n),"
                 " (CAST(:ids AS int[]))[1 + g % :scopes], 1, 1, 'evt_new_' || g,"
-                " 'invoice.paid', sha256(convert_to('new' || g, 'UTF8')), 'ignored:no-handler'"
+                " (CAST(:types AS text[]))[1 + g % 20], sha256(convert_to('new' || g, 'UTF8')),"
+                " 'ignored:no-handler'"
                 " FROM generate_series(CAST(:lo AS int), CAST(:hi AS int)) g"),
                 {"start": start, "n": rows, "ids": "{" + ",".join(map(str, scope_ids)) + "}",
-                 "scopes": len(scope_ids), "lo": lo, "hi": min(lo + NEW_BATCH, rows) - 1})
+                 "scopes": len(scope_ids), "types": TYPE_MIX,
+                 "lo": lo, "hi": min(lo + NEW_BATCH, rows) - 1})
     return rows
 
 
@@ -132,8 +138,10 @@ def _scans(node: dict[str, Any]) -> list[str]:
     return here + [s for child in node.get("Plans", []) for s in _scans(child)]
 
 
-def _time_pages(e: BenchEnv, url: str, made: Any, rounds: int) -> dict[str, Any]:
-    """Time the newest-first pages and the API list, logged in as the bench admin."""
+def _time_pages(e: BenchEnv, url: str, made: Any, now: datetime, rounds: int
+                ) -> dict[str, Any]:
+    """Time the newest-first pages, the API list and a three-day window's failure groups
+    (its newest failures: the partial open index, or the planner's other choice)."""
     from app import create_app
 
     app = create_app(e.app_env(url))
@@ -148,7 +156,9 @@ def _time_pages(e: BenchEnv, url: str, made: Any, rounds: int) -> dict[str, Any]
                  "receipts_complete": "/receipts?state=complete",
                  "receipts_type": "/receipts?event_type=charge.succeeded",
                  "receipts_scope": f"/receipts?scope={scope.scope}",
-                 "receipts_account": f"/receipts?scope={scope.scope.split('/')[0]}"}
+                 "receipts_account": f"/receipts?scope={scope.scope.split('/')[0]}",
+                 "failure_groups_3_days": "/failures/groups?since="
+                 + (now - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M")}
         return {name: _time(client, path, rounds, {}) for name, path in pages.items()}
     finally:
         app.extensions["ledger"].close()
@@ -182,7 +192,8 @@ def run(receipts: int, scopes: int, rounds: int, fresh: int) -> dict[str, Any]:
                     _vacuum(engine)
                 out[phase] = {"hour_window": _hour_window(engine, led["now"]),
                               "bytes_per_receipt": _index_bytes(engine),
-                              "pages": _time_pages(env, led["url"], led["made"], rounds)}
+                              "pages": _time_pages(env, led["url"], led["made"], led["now"],
+                                                   rounds)}
         finally:
             engine.dispose()
         return out

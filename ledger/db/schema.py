@@ -55,9 +55,9 @@ def _include_object_on(dialect: str) -> Callable[..., bool]:
     """Return an include_object hook that leaves out the other database's indexes.
 
     Autogenerate ignores `ddl_if`: without this hook it would ask for the
-    PostgreSQL BRIN indexes on SQLite and for their SQLite stand-in on
-    PostgreSQL. Reflected objects are always compared, so an index that a
-    database has and these tables lack still shows as drift.
+    PostgreSQL BRIN index (attempts.started_at) on SQLite. Reflected objects
+    are always compared, so an index that a database has and these tables lack
+    still shows as drift.
     """
     def include_object(obj: Any, _name: str | None, type_: str, reflected: bool,
                        _compare_to: Any) -> bool:

@@ -25,7 +25,7 @@ def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
     # A plain CREATE INDEX, as every migration here: it blocks writes to receipts while
-    # it builds (~1 s per million receipts here), inside the migration's transaction.
+    # it builds (0.3 s at 1M receipts, 1.1-1.7 s at 3M here), in the migration's transaction.
     op.create_index("ix_receipts_accepted", "receipts", ["accepted_at"])
     op.execute("DROP INDEX ix_receipts_accepted_brin")
 
