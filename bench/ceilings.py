@@ -72,8 +72,8 @@ def hmac_only(e: benv.BenchEnv, shape: benv.ServerShape, public_id: str,
     """Return the HMAC-only server's answered requests/s under wrk."""
     files = signed_files(e.tmp, "ceiling-hmac", public_id, seconds)
     warm = signed_files(e.tmp, "ceiling-hmac-warm", public_id, 2)
-    with benv.gunicorn("hmac_only:app", {"THIN_SECRET": benv.SECRET}, shape,
-                       cwd=benv.ROOT / "bench", log=e.tmp / "hmac-only.log") as (base, _):
+    with benv.gunicorn("bench.hmac_only:app", {"THIN_SECRET": benv.SECRET}, shape,
+                       cwd=benv.ROOT, log=e.tmp / "hmac-only.log") as (base, _):
         run_wrk(f"{base}/hooks/{public_id}", warm, seconds=2)
         result = run_wrk(f"{base}/hooks/{public_id}", files, seconds=seconds)
     ok = result.requests - result.status_errors

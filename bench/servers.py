@@ -24,31 +24,19 @@ from bench import env as benv
 from bench.intake import Target, abba, ours_app, summarize
 
 
-@contextmanager
 def granian(env: dict[str, str], shape: benv.ServerShape, *,
-            log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+            log: Path) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
     """Serve the ledger with granian (WSGI, shape.workers x shape.threads); stop it after."""
     port = benv.free_port()
-    metrics_dir = tempfile.mkdtemp(prefix="ledger-bench-granian-metrics-")
-    with open(log, "ab") as err:
-        process = subprocess.Popen(
-            [str(benv.BIN / "granian"), "--interface", "wsgi", "--factory", "app:create_app",
-             "--host", "127.0.0.1", "--port", str(port), "--workers", str(shape.workers),
-             "--blocking-threads", str(shape.threads), "--no-ws", "--log-level", "warning"],
-            cwd=str(benv.ROOT), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-            env={**os.environ, **env, "PYTHONUNBUFFERED": "1",
-                 "PROMETHEUS_MULTIPROC_DIR": metrics_dir})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        benv.wait_up(base, process)
-        yield base, process
-    finally:
-        benv.stop(process)
+    return _served("granian", [
+        "--interface", "wsgi", "--factory", "app:create_app", "--host", "127.0.0.1",
+        "--port", str(port), "--workers", str(shape.workers),
+        "--blocking-threads", str(shape.threads), "--no-ws", "--log-level", "warning"],
+        port, env, log)
 
 
-@contextmanager
 def uwsgi(env: dict[str, str], shape: benv.ServerShape, *,
-          log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+          log: Path) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
     """Serve the ledger with uWSGI (the `pyuwsgi` wheel), gunicorn.conf.py's limits mapped.
 
     Prefork with the app loaded in the master (like gunicorn's preload), HTTP/1.1
@@ -56,17 +44,25 @@ def uwsgi(env: dict[str, str], shape: benv.ServerShape, *,
     recycling, header buffer and body limits, harakiri as gunicorn's worker timeout.
     """
     port = benv.free_port()
-    metrics_dir = tempfile.mkdtemp(prefix="ledger-bench-uwsgi-metrics-")
+    return _served("uwsgi", [
+        "--master", "--need-app", "--die-on-term", "--http11-socket", f"127.0.0.1:{port}",
+        "--module", "app:create_app()", "--processes", str(shape.workers),
+        "--threads", str(shape.threads), "--thunder-lock",
+        "--max-requests", str(shape.max_requests or 0), "--buffer-size", "8192",
+        "--limit-post", str(64 * 1024 * 1024), "--harakiri", "30", "--socket-timeout", "10",
+        "--disable-logging", "--worker-reload-mercy", "30"], port, env, log)
+
+
+@contextmanager
+def _served(server: str, args: list[str], port: int, env: dict[str, str],
+            log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run `server` (a console script of the venv) from the repository root, each with its
+    own Prometheus directory, until it answers on `port`; stop it afterwards."""
+    metrics_dir = tempfile.mkdtemp(prefix=f"ledger-bench-{server}-metrics-")
     with open(log, "ab") as err:
         process = subprocess.Popen(
-            [str(benv.BIN / "uwsgi"), "--master", "--need-app", "--die-on-term",
-             "--http11-socket", f"127.0.0.1:{port}", "--module", "app:create_app()",
-             "--processes", str(shape.workers), "--threads", str(shape.threads),
-             "--thunder-lock", "--max-requests", str(shape.max_requests or 0),
-             "--buffer-size", "8192", "--limit-post", str(64 * 1024 * 1024),
-             "--harakiri", "30", "--socket-timeout", "10", "--disable-logging",
-             "--worker-reload-mercy", "30"],
-            cwd=str(benv.ROOT), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+            [str(benv.BIN / server), *args], cwd=str(benv.ROOT), stdout=subprocess.DEVNULL,
+            stderr=err, start_new_session=True,
             env={**os.environ, **env, "PYTHONUNBUFFERED": "1",
                  "PROMETHEUS_MULTIPROC_DIR": metrics_dir})
     base = f"http://127.0.0.1:{port}"

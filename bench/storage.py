@@ -80,7 +80,7 @@ def packed(engine: Engine) -> dict[str, float]:
             conn.exec_driver_sql(f"ALTER TABLE packed_copy ADD PRIMARY KEY ({key})")
             if table == "receipts":
                 conn.exec_driver_sql(
-                    "CREATE INDEX ON packed_copy USING brin (accepted_at);"
+                    "CREATE INDEX ON packed_copy (accepted_at);"
                     "CREATE INDEX ON packed_copy (state, accepted_at) WHERE state <> 1")
             conn.exec_driver_sql("ANALYZE packed_copy")
             out[table] = sizes_in(conn, "packed_copy")["total_per_row"]

@@ -15,6 +15,7 @@ import os
 import sqlite3
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
 from flask import Flask, request
 
@@ -62,14 +63,22 @@ def claim(event_id: str, event_type: str, body: bytes) -> bool:
     return new
 
 
+def verified_event_id(body: bytes, headers: Any) -> str | None:
+    """Return the event id when the request's one Standard Webhooks HMAC holds, else None."""
+    event_id = headers.get("webhook-id", "")
+    signed = f"{event_id}.{headers.get('webhook-timestamp', '')}.".encode() + body
+    expected = "v1," + base64.b64encode(hmac.digest(KEY, signed, "sha256")).decode()
+    if not hmac.compare_digest(expected, headers.get("webhook-signature", "")):
+        return None
+    return str(event_id)
+
+
 @app.post("/hooks/<public_id>")
 def receive(public_id: str):  # type: ignore[no-untyped-def]
     """Authenticate, claim, answer."""
     body = request.get_data()
-    event_id = request.headers.get("webhook-id", "")
-    signed = f"{event_id}.{request.headers.get('webhook-timestamp', '')}.".encode() + body
-    expected = "v1," + base64.b64encode(hmac.digest(KEY, signed, "sha256")).decode()
-    if not hmac.compare_digest(expected, request.headers.get("webhook-signature", "")):
+    event_id = verified_event_id(body, request.headers)
+    if event_id is None:
         return {"error": "unauthenticated"}, 401
     event_type = json.loads(body)["type"]
     if claim(event_id, event_type, body):

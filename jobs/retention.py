@@ -465,9 +465,9 @@ def _expired_span(conn: Connection, table: str, expired: str, params: dict[str, 
 
     When the first and the last window both hold some (a purge of most of the
     table), that is the whole table, found without reading it. Otherwise (the
-    hourly purge of an hour's receipts) min/max(ctid) reads only the block
-    ranges the BRIN index on the time column gives, instead of a walk over days
-    of rows that stay.
+    hourly purge of an hour's receipts) min/max(ctid) reads only the expired
+    rows, found through the index on the time column (a btree on receipts, a BRIN
+    on attempts), instead of a walk over days of rows that stay.
     """
     def any_in(lo: int, hi: int) -> bool:
         return bool(conn.execute(text(

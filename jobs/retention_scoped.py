@@ -23,8 +23,8 @@ from sqlalchemy import Connection, bindparam, text
 from ledger.db.schema import UTCDateTime
 from ledger.worker.failure_groups import forget_members
 
-# Scopes with finished receipts accepted before the cutoff. The BRIN index on
-# accepted_at gives each shard the block ranges to read.
+# Scopes with finished receipts accepted before the cutoff. The btree on
+# accepted_at gives each shard the expired rows to read.
 _EXPIRED_SCOPES = text("""
 SELECT DISTINCT scope_id FROM receipts
 WHERE accepted_at < :cutoff AND state IN (1, 2)

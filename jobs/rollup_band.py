@@ -80,6 +80,20 @@ def write_mark(conn: Connection, name: str, band: Band, now: datetime,
                                              recounted_at=recounted_at))
 
 
+def mark_to_step(conn: Connection, name: str, band: Band, now: datetime, *,
+                 full: bool = False) -> Mark | None:
+    """Lock the rollup `name` and return the mark this run steps from to `band`.
+
+    None means count in full: asked to, no mark yet, or the stored band cannot be
+    moved to `band` exactly (`can_step`).
+    """
+    lock_mark(conn, name)
+    mark = read_mark(conn, name)
+    if full or mark is None or not can_step(mark, band, now):
+        return None
+    return mark
+
+
 def can_step(mark: Mark, band: Band, now: datetime) -> bool:
     """Return whether the stored band can be moved forward to `band` exactly."""
     since_run = now - mark.counted_at

@@ -30,13 +30,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from jobs.rollup_band import (
     HOUR,
-    can_step,
     hour_index,
     hour_of,
     hour_spans,
     index_of,
-    lock_mark,
-    read_mark,
+    mark_to_step,
     settled_band,
     write_mark,
 )
@@ -76,10 +74,9 @@ def refresh_delivery_hours(conn: Connection, now: datetime, *,
                            full: bool = False) -> DeliveryHoursRun:
     """Add the delivery log rows that settled since the last run (all of them if `full`)."""
     band = settled_band(now, log_seconds, lag_seconds=DELIVERY_SETTLE_SECONDS)
-    lock_mark(conn, DELIVERY_HOURS_MARK)
-    mark = read_mark(conn, DELIVERY_HOURS_MARK)
+    mark = mark_to_step(conn, DELIVERY_HOURS_MARK, band, now, full=full)
     window = window_start(now)
-    if full or mark is None or not can_step(mark, band, now):
+    if mark is None:
         # The hours no purge can have reached, never before the window.
         since = max(window, _next_hour(band.start))
         for table in (hourly_refusals, hourly_latency):

@@ -24,14 +24,12 @@ from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select,
 
 from jobs.rollup_band import (
     Band,
-    can_step,
     flag,
     hour_index,
     hour_of,
     hour_spans,
     index_of,
-    lock_mark,
-    read_mark,
+    mark_to_step,
     settled_band,
     write_mark,
 )
@@ -68,11 +66,10 @@ def refresh_hourly_series(conn: Connection, now: datetime, *,
                           full: bool = False) -> SeriesRun:
     """Bring hourly_series up to `now`, counting only what changed unless `full`."""
     band = settled_band(now, retention_seconds)
-    lock_mark(conn, SERIES_MARK)
-    mark = read_mark(conn, SERIES_MARK)
+    mark = mark_to_step(conn, SERIES_MARK, band, now, full=full)
     window = window_start(now)
     start = _settled_from(band, window)
-    if full or mark is None or not can_step(mark, band, now):
+    if mark is None:
         stored = _stored(conn, window, None)
         counted, read = _count_window(conn, window, start, band.end)
         new = {cell: (0, 0) for cell in stored} | counted  # what is gone counts zero

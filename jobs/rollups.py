@@ -36,10 +36,8 @@ from jobs.rollup_band import (
     PURGE_MARGIN_SECONDS,
     SETTLE_LAG_SECONDS,
     Band,
-    can_step,
     flag,
-    lock_mark,
-    read_mark,
+    mark_to_step,
     settled_band,
     write_mark,
 )
@@ -98,9 +96,9 @@ def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *
                     full: bool = False) -> tuple[dict[int, int], int, bool]:
     """Return ({scope_id: receipts}, receipts read, full?) and move the settled band."""
     band = settled_band(now, retention_seconds)
-    lock_mark(conn, ROLLUP_MARK)  # a CLI refresh racing the scheduled run: one delta twice
-    mark = read_mark(conn, ROLLUP_MARK)
-    if full or mark is None or not can_step(mark, band, now):
+    # Locked: a CLI refresh racing the scheduled run would apply one delta twice.
+    mark = mark_to_step(conn, ROLLUP_MARK, band, now, full=full)
+    if mark is None:
         totals, settled, read = _count_all(conn, band)
         conn.execute(delete(scope_totals))
         _write_settled(conn, settled)

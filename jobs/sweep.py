@@ -9,7 +9,10 @@ Kinds of finding (subject `"<account>/<integration>:<event_id>"`):
 - `job_without_receipt`: a job whose receipt is gone (integrity).
 - `job_of_complete_receipt`: a job still queued for a receipt already complete.
 A finding no longer true is resolved (resolved_at); one that comes back reopens.
-The sweep also marks scheduler runs whose holder died (their lease ran out) abandoned.
+The sweep also marks scheduler runs whose holder died (their lease ran out) abandoned,
+and corrects the stored failure groups (ledger.worker.failure_groups) a bounded step at
+a time: each run checks the next MEMBERS_PER_RUN members and SIGNATURES_PER_RUN group
+texts after where the last run stopped (`sweep_marks`), wrapping at the end.
 """
 
 from __future__ import annotations
@@ -23,21 +26,54 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.clock import Clock
 from ledger.config import Settings
-from ledger.db.schema import findings, integrations, jobs, receipts
+from ledger.db.schema import findings, integrations, jobs, receipts, sweep_marks
 from ledger.domain import JobStatus, ReceiptState
 from ledger.scheduling.runs import ABANDONED_RUN_GRACE_SECONDS, mark_abandoned_runs
+from ledger.worker.failure_groups import sweep_members, sweep_signatures
 
 KINDS = ("lease_expired", "overdue", "pending_without_job", "job_without_receipt",
          "job_of_complete_receipt")
 # A backlog of a million stuck jobs needs one alert, not a million rows.
 MAX_FINDINGS_PER_KIND = 1000
+# At one run a minute: 300,000 failure members an hour, every group text every few minutes.
+MEMBERS_PER_RUN = 5000
+SIGNATURES_PER_RUN = 1000
 
 Found = dict[tuple[str, str], dict[str, Any]]
 
 
 def run(engine: Engine, settings: Settings, clock: Clock) -> int:
     """Scheduled entry point: sweep and return the rows written."""
-    return sweep(engine, settings, clock)
+    return sweep(engine, settings, clock) + sweep_failure_groups(engine, clock)
+
+
+def sweep_failure_groups(engine: Engine, clock: Clock, *, members: int = MEMBERS_PER_RUN,
+                         signatures: int = SIGNATURES_PER_RUN) -> int:
+    """Take members whose receipt left behind the requeue and purge out of their groups,
+    then drop texts of groups left empty; one bounded step. Return the rows removed."""
+    now = clock.now()
+    with engine.begin() as conn:
+        after = _mark(conn, "failure_members")
+        member_at, dropped = sweep_members(conn, tuple(after) if after else None, members)
+        _set_mark(conn, "failure_members", member_at, now)
+        text_at, gone = sweep_signatures(conn, _mark(conn, "failure_signatures"), signatures)
+        _set_mark(conn, "failure_signatures", text_at, now)
+    return dropped + gone
+
+
+def _mark(conn: Connection, name: str) -> Any:
+    """Return where the sweep `name` stopped (None: at the start)."""
+    position = conn.execute(select(sweep_marks.c.position)
+                            .where(sweep_marks.c.name == name)).scalar()
+    return None if position is None else json.loads(position)
+
+
+def _set_mark(conn: Connection, name: str, position: Any, now: datetime) -> None:
+    """Record where the sweep `name` goes on next time (None: back to the start)."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    values = {"position": json.dumps(position), "swept_at": now}
+    conn.execute(dialect.insert(sweep_marks).values(name=name, **values)
+                 .on_conflict_do_update(index_elements=["name"], set_=values))
 
 
 def sweep(engine: Engine, settings: Settings, clock: Clock, *,

@@ -55,9 +55,9 @@ def _include_object_on(dialect: str) -> Callable[..., bool]:
     """Return an include_object hook that leaves out the other database's indexes.
 
     Autogenerate ignores `ddl_if`: without this hook it would ask for the
-    PostgreSQL BRIN indexes on SQLite and for their SQLite stand-in on
-    PostgreSQL. Reflected objects are always compared, so an index that a
-    database has and these tables lack still shows as drift.
+    PostgreSQL BRIN index (attempts.started_at) on SQLite. Reflected objects
+    are always compared, so an index that a database has and these tables lack
+    still shows as drift.
     """
     def include_object(obj: Any, _name: str | None, type_: str, reflected: bool,
                        _compare_to: Any) -> bool:
@@ -144,12 +144,13 @@ receipts = Table(
     Column("body_sha256", LargeBinary(32), nullable=False),
     Column("result_ref", Text),
 )
-# Receipts arrive in time order, so on PostgreSQL a BRIN index finds purge and
-# time-window candidates for a few bytes per thousand rows (a btree costs ~22 B/row);
-# SQLite has no BRIN and gets a btree.
-only_on("postgresql", Index("ix_receipts_accepted_brin", receipts.c.accepted_at,
-                            postgresql_using="brin"))
-only_on("sqlite", Index("ix_receipts_accepted", receipts.c.accepted_at))
+# A btree on accepted_at serves the newest-first lists (a backward scan; the rare ties
+# are put in (scope_id, event_id) order by an incremental sort), time windows, the
+# purge and the rollups' bands. It was a BRIN on PostgreSQL until 0012: once new
+# receipts land in the free space of old pages (after VACUUM, after every retention
+# purge) a BRIN range spans old to new and a one-hour window reads the whole table.
+# It costs ~22 B per receipt (bench/README.md, "The newest-first lists").
+Index("ix_receipts_accepted", receipts.c.accepted_at)
 # Only unfinished receipts (pending, failed) are indexed by state: complete ones,
 # the vast majority, cost nothing here.
 Index("ix_receipts_open", receipts.c.state, receipts.c.accepted_at,
@@ -391,6 +392,17 @@ rollup_marks = Table(
 )
 
 SERIES_MARK = "hourly_series"  # the rollup_marks row of jobs/rollup_series.py
+
+# Where a bounded sweep stopped (jobs/sweep.py): each run reads its next batch of keys
+# after `position` (JSON) and wraps to the start at the end of the table.
+sweep_marks = Table(
+    "sweep_marks",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("position", Text, nullable=False),
+    Column("swept_at", UTCDateTime, nullable=False),
+)
+
 hourly_series = Table(
     "hourly_series",
     metadata,

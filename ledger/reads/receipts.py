@@ -22,7 +22,7 @@ DEFAULT_LIMIT = 50
 DISPLAY_MAX_DEPTH = 128
 MAX_LIMIT = 200
 # Time windows start small and grow: the first page of a busy ledger reads one
-# minute of receipts through the BRIN index, a quiet one widens until it fills.
+# minute of receipts through the btree on accepted_at, a quiet one widens until it fills.
 FIRST_WINDOW = timedelta(seconds=60)
 WINDOW_GROWTH = 4
 MAX_WINDOWS = 16
@@ -99,7 +99,7 @@ def open_receipts_stmt(f: ReceiptFilter, key: tuple[datetime, int, str] | None,
 
 def window_stmt(f: ReceiptFilter, key: tuple[datetime, int, str] | None, lo: datetime,
                 hi: datetime, limit: int) -> Select[Any]:
-    """Receipts in [lo, hi) newest first: the BRIN (PostgreSQL) or btree index on accepted_at."""
+    """Receipts in [lo, hi) newest first: the btree on accepted_at, read backwards."""
     terms = [*filter_terms(f), receipts.c.accepted_at >= lo, receipts.c.accepted_at < hi]
     if key:
         terms += before_key(key)

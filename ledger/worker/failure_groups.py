@@ -14,6 +14,12 @@ in `failure_signatures`, and one more failure in the (group, scope) counter of
 retention purge take the member out and subtract it in their own transactions, so
 the counters are always the failures that are failed now, however many there are,
 and the failures page reads counters instead of the failures themselves.
+
+A receipt can still leave by another path (deleted by hand, a repair, a state
+changed outside the worker); the scheduled sweep (jobs/sweep.py) walks the members
+in key order, a bounded batch per run, takes out those whose receipt is gone or no
+longer failed, and deletes the texts of groups left without a member, unless an
+operator acknowledged or muted the group (its note is audited state and stays).
 """
 
 from __future__ import annotations
@@ -24,11 +30,30 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, delete, func, select, tuple_, update
+from sqlalchemy import (
+    Connection,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ledger.db.schema import failure_group_scopes, failure_members, failure_signatures
+from ledger.db.schema import (
+    attempts,
+    failure_group_scopes,
+    failure_groups,
+    failure_members,
+    failure_signatures,
+    receipts,
+)
+from ledger.domain import ReceiptState
 
 SIGNATURE_LIMIT = 300
 EXAMPLE_LIMIT = 500  # one full error kept per group, as its example
@@ -158,3 +183,85 @@ def rebuild_counters(conn: Connection) -> None:
         select(_m.group_id, _m.scope_id, func.count(), func.min(_m.failed_at),
                func.max(_m.failed_at)).group_by(_m.group_id, _m.scope_id)))
 
+
+
+_r, _s = receipts.c, failure_signatures.c
+_FAILED = ReceiptState.FAILED.code
+# The member's receipt is still there and still failed (correlated to the member row).
+_still_failed = (select(_r.scope_id).where(_r.scope_id == _m.scope_id,
+                                           _r.event_id == _m.event_id, _r.state == _FAILED)
+                 .exists())
+_has_member = select(_m.group_id).where(_m.group_id == _s.id).exists()  # the group index
+_reviewed = select(failure_groups.c.id).where(failure_groups.c.id == _s.id).exists()
+
+
+def sweep_members(conn: Connection, after: tuple[int, str] | None, limit: int
+                  ) -> tuple[tuple[int, str] | None, int]:
+    """Check the next `limit` members after `after` (key order); return where to go on
+    (None: the end was reached) and how many left their group.
+
+    A member whose receipt is gone or no longer failed leaves its group (its counter
+    shrinks); a failed one whose group lost its text gets it back from the receipt.
+    """
+    stmt = (select(_m.scope_id, _m.event_id, _m.group_id, _m.failed_at, _r.state,
+                   _r.event_type, _s.id.label("text_id"))
+            .select_from(failure_members
+                         .outerjoin(receipts, and_(_r.scope_id == _m.scope_id,
+                                                   _r.event_id == _m.event_id))
+                         .outerjoin(failure_signatures, _s.id == _m.group_id))
+            .order_by(_m.scope_id, _m.event_id).limit(limit))
+    if after is not None:
+        stmt = stmt.where(tuple_(_m.scope_id, _m.event_id) > tuple_(*after))
+    rows = conn.execute(stmt).all()
+    removed: list[tuple[str, int]] = []
+    stale = [(r.scope_id, r.event_id) for r in rows if r.state != _FAILED]
+    for start in range(0, len(stale), _REMOVE_CHUNK):
+        # Rechecked in the DELETE: a receipt failed again since the read stays counted.
+        removed += [(r.group_id, r.scope_id) for r in conn.execute(
+            delete(failure_members)
+            .where(tuple_(_m.scope_id, _m.event_id).in_(stale[start:start + _REMOVE_CHUNK]),
+                   ~_still_failed)
+            .returning(_m.group_id, _m.scope_id))]
+    forget_members(conn, removed)
+    for row in rows:
+        if row.state == _FAILED and row.text_id is None:
+            _restore_text(conn, row)
+    last = (rows[-1].scope_id, rows[-1].event_id) if len(rows) == limit else None
+    return last, len(removed)
+
+
+def _restore_text(conn: Connection, member: Any) -> None:
+    """Write a group's text again from a member's last error (if it still names that group).
+
+    The signature sweep below may delete a group's text at the moment a worker, having
+    found it, counts a new member: this puts it back on the members' next pass.
+    """
+    error = conn.execute(
+        select(attempts.c.error)
+        .where(attempts.c.scope_id == member.scope_id, attempts.c.event_id == member.event_id,
+               attempts.c.error.is_not(None))
+        .order_by(attempts.c.number.desc(), attempts.c.id.desc()).limit(1)).scalar()
+    signature = error_signature(error)
+    if group_id(member.event_type, signature) != member.group_id:
+        return
+    conn.execute(_dialect(conn)(failure_signatures).values(
+        id=member.group_id, event_type=member.event_type, signature=signature,
+        example=(error or "")[:EXAMPLE_LIMIT] or None, first_seen=member.failed_at)
+        .on_conflict_do_nothing(index_elements=["id"]))
+
+
+def sweep_signatures(conn: Connection, after: str | None, limit: int
+                     ) -> tuple[str | None, int]:
+    """Check the next `limit` group texts after `after`; delete those with no member left
+    whose group no operator acknowledged or muted. Return where to go on and how many went."""
+    stmt = (select(_s.id, _has_member.label("used"), _reviewed.label("reviewed"))
+            .order_by(_s.id).limit(limit))
+    if after is not None:
+        stmt = stmt.where(_s.id > after)
+    rows = conn.execute(stmt).all()
+    orphans = [r.id for r in rows if not r.used and not r.reviewed]
+    gone = 0
+    if orphans:
+        gone = conn.execute(delete(failure_signatures)
+                            .where(_s.id.in_(orphans), ~_has_member, ~_reviewed)).rowcount
+    return (rows[-1].id if len(rows) == limit else None), gone

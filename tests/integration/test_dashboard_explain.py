@@ -84,12 +84,12 @@ def test_failed_and_pending_lists_use_the_partial_index(big_ledger: Engine) -> N
             _no_receipts_seq_scan(plan)
 
 
-def test_time_windows_use_the_brin_index(big_ledger: Engine) -> None:
+def test_time_windows_use_the_accepted_at_index(big_ledger: Engine) -> None:
     lo, hi = NOW - timedelta(hours=1), NOW
     for f in (ReceiptFilter(), ReceiptFilter(state=ReceiptState.COMPLETE, scope_id=3),
               ReceiptFilter(event_type="demo.credit")):
         plan = _plan(big_ledger, window_stmt(f, None, lo, hi, 51))
-        assert "ix_receipts_accepted_brin" in plan, plan
+        assert "ix_receipts_accepted" in plan, plan
         _no_receipts_seq_scan(plan)
 
 
@@ -142,9 +142,12 @@ def test_an_account_filter_and_the_failure_groups_stay_on_indexes(big_ledger: En
                                                [3, 4], None, 51))):
         _no_receipts_seq_scan(plan)
     # A time window's groups: the window's newest failures through the partial index,
-    # joined to their stored groups (by key or, this table being small, by hash).
+    # joined to their stored groups (by key or, this table being small, by hash). A week:
+    # over three days of this small ledger the btree on accepted_at is as cheap (4,300
+    # rows, 94 buffers against 70) and the planner may take it; over a week it would
+    # read every receipt of the window, and the partial index wins.
     with big_ledger.connect() as conn:
-        stmt = window_groups_stmt(conn, ReceiptFilter(since=NOW - timedelta(days=3)), 5001)
+        stmt = window_groups_stmt(conn, ReceiptFilter(since=NOW - timedelta(days=7)), 5001)
     plan = _plan(big_ledger, stmt)
     assert "ix_receipts_open" in plan, plan
     _no_receipts_seq_scan(plan)

@@ -6,12 +6,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from jobs.rollup_deliveries import settled_rows_stmt
-from ledger.config import Settings
-from ledger.db.engine import make_engine
 from ledger.reads.deliveries import DeliveryFilter, deliveries_stmt, event_deliveries_stmt
+from tests.integration.pg_filled import filled_pg_ledger
 from tests.integration.test_dashboard_explain import _plan
 
 pytestmark = pytest.mark.postgres_only
@@ -24,29 +23,19 @@ KEY = "key_" + "0" * 21 + "7"
 @pytest.fixture(scope="module")
 def big_log(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Any:
     """A PostgreSQL delivery log of 100k rows over 50 integrations and 500 keys, analysed."""
-    from tests.conftest import _pg_database
+    yield from filled_pg_ledger(request, tmp_path_factory.mktemp("dlog"), _fill_log)
 
-    admin = request.getfixturevalue("pg_admin_url")
-    template = request.getfixturevalue("pg_template")
-    if admin is None or template is None:
-        pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
-    for url in _pg_database(admin, template):
-        # The load is one 100k-row statement: on a busy shared machine it can take over 5 s.
-        engine = make_engine(Settings(database_url=url, var_dir=tmp_path_factory.mktemp("x"),
-                                      statement_timeout_ms=120_000))
-        with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO deliveries (at, integration_id, public_id, outcome, http_status,"
-                " key_id, event_id, client, reason, count)"
-                " SELECT :now - make_interval(secs => :n - g), 1 + g % 50, NULL,"
-                " CASE WHEN g % 10 = 0 THEN 'unauthenticated' ELSE 'accepted' END,"
-                " CASE WHEN g % 10 = 0 THEN 401 ELSE 202 END,"
-                " 'key_' || lpad((g % 500)::text, 22, '0'), 'evt_' || g, '10.0.0.1', NULL, 1"
-                " FROM generate_series(1, :n) g"), {"now": NOW, "n": ROWS})
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("ANALYZE deliveries"))
-        yield engine
-        engine.dispose()
+
+def _fill_log(conn: Connection) -> None:
+    """100k deliveries a second apart, a tenth of them refused, over 50 integrations."""
+    conn.execute(text(
+        "INSERT INTO deliveries (at, integration_id, public_id, outcome, http_status,"
+        " key_id, event_id, client, reason, count)"
+        " SELECT :now - make_interval(secs => :n - g), 1 + g % 50, NULL,"
+        " CASE WHEN g % 10 = 0 THEN 'unauthenticated' ELSE 'accepted' END,"
+        " CASE WHEN g % 10 = 0 THEN 401 ELSE 202 END,"
+        " 'key_' || lpad((g % 500)::text, 22, '0'), 'evt_' || g, '10.0.0.1', NULL, 1"
+        " FROM generate_series(1, :n) g"), {"now": NOW, "n": ROWS})
 
 
 def _uses_index(plan: str, index: str) -> None:
