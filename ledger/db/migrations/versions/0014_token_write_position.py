@@ -2,8 +2,8 @@
 read after its own write is not served by a replica that has not replayed it yet
 (README "A read replica").
 
-Revision ID: 0012_token_write_position
-Revises: 0011_health_rollups
+Revision ID: 0014_token_write_position
+Revises: 0013_sweep_marks
 Create Date: 2026-12-01
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012_token_write_position"
-down_revision = "0011_health_rollups"
+revision = "0014_token_write_position"
+down_revision = "0013_sweep_marks"
 branch_labels = None
 depends_on = None
 
