@@ -46,12 +46,14 @@ EXPLANATIONS = (
     ("rollups daily repair", "the daily repair recounts every receipt of the 7-day series"
      " window and every scope's totals: it reads the table, once a day (bench/README.md,"
      " \"Flat costs at scale\")"),
-    ("rollups scheduled", "the open set (pending + failed) is read in full each run"
-     " (\"Flat costs at scale\")"),
+    ("rollups scheduled", "the open set (pending + failed) is read in full each run, and the"
+     " series rereads the hours that changed (bench/README.md, \"A complete 10M run\")"),
     ("dashboard receipts_prefix", "a prefix list across scopes reads each scope's range of the"
      " primary key in order and stops at the page; a prefix matching little probes every"
      " scope once: grows with scopes, not receipts (\"Flat costs at scale\")"),
-    ("purge us per receipt", "see bench/README.md, \"Flat costs at scale\""),
+    ("purge us per receipt", "the receipts pass is flat; the attempts pass probes the primary"
+     " key once per non-complete attempt when the pending set outgrows work_mem, in an index"
+     " larger than shared_buffers at 10M (bench/README.md, \"A complete 10M run\")"),
     ("intake accepted/s during", "the purge's CPU comes out of the intake's"
      " (bench/README.md, \"Retention purge\")"),
     ("intake", "CPU-bound on 2 cores shared with wrk and PostgreSQL; foreign load moves"
