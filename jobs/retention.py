@@ -159,8 +159,8 @@ FROM pg_class c WHERE c.oid = CAST(:table AS regclass)
 # part (a page holds at most ~90 receipts or attempts) in one transaction.
 DEFAULT_ROWS_PER_PAGE = 50
 MIN_ROWS_PER_PAGE = 30
-# Attempts rows are never locked by the intake, and each attempts batch rebuilds
-# the pending receipts' keys once, so its windows are larger.
+# Attempts rows are never locked by the intake, and an attempts batch may hash the
+# pending receipts' keys once (when they fit in work_mem), so its windows are larger.
 ATTEMPTS_WINDOW_FACTOR = 4
 
 _SQLITE_BATCH = text("""
