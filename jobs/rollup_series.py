@@ -8,7 +8,9 @@ that entered or left the band since the last run and the edges, and reads the
 stored cells of the hours those touch only. Failed (by the time they failed; a
 requeue lowers a closed hour) is counted each run from the failed receipts (the
 partial index ix_receipts_open) and compared with the stored failed cells (the
-partial index ix_hourly_series_failed). Only cells whose figures changed are
+partial index ix_hourly_series_failed) inside the database, which returns only the
+cells that differ (at 10M receipts, 100,000 failed ones, reading every failed cell
+into Python took 1.6 of the run's 2 s). Only cells whose figures changed are
 written, and hours older than the window are dropped. The first run, a pause
 longer than the purge margin, a changed retention and a day since the last
 recount count the whole window again (`full=True` does it on demand: the repair).
@@ -20,7 +22,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select, tuple_
+from sqlalchemy import (
+    Connection,
+    Integer,
+    bindparam,
+    cast,
+    delete,
+    func,
+    insert,
+    literal,
+    null,
+    or_,
+    select,
+    tuple_,
+    union_all,
+)
 
 from jobs.rollup_band import (
     Band,
@@ -80,7 +96,7 @@ def refresh_hourly_series(conn: Connection, now: datetime, *,
         new, read = _step(conn, stored, window, Band(start=prev_start, end=mark.band.end),
                           Band(start=start, end=band.end))
         recounted_at = mark.recounted_at
-    failed, failed_read = _failed_cells(conn, window)
+    failed, failed_read = _failed_changes(conn, window)
     stored |= _stored_cells(conn, [c for c in failed if c not in stored and c not in new])
     written = _write_changed(conn, stored, new, failed, now)
     conn.execute(delete(hourly_series).where(hourly_series.c.hour < window))
@@ -96,13 +112,12 @@ def _figures(rows: Any) -> dict[Cell, Figures]:
 
 def _stored(conn: Connection, window: datetime,
             edges: tuple[datetime, datetime] | None) -> dict[Cell, Figures]:
-    """Return the window's stored cells: all, or the edges' hours' and the failed ones."""
+    """Return the window's stored cells: all, or those of the edges' hours."""
     query = select(hourly_series).where(hourly_series.c.hour >= window)
     if edges is not None:
         old_until, new_from = edges
         query = query.where(or_(hourly_series.c.hour < old_until,
-                                hourly_series.c.hour >= hour_of(index_of(new_from)),
-                                hourly_series.c.failed > 0))
+                                hourly_series.c.hour >= hour_of(index_of(new_from))))
     return _figures(conn.execute(query))
 
 
@@ -161,26 +176,54 @@ def _step(conn: Connection, stored: dict[Cell, Figures], window: datetime, prev:
     return {cell: (s + fresh.get(cell, 0), s) for cell, s in settled.items()}, read
 
 
-def _failed_cells(conn: Connection, window: datetime) -> tuple[dict[Cell, int], int]:
-    """Count failed receipts per scope and the hour they failed, within the window."""
+def _failed_changes(conn: Connection, window: datetime) -> tuple[dict[Cell, int], int]:
+    """Return {cell: failed receipts now} for the window's cells whose stored failed figure
+    differs (0 where none are left), and how many failed receipts were read.
+
+    Failed receipts are counted per scope and the hour they failed and compared with the
+    stored cells that have failures, in one statement: only the differences come back.
+    """
     failed_at = func.coalesce(receipts.c.completed_at, receipts.c.accepted_at)
     hour = hour_index(conn, failed_at)
-    cells = {(scope_id, int(h)): int(n) for scope_id, h, n in conn.execute(
-        select(receipts.c.scope_id, hour, func.count())
-        .where(receipts.c.state == ReceiptState.FAILED.code, failed_at >= window)
-        .group_by(receipts.c.scope_id, hour))}
-    return cells, sum(cells.values())
+    counted = (select(receipts.c.scope_id.label("scope_id"), hour.label("h"),
+                      func.count().label("n"))
+               .where(receipts.c.state == ReceiptState.FAILED.code, failed_at >= window)
+               .group_by(receipts.c.scope_id, hour).cte("counted"))
+    stored = (select(hourly_series.c.scope_id.label("scope_id"),
+                     hour_index(conn, hourly_series.c.hour).label("h"),
+                     hourly_series.c.failed.label("failed"))
+              .where(hourly_series.c.hour >= window, hourly_series.c.failed > 0)
+              .cte("stored_failed"))
+    same_cell = (stored.c.scope_id == counted.c.scope_id) & (stored.c.h == counted.c.h)
+    differ = (select(counted.c.scope_id, counted.c.h, counted.c.n)
+              .select_from(counted.outerjoin(stored, same_cell))
+              .where(or_(stored.c.failed.is_(None), stored.c.failed != counted.c.n)))
+    gone = (select(stored.c.scope_id, stored.c.h, literal(0, Integer))
+            .select_from(stored.outerjoin(counted, same_cell)).where(counted.c.n.is_(None)))
+    read = select(cast(null(), Integer), cast(null(), Integer),
+                  cast(func.coalesce(func.sum(counted.c.n), 0), Integer))
+    changes: dict[Cell, int] = {}
+    total = 0
+    for scope_id, h, n in conn.execute(union_all(differ, gone, read)):
+        if scope_id is None:
+            total = int(n)
+        else:
+            changes[(int(scope_id), int(h))] = int(n)
+    return changes, total
 
 
 def _write_changed(conn: Connection, stored: dict[Cell, Figures],
                    new: dict[Cell, tuple[int, int]], failed: dict[Cell, int],
                    now: datetime) -> int:
-    """Write the cells whose figures changed (delete the emptied ones); return how many."""
+    """Write the cells whose figures changed (delete the emptied ones); return how many.
+
+    `failed` holds only the cells whose failed figure changed; the others keep theirs.
+    """
     changed: dict[Cell, Figures] = {}
     for cell in stored.keys() | new.keys() | failed.keys():
         old = stored.get(cell, (0, 0, 0))
         accepted, settled = new.get(cell, (old[0], old[2]))
-        figures = (accepted, failed.get(cell, 0), settled)
+        figures = (accepted, failed.get(cell, old[1]), settled)
         if figures != old:
             changed[cell] = figures
     stale = [{"s": s, "h": hour_of(h)} for s, h in changed if (s, h) in stored]
