@@ -14,7 +14,6 @@ One load serves three measures, in this order (the purge destroys the data):
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import time
 from contextlib import suppress
@@ -37,7 +36,7 @@ from ledger.access.secrets_box import load_box
 from ledger.clock import SystemClock
 from ledger.services import ledger_engine
 
-PASSWORD = "bench admin password"
+PASSWORD = benv.PASSWORD
 
 
 def load(e: benv.BenchEnv, receipts: int, scopes: int) -> tuple[str, Any]:
@@ -80,11 +79,7 @@ def dashboard(e: benv.BenchEnv, url: str, made: Any, rounds: int) -> dict[str, A
 
     app = create_app(e.app_env(url))
     try:
-        client = app.test_client()
-        form = client.get("/login").get_data(as_text=True)
-        token = re.search(r'name="csrf_token" value="([^"]+)"', form)
-        client.post("/login", data={"username": "bench", "password": PASSWORD,
-                                    "csrf_token": token.group(1) if token else ""})
+        client = benv.logged_in_client(app)
         scope_id, event_id = made.samples[next(iter(made.samples))]
         public_id = next(s.public_id for s in made.scopes if s.id == scope_id)
         return {name: _time(client, path, rounds, {})

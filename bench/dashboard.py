@@ -12,7 +12,6 @@ line and appends it to bench/results/dashboard.jsonl.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import tempfile
 import time
@@ -23,7 +22,7 @@ from typing import Any
 from sqlalchemy import text
 
 from bench.datagen import DataSpec, generate
-from bench.env import BenchEnv
+from bench.env import PASSWORD, BenchEnv, logged_in_client
 from bench.report import percentile, record
 from ledger.access import audit
 from ledger.access.operators import create_operator
@@ -32,7 +31,6 @@ from ledger.clock import SystemClock
 from ledger.services import ledger_engine
 
 RESULTS = Path(__file__).parent / "results" / "dashboard.jsonl"
-PASSWORD = "bench admin password"
 
 
 def _pages(sample_scope: str, public_id: str, event_id: str) -> list[tuple[str, str]]:
@@ -100,11 +98,7 @@ def run(receipts: int, scopes: int, rounds: int) -> dict[str, Any]:
         url, generated = _load(env, receipts, scopes)
         load_s = round(time.perf_counter() - started, 1)
         app = create_app(env.app_env(url))
-        client = app.test_client()
-        token = re.search(r'name="csrf_token" value="([^"]+)"',
-                          client.get("/login").get_data(as_text=True)).group(1)  # type: ignore[union-attr]
-        client.post("/login", data={"username": "bench", "password": PASSWORD,
-                                    "csrf_token": token})
+        client = logged_in_client(app)
         scope = generated.scopes[0]
         scope_id, event_id = generated.samples[next(iter(generated.samples))]
         public_id = next(s.public_id for s in generated.scopes if s.id == scope_id)

@@ -19,7 +19,6 @@ and appends it to bench/results/dlog_scale.jsonl.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import tempfile
 import time
@@ -31,7 +30,7 @@ from urllib.parse import quote
 from sqlalchemy import Engine, select, text
 
 from bench.datagen import create_scopes
-from bench.env import BenchEnv
+from bench.env import PASSWORD, BenchEnv, logged_in_client
 from bench.report import percentile, record
 from jobs import rollup_deliveries
 from ledger.access import audit
@@ -42,7 +41,6 @@ from ledger.reads.deliveries import DeliveryFilter, deliveries_stmt
 from ledger.services import ledger_engine
 
 RESULTS = Path(__file__).parent / "results" / "dlog_scale.jsonl"
-PASSWORD = "bench admin password"
 BATCH = 1_000_000
 SPAN = timedelta(days=14)
 INDEXES = tuple(sorted(str(index.name) for index in deliveries.indexes))
@@ -72,7 +70,7 @@ FROM (
               WHEN u < 0.09 THEN 'invalid_event' WHEN u < 0.095 THEN 'conflict'
               WHEN u < 0.099 THEN 'body_too_large' WHEN u < 0.1 THEN 'unknown_integration'
               ELSE 'accepted' END AS outcome
-  FROM (SELECT g, random() AS u FROM generate_series(:lo, :hi) g) r
+  FROM (SELECT g, random() AS u FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) g) r
 ) s
 """
 
@@ -212,11 +210,7 @@ def run(rows: int, integrations: int, rounds: int) -> dict[str, Any]:
         rollup = _rollup(engine, made)
         engine.dispose()
         app = create_app(env.app_env(url) | {"LEDGER_LOG_LEVEL": "WARNING"})
-        client = app.test_client()
-        token = re.search(r'name="csrf_token" value="([^"]+)"',
-                          client.get("/login").get_data(as_text=True)).group(1)  # type: ignore[union-attr]
-        client.post("/login", data={"username": "bench", "password": PASSWORD,
-                                    "csrf_token": token})
+        client = logged_in_client(app)
         pages = _pages(client, made, rounds)
         app.extensions["ledger"].close()
         worst = max(pages.values(), key=lambda p: p["p95_ms"])

@@ -7,6 +7,7 @@ LEDGER_BENCH_PG_URL (default 127.0.0.1:5432); nothing else is touched.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 from cryptography.fernet import Fernet
@@ -36,6 +38,17 @@ PG_ADMIN_URL = os.environ.get("LEDGER_BENCH_PG_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 SECRET = "whsec_" + "YmVuY2gtc2VjcmV0LWtleS1mb3ItcmVwbGF5LWxlZGdlcg=="
 TOLERANCE = 86400  # pre-signed requests stay fresh for the whole run
+PASSWORD = "bench admin password"  # of the `bench` admin the page benches create
+_CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def logged_in_client(app: Any) -> Any:
+    """Return a test client of `app` signed in as the page benches' `bench` admin."""
+    client = app.test_client()
+    token = _CSRF.search(client.get("/login").get_data(as_text=True))
+    client.post("/login", data={"username": "bench", "password": PASSWORD,
+                                "csrf_token": token.group(1) if token else ""})
+    return client
 
 
 @dataclass(slots=True)

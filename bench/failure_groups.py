@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,8 +21,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.dashboard import PASSWORD, _time
-from bench.env import BenchEnv
+from bench.dashboard import _time
+from bench.env import PASSWORD, BenchEnv, logged_in_client
 from bench.report import record
 from ledger.access import audit
 from ledger.access.operators import create_operator
@@ -97,11 +96,7 @@ def run(failures: int, scopes: int, rounds: int) -> dict[str, Any]:
         url = _load(env, failures, scopes)
         load_s = round(time.perf_counter() - started, 1)
         app = create_app(env.app_env(url))
-        client = app.test_client()
-        token = re.search(r'name="csrf_token" value="([^"]+)"',
-                          client.get("/login").get_data(as_text=True))
-        client.post("/login", data={"username": "bench", "password": PASSWORD,
-                                    "csrf_token": token.group(1) if token else ""})
+        client = logged_in_client(app)
         hour = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
         days = (datetime.now(UTC) - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M")
         pages = {name: _time(client, path, rounds, {"HX-Request": "true"}) for name, path in (

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -33,7 +32,7 @@ from sqlalchemy import Engine, text
 from bench import fastload
 from bench.big import PASSWORD
 from bench.dashboard import _time
-from bench.env import BenchEnv
+from bench.env import BenchEnv, logged_in_client
 from bench.report import record
 from ledger.access import audit
 from ledger.access.operators import create_operator
@@ -146,11 +145,7 @@ def _time_pages(e: BenchEnv, url: str, made: Any, now: datetime, rounds: int
 
     app = create_app(e.app_env(url))
     try:
-        client = app.test_client()
-        form = client.get("/login").get_data(as_text=True)
-        token = re.search(r'name="csrf_token" value="([^"]+)"', form)
-        client.post("/login", data={"username": "bench", "password": PASSWORD,
-                                    "csrf_token": token.group(1) if token else ""})
+        client = logged_in_client(app)
         scope = made.scopes[1]
         pages = {"receipts_all": "/receipts", "api_receipts": "/api/v1/receipts",
                  "receipts_complete": "/receipts?state=complete",
