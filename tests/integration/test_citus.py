@@ -459,3 +459,40 @@ def test_failures_are_grouped_and_requeued_on_citus(citus_env):
         assert left == [senders[1].scope_id]
     finally:
         application.extensions["ledger"].close()
+
+
+def test_the_failure_group_sweep_runs_on_citus(citus_env):
+    """The scheduled sweep corrects a group on a distributed ledger: a failed receipt
+    removed behind the groups' back leaves its group; the other failure stays counted."""
+    from app import create_app
+    from jobs import sweep
+    from ledger.db.schema import failure_group_scopes, failure_members
+
+    application = create_app({**citus_env, "LEDGER_MAX_ATTEMPTS": "1"})
+    try:
+        svc = application.extensions["ledger"]
+        senders = [make_sender(application, account=_account()) for _ in range(2)]
+        for sender in senders:
+            assert deliver(application.test_client(), sender, "evt_swept",
+                           "demo.fail").status_code == 202
+        worker = Worker(svc, worker_id="citus-sweep")
+        while worker.process_one():
+            pass
+        ids = [s.scope_id for s in senders]
+        gone = senders[0].scope_id
+        with svc.engine.begin() as conn:  # a repair outside the ledger's own paths
+            for table in (attempts, receipts):
+                conn.execute(table.delete().where(table.c.scope_id == gone,
+                                                  table.c.event_id == "evt_swept"))
+        for _ in range(10):  # bounded steps; each run goes on from its mark
+            sweep.run(svc.engine, svc.settings, svc.clock)
+        with svc.engine.connect() as conn:
+            members = conn.execute(select(failure_members.c.scope_id).where(
+                failure_members.c.scope_id.in_(ids))).scalars().all()
+            counters = dict(conn.execute(select(
+                failure_group_scopes.c.scope_id, failure_group_scopes.c.count).where(
+                failure_group_scopes.c.scope_id.in_(ids))).all())
+        assert members == [senders[1].scope_id]
+        assert counters == {senders[1].scope_id: 1}
+    finally:
+        application.extensions["ledger"].close()
