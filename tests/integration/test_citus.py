@@ -417,6 +417,19 @@ def test_dashboard_api_and_drill_work_on_citus(citus_app):
     assert report.to_json()["passed"] is True, report.to_json()
 
 
+def _two_terminal_failures(application: Any, event_id: str) -> list[Any]:
+    """Deliver a `demo.fail` event to two new scopes and let a worker fail both for good
+    (the app runs with LEDGER_MAX_ATTEMPTS=1); return their senders."""
+    senders = [make_sender(application, account=_account()) for _ in range(2)]
+    for sender in senders:
+        assert deliver(application.test_client(), sender, event_id,
+                       "demo.fail").status_code == 202
+    worker = Worker(application.extensions["ledger"], worker_id=f"citus-{event_id}")
+    while worker.process_one():
+        pass
+    return senders
+
+
 def test_failures_are_grouped_and_requeued_on_citus(citus_env):
     """A terminal failure stores its group on its scope's node; the pages read the groups,
     the delivery log and the health charts; a requeue takes the member out of its group."""
@@ -428,13 +441,7 @@ def test_failures_are_grouped_and_requeued_on_citus(citus_env):
     application = create_app({**citus_env, "LEDGER_MAX_ATTEMPTS": "1"})
     try:
         svc = application.extensions["ledger"]
-        senders = [make_sender(application, account=_account()) for _ in range(2)]
-        for sender in senders:
-            assert deliver(application.test_client(), sender, "evt_fails",
-                           "demo.fail").status_code == 202
-        worker = Worker(svc, worker_id="citus-fail")
-        while worker.process_one():
-            pass
+        senders = _two_terminal_failures(application, "evt_fails")
         ids = [s.scope_id for s in senders]
         with svc.engine.connect() as conn:
             failed = conn.execute(select(func.count()).select_from(receipts).where(
@@ -471,13 +478,7 @@ def test_the_failure_group_sweep_runs_on_citus(citus_env):
     application = create_app({**citus_env, "LEDGER_MAX_ATTEMPTS": "1"})
     try:
         svc = application.extensions["ledger"]
-        senders = [make_sender(application, account=_account()) for _ in range(2)]
-        for sender in senders:
-            assert deliver(application.test_client(), sender, "evt_swept",
-                           "demo.fail").status_code == 202
-        worker = Worker(svc, worker_id="citus-sweep")
-        while worker.process_one():
-            pass
+        senders = _two_terminal_failures(application, "evt_swept")
         ids = [s.scope_id for s in senders]
         gone = senders[0].scope_id
         with svc.engine.begin() as conn:  # a repair outside the ledger's own paths
