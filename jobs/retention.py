@@ -70,21 +70,25 @@ CLOCK_SKEW = timedelta(seconds=CLOCK_SKEW_SECONDS)
 
 # Attempts go first, by their own time: one started before `:before` belongs to a
 # receipt accepted before the cutoff (CLOCK_SKEW covers hosts' clocks), which this
-# purge deletes unless it is pending: a pending receipt's attempts stay. An attempt
-# whose outcome is 'complete' needs no lookup: it completed its receipt in the same
-# transaction, and a complete receipt never becomes pending again (only a failed
-# one can be requeued). That skips the per-row lookup for most rows; the others probe
-# their own receipt by its primary key. (A `(scope_id, event_id) NOT IN (pending
+# purge deletes unless it is unfinished. An unfinished receipt (pending or failed)
+# is exactly one with a job row, so an attempt stays while its receipt has a job:
+# a pending receipt keeps its history, and a failed one keeps it for the receipts
+# pass below, which deletes it with its receipt under the receipt's row lock. (A
+# failed receipt requeued between the two passes keeps its history too; the check
+# on the receipt's state that this replaces deleted it.) An attempt whose outcome is
+# 'complete' needs no lookup: it completed its receipt and deleted its job in the
+# same transaction. The others probe the job's primary key: the jobs table holds
+# only unfinished work, so its key stays small enough to be cached at any ledger
+# size, where the receipts' key (730 MB at 10M receipts) was read from disk pages
+# for each probe (bench/README.md, "A complete 10M run"). (A `NOT IN (pending
 # receipts)` set is hashed only while it fits in work_mem; past that PostgreSQL
-# rescans the whole set for every row. The default 4 MB held the 1M bench's ~20,000
-# pending receipts, not the 10M bench's ~196,000: its purge ran 37 s per window.)
+# rescans the whole set for every row: 37 s per window at 10M.)
 _PG_ATTEMPTS_WINDOW = text("""
 DELETE FROM attempts a
 WHERE a.ctid >= CAST(:lo AS tid) AND a.ctid < CAST(:hi AS tid) AND a.started_at < :before
   AND (a.outcome = 'complete' OR NOT EXISTS (
-        SELECT 1 FROM receipts r WHERE r.scope_id = a.scope_id AND r.event_id = a.event_id
-          AND r.state = 0 AND r.accepted_at < :cutoff))
-""").bindparams(bindparam("cutoff", type_=UTCDateTime), bindparam("before", type_=UTCDateTime))
+        SELECT 1 FROM jobs j WHERE j.scope_id = a.scope_id AND j.event_id = a.event_id))
+""").bindparams(bindparam("before", type_=UTCDateTime))
 
 # Receipts, statement 1 of a batch: lock the window's expired receipts that still
 # have dependants, delete those dependants and the receipts. After the attempts
@@ -160,7 +164,7 @@ FROM pg_class c WHERE c.oid = CAST(:table AS regclass)
 DEFAULT_ROWS_PER_PAGE = 50
 MIN_ROWS_PER_PAGE = 30
 # Attempts rows are never locked by the intake, and an attempts batch may hash the
-# pending receipts' keys once (when they fit in work_mem), so its windows are larger.
+# unfinished jobs' keys once (when they fit in work_mem), so its windows are larger.
 ATTEMPTS_WINDOW_FACTOR = 4
 
 _SQLITE_BATCH = text("""
@@ -398,10 +402,10 @@ def expire_conflict_bodies(engine: Engine, settings: Settings, review_cutoff: da
 
 def expire_attempts_by_time(engine: Engine, settings: Settings, cutoff: datetime,
                             batch_size: int, pacer: Pacer | None = None) -> int:
-    """PostgreSQL: delete attempts older than the cutoff (less skew) unless still pending."""
+    """PostgreSQL: delete attempts older than the cutoff (less skew) but an unfinished job's."""
     if engine.dialect.name != "postgresql":
         return 0
-    params: dict[str, Any] = {"cutoff": cutoff, "before": cutoff - CLOCK_SKEW}
+    params: dict[str, Any] = {"before": cutoff - CLOCK_SKEW}
     total = 0
     for lo, hi in _page_windows(engine, "attempts", batch_size * ATTEMPTS_WINDOW_FACTOR,
                                 "started_at < :before", params):

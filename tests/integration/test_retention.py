@@ -11,11 +11,13 @@ import pytest
 from sqlalchemy import select, text, update
 
 from app import create_app
-from jobs.retention import Pacer, purge
+from jobs.retention import Pacer, expire_attempts_by_time, expire_receipts, purge
+from ledger.access import audit
 from ledger.clock import FixedClock
 from ledger.config import DEFAULT_RETENTION_SECONDS
 from ledger.db.schema import attempts, audit_log, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
+from ledger.worker.requeue import requeue_receipt
 from tests.conftest import TEST_MASTER_KEY
 from tests.helpers import deliver, make_sender
 from tests.integration.ledger_rows import add_receipt, count
@@ -80,6 +82,32 @@ def test_attempts_go_with_their_receipt_whenever_they_started(app):
         assert count(conn, "attempts", "event_id = 'old-retried'") == 0
         assert count(conn, "attempts", "event_id = 'skewed'") == 1
         assert count(conn, "receipts", "event_id = 'skewed'") == 1
+
+
+def test_a_failure_requeued_while_the_purge_runs_keeps_its_attempt_history(app):
+    """An operator requeues an old failure between the purge's attempts pass and its
+    receipts pass: the receipt is pending again and keeps every earlier attempt."""
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    with svc.engine.begin() as conn:
+        # an hour older than OLD: its attempts are past the cutoff less the clock skew
+        add_receipt(conn, sender.scope_id, "old-failed", state=ReceiptState.FAILED,
+                    accepted_at=OLD - timedelta(hours=1), job=JobStatus.FAILED, n_attempts=3)
+        add_receipt(conn, sender.scope_id, "old-complete", state=ReceiptState.COMPLETE,
+                    accepted_at=OLD - timedelta(hours=1), n_attempts=2)
+    cutoff = NOW - timedelta(seconds=svc.settings.retention_seconds)
+    passed = expire_attempts_by_time(svc.engine, svc.settings, cutoff, 100)
+    assert passed == (2 if svc.engine.dialect.name == "postgresql" else 0)  # old-complete's
+    with svc.engine.begin() as conn:
+        requeue_receipt(conn, audit.Actor(name="oncall", role="admin"), scope=sender.scope,
+                        event_id="old-failed", reason="downstream fixed", now=NOW)
+    assert expire_receipts(svc.engine, svc.settings, cutoff, 100) == 1
+    with svc.engine.connect() as conn:
+        assert set(conn.execute(select(receipts.c.event_id)).scalars()) == {"old-failed"}
+        assert conn.execute(select(attempts.c.number).where(
+            attempts.c.event_id == "old-failed").order_by(attempts.c.number)
+        ).scalars().all() == [1, 2, 3]
+        assert count(conn, "attempts", "event_id = 'old-complete'") == 0
 
 
 def test_a_duty_cycle_outside_zero_to_one_is_refused():
