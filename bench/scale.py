@@ -129,7 +129,7 @@ def rollup_runs(e: benv.BenchEnv, url: str) -> dict[str, Any]:
     try:
         out["full_recount"] = _timed_counts(engine, full=True)
         started = time.perf_counter()
-        with engine.begin() as conn:  # the daily repair: the whole 7-day window
+        with engine.begin() as conn:  # the series' full count (a first run, after a pause)
             rollups.refresh_hourly_series(conn, clock.now(), full=True)
         out["series_full_seconds"] = round(time.perf_counter() - started, 3)
         out["incremental_after_load"] = _timed_counts(engine, full=False)
@@ -159,6 +159,7 @@ def scheduled_run(e: benv.BenchEnv, url: str) -> dict[str, Any]:
     return {"completed": completed, "scope_counts": counts,
             "series_recent_seconds": round(series, 3),
             "series_receipts_read": series_run.receipts_read, "series_full": series_run.full,
+            "series_repair_read": series_run.repair_read,
             "run_seconds": round(counts["seconds"] + series, 3)}
 
 

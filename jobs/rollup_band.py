@@ -21,7 +21,8 @@ from ledger.scheduling.runner import advisory_key
 HOUR = timedelta(hours=1)
 # Intake stamps accepted_at before it commits: receipts younger than this are
 # recounted every run instead of settled, so a commit up to a minute late is
-# still counted (a later one waits for the daily full recount).
+# still counted (a later one waits for a recount: scope_totals' daily one, the
+# series' recount of its hour, which comes round every 168 runs).
 SETTLE_LAG_SECONDS = 60
 # The settled band starts this far after the retention cutoff; a purge (on any
 # instance, clock skew included) cannot delete from it before the next run.
@@ -81,15 +82,19 @@ def write_mark(conn: Connection, name: str, band: Band, now: datetime,
 
 
 def mark_to_step(conn: Connection, name: str, band: Band, now: datetime, *,
-                 full: bool = False) -> Mark | None:
+                 full: bool = False, recount_seconds: float | None = FULL_RECOUNT_SECONDS
+                 ) -> Mark | None:
     """Lock the rollup `name` and return the mark this run steps from to `band`.
 
-    None means count in full: asked to, no mark yet, or the stored band cannot be
-    moved to `band` exactly (`can_step`).
+    None means count in full: asked to, no mark yet, `recount_seconds` since the last
+    full count (None: a rollup that repairs itself run by run), or the stored band
+    cannot be moved to `band` exactly (`can_step`).
     """
     lock_mark(conn, name)
     mark = read_mark(conn, name)
-    if full or mark is None or not can_step(mark, band, now):
+    if full or mark is None or not can_step(mark, band, now) or (
+            recount_seconds is not None
+            and now - mark.recounted_at >= timedelta(seconds=recount_seconds)):
         return None
     return mark
 
@@ -99,7 +104,6 @@ def can_step(mark: Mark, band: Band, now: datetime) -> bool:
     since_run = now - mark.counted_at
     return (timedelta(0) <= since_run
             <= timedelta(seconds=PURGE_MARGIN_SECONDS - CLOCK_SKEW_SECONDS)
-            and now - mark.recounted_at < timedelta(seconds=FULL_RECOUNT_SECONDS)
             and mark.band.start <= band.start and mark.band.end <= band.end
             # A changed retention changes the band's width: recount.
             and mark.band.end - mark.band.start == band.end - band.start)

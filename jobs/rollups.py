@@ -17,7 +17,8 @@
   receipt written with an old accepted_at by hand); `refresh(full_counts=True)`
   does it on demand.
 - `hourly_series` (jobs/rollup_series.py): accepted and failed per scope per
-  hour over SERIES_HOURS, kept incrementally on the same settled band.
+  hour over SERIES_HOURS, kept incrementally on the same settled band; instead of
+  a daily recount, each run recounts one hour of the window whole, in turn.
 - `hourly_refusals` and `hourly_latency` (jobs/rollup_deliveries.py): refusals
   and answered deliveries per latency bucket per integration per hour, from the
   delivery log, added up as its rows settle.

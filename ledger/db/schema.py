@@ -419,6 +419,9 @@ hourly_series = Table(
 # run compares the failed cells, found here without reading the whole series.
 Index("ix_hourly_series_failed", hourly_series.c.scope_id, hourly_series.c.hour,
       postgresql_where=hourly_series.c.failed > 0, sqlite_where=hourly_series.c.failed > 0)
+# Each run reads a few hours' cells (the band's edges, the hour it recounts whole) and
+# drops the hours past the window: by hour, not through the (scope_id, hour) key.
+Index("ix_hourly_series_hour", hourly_series.c.hour)
 
 # From the delivery log, per integration and hour (jobs/rollup_deliveries.py): refusals
 # (4xx but 409), and answered deliveries (2xx, 409) per fixed latency bucket.

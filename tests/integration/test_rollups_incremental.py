@@ -27,8 +27,9 @@ from jobs.delivery_log import purge_deliveries
 from jobs.retention import Pacer, purge
 from jobs.rollup_band import HOUR, hour_index, hour_of, settled_band
 from jobs.rollup_deliveries import DELIVERY_SETTLE_SECONDS, latency_bucket
-from jobs.rollup_series import window_start
+from jobs.rollup_series import repair_hour, window_start
 from ledger.clock import FixedClock
+from ledger.config import DEFAULT_RETENTION_SECONDS
 from ledger.db.schema import (
     LATENCY_BOUNDS_US,
     attempts,
@@ -349,3 +350,49 @@ def test_series_runs_read_what_changed_and_stay_exact_as_receipts_leave_the_band
     assert first.full and first.receipts_read == 5
     # The second step reads the old edge (5) and the newest receipts (2), not the table.
     assert run.receipts_read == 7
+
+
+@pytest.mark.parametrize("retention", [RETENTION, DEFAULT_RETENTION_SECONDS],
+                         ids=["hour-on-the-old-edge", "hour-inside-the-band"])
+def test_a_drifted_series_hour_is_recounted_by_the_run_whose_turn_it_is(rollup_app,
+                                                                       retention):
+    """No daily recount of the window: each run recounts one hour whole, in turn. With a
+    40-minute retention the hour is on the band's old edge (recounted with the edges);
+    with 7 days it lies inside the band (compared in the database)."""
+    svc = rollup_app.extensions["ledger"]
+    clock: FixedClock = svc.clock
+    scope = make_sender(rollup_app).scope_id
+    band = settled_band(clock.now() + timedelta(minutes=25), retention)
+
+    def fits(hour: int) -> bool:  # a closed hour, inside the band when the band is 7 days
+        return (hour_of(hour + 1) <= clock.now() - timedelta(hours=1)
+                and (retention == RETENTION or hour_of(hour) >= band.start))
+
+    # a run a few minutes on recounts `hour`
+    turn = next(t for t in (clock.now() + timedelta(minutes=k) for k in range(3, 25))
+                if fits(repair_hour(t)))
+    hour = repair_hour(turn)
+    with svc.engine.begin() as conn:
+        for i in range(4):
+            add_receipt(conn, scope, f"h{i}", state=ReceiptState.COMPLETE,
+                        accepted_at=hour_of(hour) + timedelta(minutes=10 + i))
+        first = rollups.refresh_hourly_series(conn, clock.now(), retention_seconds=retention)
+        # drift: a figure the incremental steps never look at again
+        conn.execute(update(hourly_series).where(hourly_series.c.scope_id == scope,
+                                                 hourly_series.c.hour == hour_of(hour))
+                     .values(accepted=hourly_series.c.accepted + 5,
+                             settled=hourly_series.c.settled + 5))
+    assert first.full
+    clock.advance(60)
+    with svc.engine.begin() as conn:
+        other = rollups.refresh_hourly_series(conn, clock.now(), retention_seconds=retention)
+        assert series(conn)[(scope, hour_of(hour))] == (9, 0)  # not this run's hour
+    clock.advance((turn - clock.now()).total_seconds())
+    with svc.engine.begin() as conn:
+        mended = rollups.refresh_hourly_series(conn, clock.now(), retention_seconds=retention)
+        assert series(conn) == series_recount(conn, clock.now())
+        assert series(conn)[(scope, hour_of(hour))] == (4, 0)
+        settled = conn.execute(select(hourly_series.c.settled).where(
+            hourly_series.c.scope_id == scope, hourly_series.c.hour == hour_of(hour))).scalar()
+    assert not other.full and not mended.full and mended.repair_read == 4
+    assert settled == (4 if retention == DEFAULT_RETENTION_SECONDS else 0)

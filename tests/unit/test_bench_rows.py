@@ -44,7 +44,7 @@ def test_a_default_run_prints_the_10m_rows_as_not_run_with_the_last_record(
     assert set(recorded) == {
         "intake accepted/s at 10M receipts / 10,000 scopes (>= 0.9x the 100k ledger)",
         "rollups scheduled run at 10M (<= 2 s, incremental)",
-        "rollups daily repair at 10M (full 7-day series recount, <= 2 s)",
+        "rollups daily run at 10M (scope_counts recount + a series run, <= 2 s)",
         "every dashboard page at 10M (p95 <= 300 ms)",
         "purge us per receipt, 1M -> 10M (flat within 20 %)"}
     pages = recorded["every dashboard page at 10M (p95 <= 300 ms)"]
