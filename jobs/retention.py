@@ -6,8 +6,10 @@ Its failed job, its unsigned-body record and its conflicts go in the same batch
 transaction; its attempts go in that batch too, or (PostgreSQL, the bulk of
 them) just before it by their own time, so a replay after expiry finds nothing
 and becomes new work (the seed's stated consequence, README "Operations:
-scheduled jobs"). A failed receipt an operator requeues while a purge runs may
-lose the attempts older than the cutoff; the receipt itself stays.
+scheduled jobs"). A failed receipt an operator requeues while a purge runs keeps
+its attempts (they stay while it has a job); a receipt run again ("Run again",
+ledger/worker/rerun.py) after its retention loses its earlier completed attempts on
+PostgreSQL.
 
 Every batch is its own short transaction with `lock_timeout` set: intake keeps
 committing between and during batches, and nothing references receipts with a
@@ -77,12 +79,14 @@ CLOCK_SKEW = timedelta(seconds=CLOCK_SKEW_SECONDS)
 # failed receipt requeued between the two passes keeps its history too; the check
 # on the receipt's state that this replaces deleted it.) An attempt whose outcome is
 # 'complete' needs no lookup: it completed its receipt and deleted its job in the
-# same transaction. The others probe the job's primary key: the jobs table holds
-# only unfinished work, so its key stays small enough to be cached at any ledger
-# size, where the receipts' key (730 MB at 10M receipts) was read from disk pages
-# for each probe (bench/README.md, "A complete 10M run"). (A `NOT IN (pending
-# receipts)` set is hashed only while it fits in work_mem; past that PostgreSQL
-# rescans the whole set for every row: 37 s per window at 10M.)
+# same transaction (only "Run again" gives a completed receipt a job again; past the
+# retention its earlier completed attempts then go, as before). The others probe
+# the job's primary key: the jobs table holds only unfinished work, so its key stays
+# small enough to stay in shared_buffers at any ledger size, where the receipts' key
+# (730 MB at 10M receipts) was read into them for most probes (bench/README.md, "A
+# complete 10M run"). (A `NOT IN (pending receipts)` set is hashed only while it fits
+# in work_mem; past that PostgreSQL rescans the whole set for every row: 37 s per
+# window at 10M.)
 _PG_ATTEMPTS_WINDOW = text("""
 DELETE FROM attempts a
 WHERE a.ctid >= CAST(:lo AS tid) AND a.ctid < CAST(:hi AS tid) AND a.started_at < :before

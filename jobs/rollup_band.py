@@ -22,7 +22,7 @@ HOUR = timedelta(hours=1)
 # Intake stamps accepted_at before it commits: receipts younger than this are
 # recounted every run instead of settled, so a commit up to a minute late is
 # still counted (a later one waits for a recount: scope_totals' daily one, the
-# series' recount of its hour, which comes round every 168 runs).
+# series' recount of its hour, which comes round every ~171 runs at one a minute).
 SETTLE_LAG_SECONDS = 60
 # The settled band starts this far after the retention cutoff; a purge (on any
 # instance, clock skew included) cannot delete from it before the next run.
@@ -45,6 +45,7 @@ class Mark:
     band: Band
     counted_at: datetime
     recounted_at: datetime
+    repaired_hour: int | None = None
 
 
 def settled_band(now: datetime, retention_seconds: float,
@@ -69,16 +70,18 @@ def read_mark(conn: Connection, name: str) -> Mark | None:
     start, end = as_utc(row.settled_from), as_utc(row.settled_until)
     counted, recounted = as_utc(row.counted_at), as_utc(row.recounted_at)
     assert start and end and counted and recounted  # NOT NULL columns
-    return Mark(band=Band(start=start, end=end), counted_at=counted, recounted_at=recounted)
+    return Mark(band=Band(start=start, end=end), counted_at=counted, recounted_at=recounted,
+                repaired_hour=row.repaired_hour)
 
 
 def write_mark(conn: Connection, name: str, band: Band, now: datetime,
-               recounted_at: datetime) -> None:
-    """Store where this run left the band of the rollup `name`."""
+               recounted_at: datetime, repaired_hour: int | None = None) -> None:
+    """Store where this run left the band of the rollup `name` (and the hour it repaired)."""
     conn.execute(delete(rollup_marks).where(rollup_marks.c.name == name))
     conn.execute(insert(rollup_marks).values(name=name, settled_from=band.start,
                                              settled_until=band.end, counted_at=now,
-                                             recounted_at=recounted_at))
+                                             recounted_at=recounted_at,
+                                             repaired_hour=repaired_hour))
 
 
 def mark_to_step(conn: Connection, name: str, band: Band, now: datetime, *,

@@ -14,13 +14,15 @@ into Python took 1.6 of the run's 2 s). Only cells whose figures changed are
 written, and hours older than the window are dropped.
 
 The repair is spread over the runs instead of a daily recount of the window (46 s at
-10M receipts, bench/README.md): every run also recounts one hour of the window whole
-(`repair_hour`: the hour whose index is the run's minute modulo the window's 168
-hours), so each hour is counted from the receipts again at least once every 168
-runs (about 3 hours at one run a minute), and a drift (a receipt written by hand
-with an old accepted_at) lasts no longer. The first run, a pause longer than the
-purge margin and a changed retention count the whole window (`full=True` does it on
-demand).
+10M receipts, bench/README.md): every run also recounts one hour of the window whole,
+the hour after the one the previous run recounted (`repair_hour`, kept in the mark;
+after the current hour, back to the window's first). The cursor moves an hour a run
+and the window an hour an hour, so while runs come less than an hour apart (a pause
+over the purge margin counts the window anyway) it passes every hour of the window: at
+one run a minute each hour is counted from the receipts again every ~171 runs (about
+3 hours), and a drift (a receipt committed long after its accepted_at, or written by
+hand) lasts no longer. The first run, a pause longer than the purge margin and a
+changed retention count the whole window (`full=True` does it on demand).
 """
 
 from __future__ import annotations
@@ -84,11 +86,12 @@ def window_start(now: datetime) -> datetime:
     return hour_of(index_of(now) - SERIES_HOURS + 1)
 
 
-def repair_hour(now: datetime) -> int:
-    """Return the hour index a run at `now` recounts whole: the window's hour that is
-    the run's minute modulo SERIES_HOURS (runs a minute apart take every hour in turn)."""
-    first = index_of(window_start(now))
-    return first + (int(now.timestamp()) // 60 - first) % SERIES_HOURS
+def repair_hour(last: int | None, now: datetime) -> int:
+    """Return the hour index a run at `now` recounts whole: the one after `last` (the
+    previous run's), or the window's first when that is outside the window."""
+    first, current = index_of(window_start(now)), index_of(now)
+    hour = first if last is None else last + 1
+    return hour if first <= hour <= current else first
 
 
 def _settled_from(band: Band, window: datetime) -> datetime:
@@ -104,7 +107,7 @@ def refresh_hourly_series(conn: Connection, now: datetime, *,
     mark = mark_to_step(conn, SERIES_MARK, band, now, full=full, recount_seconds=None)
     window = window_start(now)
     start = _settled_from(band, window)
-    repair_read = 0
+    repair_read, hour = 0, None
     if mark is None:
         stored = _stored(conn, window, None)
         counted, read = _count_window(conn, window, start, band.end)
@@ -116,7 +119,7 @@ def refresh_hourly_series(conn: Connection, now: datetime, *,
         stored = _stored(conn, window, edges)
         new, read = _step(conn, stored, window, Band(start=prev_start, end=mark.band.end),
                           Band(start=start, end=band.end))
-        hour = repair_hour(now)
+        hour = repair_hour(mark.repaired_hour, now)
         if hour_of(hour) < edges[0] or hour >= index_of(edges[1]):  # an edge: loaded above
             recounted, repair_read = _count_hour(conn, hour, start, band.end)
             new |= {cell: (0, 0) for cell in stored if cell[1] == hour} | recounted
@@ -129,7 +132,7 @@ def refresh_hourly_series(conn: Connection, now: datetime, *,
     stored |= _stored_cells(conn, [c for c in failed if c not in stored and c not in new])
     written = _write_changed(conn, stored, new, failed, now)
     conn.execute(delete(hourly_series).where(hourly_series.c.hour < window))
-    write_mark(conn, SERIES_MARK, band, now, recounted_at)
+    write_mark(conn, SERIES_MARK, band, now, recounted_at, repaired_hour=hour)
     return SeriesRun(written=written, receipts_read=read + failed_read, full=full,
                      repair_read=repair_read)
 

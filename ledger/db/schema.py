@@ -392,6 +392,9 @@ rollup_marks = Table(
     Column("settled_until", UTCDateTime, nullable=False),
     Column("counted_at", UTCDateTime, nullable=False),
     Column("recounted_at", UTCDateTime, nullable=False),
+    # The hour index the rollup's last run recounted whole (jobs/rollup_series.py); NULL
+    # after a full count and for the rollups that do not repair hour by hour.
+    Column("repaired_hour", Integer),
 )
 
 SERIES_MARK = "hourly_series"  # the rollup_marks row of jobs/rollup_series.py

@@ -27,7 +27,7 @@ from jobs.delivery_log import purge_deliveries
 from jobs.retention import Pacer, purge
 from jobs.rollup_band import HOUR, hour_index, hour_of, settled_band
 from jobs.rollup_deliveries import DELIVERY_SETTLE_SECONDS, latency_bucket
-from jobs.rollup_series import repair_hour, window_start
+from jobs.rollup_series import window_start
 from ledger.clock import FixedClock
 from ledger.config import DEFAULT_RETENTION_SECONDS
 from ledger.db.schema import (
@@ -356,22 +356,14 @@ def test_series_runs_read_what_changed_and_stay_exact_as_receipts_leave_the_band
                          ids=["hour-on-the-old-edge", "hour-inside-the-band"])
 def test_a_drifted_series_hour_is_recounted_by_the_run_whose_turn_it_is(rollup_app,
                                                                        retention):
-    """No daily recount of the window: each run recounts one hour whole, in turn. With a
-    40-minute retention the hour is on the band's old edge (recounted with the edges);
-    with 7 days it lies inside the band (compared in the database)."""
+    """No daily recount of the window: each run recounts the hour after the previous
+    run's. With a 40-minute retention the hour is on the band's old edge (recounted with
+    the edges); with 7 days it lies inside the band (compared in the database)."""
     svc = rollup_app.extensions["ledger"]
     clock: FixedClock = svc.clock
     scope = make_sender(rollup_app).scope_id
-    band = settled_band(clock.now() + timedelta(minutes=25), retention)
-
-    def fits(hour: int) -> bool:  # a closed hour, inside the band when the band is 7 days
-        return (hour_of(hour + 1) <= clock.now() - timedelta(hours=1)
-                and (retention == RETENTION or hour_of(hour) >= band.start))
-
-    # a run a few minutes on recounts `hour`
-    turn = next(t for t in (clock.now() + timedelta(minutes=k) for k in range(3, 25))
-                if fits(repair_hour(t)))
-    hour = repair_hour(turn)
+    # after the full count, the runs recount the window's first hour, then the next ...
+    hour = int(window_start(clock.now() + timedelta(seconds=60)).timestamp()) // 3600 + 2
     with svc.engine.begin() as conn:
         for i in range(4):
             add_receipt(conn, scope, f"h{i}", state=ReceiptState.COMPLETE,
@@ -383,16 +375,20 @@ def test_a_drifted_series_hour_is_recounted_by_the_run_whose_turn_it_is(rollup_a
                      .values(accepted=hourly_series.c.accepted + 5,
                              settled=hourly_series.c.settled + 5))
     assert first.full
-    clock.advance(60)
-    with svc.engine.begin() as conn:
-        other = rollups.refresh_hourly_series(conn, clock.now(), retention_seconds=retention)
-        assert series(conn)[(scope, hour_of(hour))] == (9, 0)  # not this run's hour
-    clock.advance((turn - clock.now()).total_seconds())
-    with svc.engine.begin() as conn:
-        mended = rollups.refresh_hourly_series(conn, clock.now(), retention_seconds=retention)
+    runs = []
+    for _ in range(3):  # the window's first hour, the next, then `hour`
+        clock.advance(60)
+        with svc.engine.begin() as conn:
+            runs.append(rollups.refresh_hourly_series(conn, clock.now(),
+                                                      retention_seconds=retention))
+            cell = series(conn)[(scope, hour_of(hour))]
+            repaired = conn.execute(select(rollup_marks.c.repaired_hour).where(
+                rollup_marks.c.name == "hourly_series")).scalar()
+        assert cell == ((4, 0) if repaired == hour else (9, 0)), (repaired, hour)
+    with svc.engine.connect() as conn:
         assert series(conn) == series_recount(conn, clock.now())
-        assert series(conn)[(scope, hour_of(hour))] == (4, 0)
         settled = conn.execute(select(hourly_series.c.settled).where(
             hourly_series.c.scope_id == scope, hourly_series.c.hour == hour_of(hour))).scalar()
-    assert not other.full and not mended.full and mended.repair_read == 4
+    assert repaired == hour
+    assert not any(r.full for r in runs) and [r.repair_read for r in runs][-1] == 4
     assert settled == (4 if retention == DEFAULT_RETENTION_SECONDS else 0)

@@ -9,7 +9,7 @@ at 10M receipts 421,506 open ones, 0.67 s and 0.56 s of heap reads a run; index-
 costs at scale"). SQLite keeps the index as it is (it has no INCLUDE).
 
 Revision ID: 0016_receipts_open_covering
-Revises: 0015_series_hour_index
+Revises: 0015_series_repair
 Create Date: 2026-12-01
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0016_receipts_open_covering"
-down_revision = "0015_series_hour_index"
+down_revision = "0015_series_repair"
 branch_labels = None
 depends_on = None
 
