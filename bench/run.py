@@ -46,8 +46,10 @@ EXPLANATIONS = (
     ("rollups daily run", "once a day scope_counts recounts every scope's receipts: it reads"
      " the table (the series repairs one hour per run instead; bench/README.md, \"Flat costs"
      " at scale\")"),
-    ("rollups scheduled", "the open set (pending + failed) is read in full each run, and the"
-     " series rereads the hours that changed (bench/README.md, \"A complete 10M run\")"),
+    ("rollups scheduled", "the run counts what changed since the previous one: here the"
+     " intake measure's receipts entering the band and the cells they change, on top of the"
+     " open set (bench/README.md, \"The 10M purge made flat, the series repair spread over"
+     " the runs\")"),
     ("dashboard receipts_prefix", "a prefix list across scopes reads each scope's range of the"
      " primary key in order and stops at the page; a prefix matching little probes every"
      " scope once: grows with scopes, not receipts (\"Flat costs at scale\")"),
