@@ -424,7 +424,8 @@ hourly_series = Table(
 # Failures can move in any hour of the window (a requeue lowers a closed hour): each
 # run compares the failed cells, found here without reading the whole series.
 Index("ix_hourly_series_failed", hourly_series.c.scope_id, hourly_series.c.hour,
-      postgresql_where=hourly_series.c.failed > 0, sqlite_where=hourly_series.c.failed > 0)
+      postgresql_where=hourly_series.c.failed > 0, sqlite_where=hourly_series.c.failed > 0,
+      postgresql_include=["failed"])
 # Each run reads a few hours' cells (the band's edges, the hour it recounts whole) and
 # drops the hours past the window: by hour, not through the (scope_id, hour) key.
 Index("ix_hourly_series_hour", hourly_series.c.hour)
