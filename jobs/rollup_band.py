@@ -11,7 +11,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Integer, case, cast, delete, func, insert, select, text
+from sqlalchemy import (
+    Connection,
+    DateTime,
+    Integer,
+    Table,
+    case,
+    cast,
+    delete,
+    func,
+    insert,
+    literal_column,
+    select,
+    text,
+)
+from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.config import CLOCK_SKEW_SECONDS
 from ledger.db.schema import rollup_marks
@@ -112,16 +126,42 @@ def can_step(mark: Mark, band: Band, now: datetime) -> bool:
             and mark.band.end - mark.band.start == band.end - band.start)
 
 
+def upsert(conn: Connection, table: Table, keys: list[str], rows: list[dict[str, Any]]) -> None:
+    """Write `rows` of `table`, replacing the other columns where a row's key exists.
+
+    One statement for all of them: deleting each changed row before inserting it again
+    cost as much as the insert (5,000 series cells a run at 10M receipts).
+    """
+    if not rows:
+        return
+    stmt = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=keys, set_={c: stmt.excluded[c] for c in rows[0] if c not in keys}),
+        rows)
+
+
 def flag(condition: Any) -> Any:
     """Return 1 where `condition` holds, else 0, for a SUM."""
     return case((condition, 1), else_=0)
 
 
-def hour_index(conn: Connection, column: Any) -> Any:
-    """Return an SQL expression for whole hours since the epoch (UTC)."""
+def hour_bucket(conn: Connection, column: Any) -> Any:
+    """Return an SQL expression for the hour of `column` to group by; `bucket_index`
+    turns its value into the hour's index (whole hours since the epoch, UTC).
+
+    PostgreSQL bins the timestamp (`date_bin`, exact integer arithmetic): the epoch's
+    `extract` is a numeric, whose division cost 70 ms per 200,000 receipts grouped.
+    """
     if conn.dialect.name == "postgresql":
-        return cast(func.floor(func.extract("epoch", column) / 3600), Integer)
+        return func.date_bin(literal_column("INTERVAL '1 hour'"), column,
+                             literal_column("TIMESTAMPTZ '1970-01-01 00:00:00+00'"),
+                             type_=DateTime(timezone=True))
     return cast(func.strftime("%s", column), Integer) // 3600
+
+
+def bucket_index(value: datetime | int) -> int:
+    """Return the hour index of an `hour_bucket` value."""
+    return value if isinstance(value, int) else index_of(value)
 
 
 def hour_of(index: int) -> datetime:

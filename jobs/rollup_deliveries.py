@@ -30,7 +30,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from jobs.rollup_band import (
     HOUR,
-    hour_index,
+    bucket_index,
+    hour_bucket,
     hour_of,
     hour_spans,
     index_of,
@@ -111,7 +112,7 @@ def settled_rows_stmt(conn: Connection, since: datetime, until: datetime) -> Sel
     bucket = case((status.in_(ANSWERED_STATUSES) & deliveries.c.latency_us.is_not(None),
                    latency_bucket(deliveries.c.latency_us)),
                   ((status >= 400) & (status < 500) & (status != 409), REFUSED), else_=None)
-    hour = hour_index(conn, deliveries.c.at)
+    hour = hour_bucket(conn, deliveries.c.at)
     return (select(deliveries.c.integration_id, hour, bucket, func.sum(deliveries.c.count),
                    func.count())
             .where(deliveries.c.at >= since, deliveries.c.at < until,
@@ -129,7 +130,7 @@ def _settled_rows(conn: Connection, since: datetime,
     for scope_id, h, b, n, logged in conn.execute(settled_rows_stmt(conn, since, until)):
         read += int(logged)
         if b is not None:
-            cells[(scope_id, int(h), int(b))] = int(n)
+            cells[(scope_id, bucket_index(h), int(b))] = int(n)
     return cells, read
 
 

@@ -38,7 +38,6 @@ from sqlalchemy import (
     cast,
     delete,
     func,
-    insert,
     literal,
     null,
     or_,
@@ -49,13 +48,15 @@ from sqlalchemy import (
 
 from jobs.rollup_band import (
     Band,
+    bucket_index,
     flag,
-    hour_index,
+    hour_bucket,
     hour_of,
     hour_spans,
     index_of,
     mark_to_step,
     settled_band,
+    upsert,
     write_mark,
 )
 from ledger.config import DEFAULT_RETENTION_SECONDS
@@ -137,16 +138,22 @@ def refresh_hourly_series(conn: Connection, now: datetime, *,
                      repair_read=repair_read)
 
 
+def _cells(conn: Connection) -> Any:
+    """Select the cells' keys and figures: the hour as its index (`_figures`)."""
+    return select(hourly_series.c.scope_id, hour_bucket(conn, hourly_series.c.hour),
+                  hourly_series.c.accepted, hourly_series.c.failed, hourly_series.c.settled)
+
+
 def _figures(rows: Any) -> dict[Cell, Figures]:
-    """Return {cell: (accepted, failed, settled)} of hourly_series rows."""
-    return {(r.scope_id, index_of(r.hour)): (int(r.accepted), int(r.failed), int(r.settled))
-            for r in rows}
+    """Return {cell: (accepted, failed, settled)} of the rows `_cells` selects."""
+    return {(scope_id, bucket_index(h)): (int(accepted), int(failed), int(settled))
+            for scope_id, h, accepted, failed, settled in rows}
 
 
 def _stored(conn: Connection, window: datetime,
             edges: tuple[datetime, datetime] | None) -> dict[Cell, Figures]:
     """Return the window's stored cells: all, or those of the edges' hours."""
-    query = select(hourly_series).where(hourly_series.c.hour >= window)
+    query = _cells(conn).where(hourly_series.c.hour >= window)
     if edges is not None:
         old_until, new_from = edges
         query = query.where(or_(hourly_series.c.hour < old_until,
@@ -159,7 +166,7 @@ def _stored_cells(conn: Connection, cells: list[Cell]) -> dict[Cell, Figures]:
     if not cells:
         return {}
     keys = [(scope_id, hour_of(hour)) for scope_id, hour in cells]
-    return _figures(conn.execute(select(hourly_series).where(
+    return _figures(conn.execute(_cells(conn).where(
         tuple_(hourly_series.c.scope_id, hourly_series.c.hour).in_(keys))))
 
 
@@ -219,10 +226,10 @@ def _hour_changes(conn: Connection, hour: int, start: datetime, end: datetime
 
 def _grouped(conn: Connection, where: Any, moved: Any) -> list[tuple[Cell, int, int]]:
     """Return (cell, receipts, receipts where `moved`) for the receipts matching `where`."""
-    hour = hour_index(conn, receipts.c.accepted_at)
+    hour = hour_bucket(conn, receipts.c.accepted_at)
     rows = conn.execute(select(receipts.c.scope_id, hour, func.count(), func.sum(flag(moved)))
                         .where(where).group_by(receipts.c.scope_id, hour))
-    return [((scope_id, int(h)), int(n), int(m or 0)) for scope_id, h, n, m in rows]
+    return [((scope_id, bucket_index(h)), int(n), int(m or 0)) for scope_id, h, n, m in rows]
 
 
 def _count_window(conn: Connection, window: datetime, start: datetime,
@@ -267,35 +274,36 @@ def _failed_changes(conn: Connection, window: datetime) -> tuple[dict[Cell, int]
     """Return {cell: failed receipts now} for the window's cells whose stored failed figure
     differs (0 where none are left), and how many failed receipts were read.
 
-    Failed receipts are counted per scope and the hour they failed and compared with the
-    stored cells that have failures, in one statement: only the differences come back.
+    Failed receipts are counted per scope and the hour they failed and joined with the
+    stored cells that have failures (a full join, both sides in memory) in one statement:
+    only the differences come back. Both sides are read from indexes alone on PostgreSQL
+    (ix_receipts_open, migration 0016; ix_hourly_series_failed, 0017).
     """
     failed_at = func.coalesce(receipts.c.completed_at, receipts.c.accepted_at)
-    hour = hour_index(conn, failed_at)
+    hour = hour_bucket(conn, failed_at)
     counted = (select(receipts.c.scope_id.label("scope_id"), hour.label("h"),
                       func.count().label("n"))
                .where(receipts.c.state == ReceiptState.FAILED.code, failed_at >= window)
                .group_by(receipts.c.scope_id, hour).cte("counted"))
     stored = (select(hourly_series.c.scope_id.label("scope_id"),
-                     hour_index(conn, hourly_series.c.hour).label("h"),
+                     hour_bucket(conn, hourly_series.c.hour).label("h"),
                      hourly_series.c.failed.label("failed"))
               .where(hourly_series.c.hour >= window, hourly_series.c.failed > 0)
               .cte("stored_failed"))
     same_cell = (stored.c.scope_id == counted.c.scope_id) & (stored.c.h == counted.c.h)
-    differ = (select(counted.c.scope_id, counted.c.h, counted.c.n)
-              .select_from(counted.outerjoin(stored, same_cell))
-              .where(or_(stored.c.failed.is_(None), stored.c.failed != counted.c.n)))
-    gone = (select(stored.c.scope_id, stored.c.h, literal(0, Integer))
-            .select_from(stored.outerjoin(counted, same_cell)).where(counted.c.n.is_(None)))
-    read = select(cast(null(), Integer), cast(null(), Integer),
+    differ = (select(func.coalesce(counted.c.scope_id, stored.c.scope_id),
+                     func.coalesce(counted.c.h, stored.c.h), func.coalesce(counted.c.n, 0))
+              .select_from(counted.outerjoin(stored, same_cell, full=True))
+              .where(stored.c.failed.is_distinct_from(counted.c.n)))
+    read = select(cast(null(), Integer), null(),
                   cast(func.coalesce(func.sum(counted.c.n), 0), Integer))
     changes: dict[Cell, int] = {}
     total = 0
-    for scope_id, h, n in conn.execute(union_all(differ, gone, read)):
+    for scope_id, h, n in conn.execute(union_all(differ, read)):
         if scope_id is None:
             total = int(n)
         else:
-            changes[(int(scope_id), int(h))] = int(n)
+            changes[(int(scope_id), bucket_index(h))] = int(n)
     return changes, total
 
 
@@ -313,13 +321,13 @@ def _write_changed(conn: Connection, stored: dict[Cell, Figures],
         figures = (accepted, failed.get(cell, old[1]), settled)
         if figures != old:
             changed[cell] = figures
-    stale = [{"s": s, "h": hour_of(h)} for s, h in changed if (s, h) in stored]
-    if stale:
+    emptied = [{"s": s, "h": hour_of(h)} for (s, h), figures in changed.items()
+               if not any(figures) and (s, h) in stored]
+    if emptied:
         conn.execute(delete(hourly_series).where(hourly_series.c.scope_id == bindparam("s"),
-                                                 hourly_series.c.hour == bindparam("h")), stale)
-    rows = [{"scope_id": s, "hour": hour_of(h), "accepted": a, "failed": f, "settled": st,
-             "refreshed_at": now}
-            for (s, h), (a, f, st) in changed.items() if a or f or st]
-    if rows:
-        conn.execute(insert(hourly_series), rows)
+                                                 hourly_series.c.hour == bindparam("h")),
+                     emptied)
+    upsert(conn, hourly_series, ["scope_id", "hour"], [
+        {"scope_id": s, "hour": hour_of(h), "accepted": a, "failed": f, "settled": st,
+         "refreshed_at": now} for (s, h), (a, f, st) in changed.items() if a or f or st])
     return len(changed)

@@ -40,6 +40,7 @@ from jobs.rollup_band import (
     flag,
     mark_to_step,
     settled_band,
+    upsert,
     write_mark,
 )
 from jobs.rollup_deliveries import refresh_delivery_hours
@@ -158,9 +159,11 @@ def _step_settled(conn: Connection, delta: dict[int, int]) -> dict[int, int]:
     """Apply `delta` to scope_totals; return every scope's settled count."""
     settled = {int(s): int(n) for s, n in conn.execute(select(scope_totals))}
     changed = {s: settled.get(s, 0) + d for s, d in delta.items() if d}
-    if changed:
-        conn.execute(delete(scope_totals).where(scope_totals.c.scope_id.in_(list(changed))))
-        _write_settled(conn, changed)
+    emptied = [s for s, n in changed.items() if not n]
+    if emptied:
+        conn.execute(delete(scope_totals).where(scope_totals.c.scope_id.in_(emptied)))
+    upsert(conn, scope_totals, ["scope_id"],
+           [{"scope_id": s, "settled": n} for s, n in changed.items() if n])
     return settled | changed
 
 
@@ -209,14 +212,11 @@ def _write_changed_counts(conn: Connection,
     stored = {(scope_id, state): (int(n), as_utc(oldest))
               for scope_id, state, n, oldest in conn.execute(select(*columns))}
     changed = {key: value for key, value in counts.items() if stored.get(key) != value}
-    gone = [key for key in stored if key not in counts]
-    stale = [{"s": s, "st": st} for s, st in [*gone, *(k for k in changed if k in stored)]]
-    if stale:
+    gone = [{"s": s, "st": st} for s, st in stored if (s, st) not in counts]
+    if gone:
         conn.execute(delete(scope_counts).where(scope_counts.c.scope_id == bindparam("s"),
-                                                scope_counts.c.state == bindparam("st")), stale)
-    if changed:
-        conn.execute(insert(scope_counts), [
-            {"scope_id": scope_id, "state": state, "count": count,
-             "oldest_accepted_at": oldest, "refreshed_at": now}
-            for (scope_id, state), (count, oldest) in changed.items()])
+                                                scope_counts.c.state == bindparam("st")), gone)
+    upsert(conn, scope_counts, ["scope_id", "state"], [
+        {"scope_id": scope_id, "state": state, "count": count, "oldest_accepted_at": oldest,
+         "refreshed_at": now} for (scope_id, state), (count, oldest) in changed.items()])
     return len(changed) + len(gone)
