@@ -497,3 +497,46 @@ def test_the_failure_group_sweep_runs_on_citus(citus_env):
         assert counters == {senders[1].scope_id: 1}
     finally:
         application.extensions["ledger"].close()
+
+
+def test_the_rollups_count_failures_and_follow_a_requeue_on_citus(citus_env):
+    """The rollups on a distributed ledger: a full run counts two terminal failures per
+    scope and hour (the failed receipts grouped on their nodes, compared with the stored
+    cells of the reference tables); after a requeue, the next run steps from its mark and
+    lowers that cell and that scope's figures alone."""
+    from app import create_app
+    from jobs import rollups
+    from ledger.access import audit
+    from ledger.clock import FixedClock
+    from ledger.db.schema import hourly_series, scope_counts
+    from ledger.worker.requeue import requeue_receipt
+
+    application = create_app({**citus_env, "LEDGER_MAX_ATTEMPTS": "1"})
+    try:
+        svc = application.extensions["ledger"]
+        senders = _two_terminal_failures(application, "evt_rolled")
+        ids = [s.scope_id for s in senders]
+
+        def figures() -> tuple[dict[tuple[int, int], int], dict[int, tuple[int, int]]]:
+            with svc.engine.connect() as conn:
+                counts = {(s, st): int(n) for s, st, n in conn.execute(select(
+                    scope_counts.c.scope_id, scope_counts.c.state, scope_counts.c.count)
+                    .where(scope_counts.c.scope_id.in_(ids)))}
+                cells = {s: (int(a), int(f)) for s, a, f in conn.execute(select(
+                    hourly_series.c.scope_id, func.sum(hourly_series.c.accepted),
+                    func.sum(hourly_series.c.failed))
+                    .where(hourly_series.c.scope_id.in_(ids))
+                    .group_by(hourly_series.c.scope_id))}
+            return counts, cells
+
+        now = datetime.now(UTC)
+        rollups.refresh(svc.engine, FixedClock(now), full_series=True, full_counts=True)
+        assert figures() == ({(ids[0], 2): 1, (ids[1], 2): 1}, {ids[0]: (1, 1), ids[1]: (1, 1)})
+        with svc.engine.begin() as conn:
+            requeue_receipt(conn, audit.Actor(name="test", role="admin"),
+                            scope=senders[0].scope, event_id="evt_rolled",
+                            reason="fixed downstream", now=now)
+        rollups.refresh(svc.engine, FixedClock(now + timedelta(minutes=1)))
+        assert figures() == ({(ids[0], 0): 1, (ids[1], 2): 1}, {ids[0]: (1, 0), ids[1]: (1, 1)})
+    finally:
+        application.extensions["ledger"].close()
