@@ -60,6 +60,7 @@ class Mark:
     counted_at: datetime
     recounted_at: datetime
     repaired_hour: int | None = None
+    repaired_scope: int | None = None
 
 
 def settled_band(now: datetime, retention_seconds: float,
@@ -85,17 +86,19 @@ def read_mark(conn: Connection, name: str) -> Mark | None:
     counted, recounted = as_utc(row.counted_at), as_utc(row.recounted_at)
     assert start and end and counted and recounted  # NOT NULL columns
     return Mark(band=Band(start=start, end=end), counted_at=counted, recounted_at=recounted,
-                repaired_hour=row.repaired_hour)
+                repaired_hour=row.repaired_hour, repaired_scope=row.repaired_scope)
 
 
 def write_mark(conn: Connection, name: str, band: Band, now: datetime,
-               recounted_at: datetime, repaired_hour: int | None = None) -> None:
-    """Store where this run left the band of the rollup `name` (and the hour it repaired)."""
+               recounted_at: datetime, *, repaired_hour: int | None = None,
+               repaired_scope: int | None = None) -> None:
+    """Store where this run left the band of the rollup `name` (and what it repaired)."""
     conn.execute(delete(rollup_marks).where(rollup_marks.c.name == name))
     conn.execute(insert(rollup_marks).values(name=name, settled_from=band.start,
                                              settled_until=band.end, counted_at=now,
                                              recounted_at=recounted_at,
-                                             repaired_hour=repaired_hour))
+                                             repaired_hour=repaired_hour,
+                                             repaired_scope=repaired_scope))
 
 
 def mark_to_step(conn: Connection, name: str, band: Band, now: datetime, *,

@@ -395,6 +395,9 @@ rollup_marks = Table(
     # The hour index the rollup's last run recounted whole (jobs/rollup_series.py); NULL
     # after a full count and for the rollups that do not repair hour by hour.
     Column("repaired_hour", Integer),
+    # The last scope id scope_totals' last run recounted whole (jobs/rollups.py); NULL
+    # after a full count, after the last scope, and for the other rollups.
+    Column("repaired_scope", Integer),
 )
 
 SERIES_MARK = "hourly_series"  # the rollup_marks row of jobs/rollup_series.py

@@ -292,6 +292,8 @@ def test_a_run_after_a_few_changes_reads_only_those(rollup_app):
     assert not second.full
     # 3 new pending, read in the tail and again as unfinished; nothing left the band.
     assert second.receipts_read == 6
+    # The only scope is every run's repair slice: its 303 receipts counted whole.
+    assert second.repair_read == 303
     assert counts[(scope, ReceiptState.COMPLETE.code)][0] == 300
     assert counts[(scope, ReceiptState.PENDING.code)][0] == 3
 
@@ -358,6 +360,43 @@ def test_series_runs_read_what_changed_and_stay_exact_as_receipts_leave_the_band
     assert first.full and first.receipts_read == 5
     # The second step reads the old edge (5) and the newest receipts (2), not the table.
     assert run.receipts_read == 7
+
+
+@pytest.mark.parametrize("period", [7, 60, 290])
+def test_drifted_totals_are_recounted_scope_by_scope_within_the_repair_cycle(
+        rollup_app, monkeypatch, period):
+    """No daily recount of the table: each run counts the receipts of the next scopes
+    whole, as many as its period is of the repair cycle. A drift in every scope's total
+    stays wrong until that scope's turn, and none is left after one cycle."""
+    monkeypatch.setattr(rollups, "REPAIR_CYCLE_SECONDS", 600)
+    svc = rollup_app.extensions["ledger"]
+    clock: FixedClock = svc.clock
+    scopes = [make_sender(rollup_app, name=f"slice{i}").scope_id for i in range(5)]
+    complete = ReceiptState.COMPLETE.code
+    with svc.engine.begin() as conn:
+        for scope in scopes:
+            for i in range(3):  # inside the settled band
+                add_receipt(conn, scope, f"s{i}", state=ReceiptState.COMPLETE,
+                            accepted_at=clock.now() - timedelta(seconds=300))
+        first = rollups.refresh_scope_counts(conn, clock.now(), retention_seconds=RETENTION)
+        # drift: totals the incremental steps never correct by themselves
+        conn.execute(update(scope_totals).values(settled=scope_totals.c.settled + 7))
+    assert first.full
+    wrong, repaired = [], 0
+    for _ in range(-(-600 // period)):
+        clock.advance(period)
+        with svc.engine.begin() as conn:
+            run = rollups.refresh_scope_counts(conn, clock.now(), retention_seconds=RETENTION)
+        assert not run.full
+        repaired += run.repair_read
+        with svc.engine.connect() as conn:
+            counts, truth = rollup(conn), full_recount(conn)
+        wrong.append({s for s in scopes if counts.get((s, complete)) != truth[(s, complete)]})
+    assert 0 < len(wrong[0]) < len(scopes), wrong  # spread over the runs, not all at once
+    assert all(later <= earlier for earlier, later in itertools.pairwise(wrong)), wrong
+    assert wrong[-1] == set() and repaired >= 3 * len(scopes)
+    with svc.engine.connect() as conn:
+        assert rollup(conn) == full_recount(conn)
 
 
 @pytest.mark.parametrize("retention", [RETENTION, DEFAULT_RETENTION_SECONDS],
