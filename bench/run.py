@@ -43,13 +43,9 @@ DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog", "scal
 # Why a measure can miss on this 2-core machine, and where the evidence is (first
 # matching prefix wins: the specific ones come first).
 EXPLANATIONS = (
-    ("rollups daily run", "once a day scope_counts recounts every scope's receipts: it reads"
-     " the table (the series repairs one hour per run instead; bench/README.md, \"Flat costs"
-     " at scale\")"),
     ("rollups scheduled", "the run counts what changed since the previous one: here the"
      " intake measure's receipts entering the band and the cells they change, on top of the"
-     " open set (bench/README.md, \"The 10M purge made flat, the series repair spread over"
-     " the runs\")"),
+     " open set, read whole every run (bench/README.md, \"The rollups run at 10M\")"),
     ("dashboard receipts_prefix", "a prefix list across scopes reads each scope's range of the"
      " primary key in order and stops at the page; a prefix matching little probes every"
      " scope once: grows with scopes, not receipts (\"Flat costs at scale\")"),
@@ -226,27 +222,21 @@ def scale_figures(r: dict[str, Any]) -> list[Figure]:
     if "error" in sched or "error" in ro:
         figures.append(failed(f"rollups scheduled run at {n}",
                               sched.get("error") or ro.get("error", "")))
-        figures.append(failed(f"rollups daily run at {n}",
-                              ro.get("error") or sched.get("error", "")))
     else:
+        counts = sched["scope_counts"]
         figures.append(_with_met(at_most(
             f"rollups scheduled run at {n}", sched["run_seconds"], "s", "target", 2.0, 1.0,
-            f"scope_counts {sched['scope_counts']['seconds']} s reading"
-            f" {sched['scope_counts']['receipts_read']:,} receipts (full recount"
-            f" {full['seconds']} s, {full['receipts_read']:,}); series and"
-            f" delivery hours {sched['series_recent_seconds']} s reading"
-            f" {sched.get('series_receipts_read', 0):,} receipts, and"
-            f" {sched.get('series_repair_read', 0):,} of the hour it recounted whole"),
-            sched["run_seconds"] <= 2.0 and not sched["scope_counts"]["full"]
+            f"scope_counts {counts['seconds']} s reading {counts['receipts_read']:,}"
+            f" receipts and {counts.get('repair_read', 0):,} of the scopes it recounted"
+            f" whole; series and delivery hours {sched['series_recent_seconds']} s reading"
+            f" {sched.get('series_receipts_read', 0):,} receipts and"
+            f" {sched.get('series_repair_read', 0):,} of the hour it recounted whole; no"
+            f" daily recount: the full count, on a first run, after a pause over the purge"
+            f" margin or on demand, took {full['seconds']} s ({full['receipts_read']:,}"
+            f" receipts) and {ro['series_full_seconds']} s for the series"),
+            sched["run_seconds"] <= 2.0 and not counts["full"]
             and not sched.get("series_full", False),
             "<= 2 s, incremental"))
-        figures.append(at_most(
-            f"rollups daily run at {n} (scope_counts recount + a series run)",
-            full["seconds"] + sched["series_recent_seconds"], "s", "target", 2.0, 1.0,
-            f"once a day (jobs/rollup_band.py FULL_RECOUNT_SECONDS) scope_counts recounts"
-            f" {full['receipts_read']:,} receipts in {full['seconds']} s; the series has no"
-            f" daily recount (one hour per run); its full count, on a first run, after a"
-            f" pause over the purge margin or on demand: {ro['series_full_seconds']} s"))
     if "error" in r["dashboard"]:
         figures.append(failed(f"dashboard pages at {n}", r["dashboard"]["error"]))
     else:
@@ -285,7 +275,6 @@ def recorded_10m_figures() -> list[Figure]:
     """Issue 15's 10M rows, not measured by this run: the last recorded figures, marked so."""
     rows = ("intake accepted/s at 10M receipts / 10,000 scopes (>= 0.9x the 100k ledger)",
             "rollups scheduled run at 10M (<= 2 s, incremental)",
-            "rollups daily run at 10M (scope_counts recount + a series run, <= 2 s)",
             "every dashboard page at 10M (p95 <= 300 ms)",
             "purge us per receipt, 1M -> 10M (flat within 20 %)")
     try:
@@ -299,15 +288,13 @@ def recorded_10m_figures() -> list[Figure]:
             + (f" [{doc['note']}]" if doc.get("note") else ""))
     picks = {rows[0]: [f for f in recorded if f.measure.startswith("intake accepted/s at")],
              rows[1]: [f for f in recorded if f.measure.startswith("rollups scheduled")],
-             rows[2]: [f for f in recorded
-                       if f.measure.startswith(("rollups daily", "rollups hourly"))],
-             rows[3]: [f for f in recorded if f.measure.startswith("dashboard ")],
-             rows[4]: [f for f in recorded if f.measure.startswith("purge us per receipt")]}
+             rows[2]: [f for f in recorded if f.measure.startswith("dashboard ")],
+             rows[3]: [f for f in recorded if f.measure.startswith("purge us per receipt")]}
     out = []
     for row, found in picks.items():
         if not found:
             out.append(_not_run(row, f"{when}: not measured then"))
-        elif row == rows[3]:
+        elif row == rows[2]:
             worst = max(found, key=lambda f: f.value)
             missed = [f.measure.split(" at ")[0].removeprefix("dashboard ") for f in found
                       if not f.met]

@@ -34,7 +34,7 @@ def test_a_default_run_prints_the_10m_rows_as_not_run_with_the_last_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run, "RECORDED_10M", tmp_path / "scale_10m.json")
     never = [f for f in run.scale_figures(_scale(1_000_000, 50.0)) if f.not_run]
-    assert len(never) == 5 and all("never recorded" in f.note for f in never)
+    assert len(never) == 4 and all("never recorded" in f.note for f in never)
 
     run.scale_figures(_scale(10_000_000, 420.0))  # a --scale 10m run records its rows
     rows = run.scale_figures(_scale(1_000_000, 50.0))
@@ -44,7 +44,6 @@ def test_a_default_run_prints_the_10m_rows_as_not_run_with_the_last_record(
     assert set(recorded) == {
         "intake accepted/s at 10M receipts / 10,000 scopes (>= 0.9x the 100k ledger)",
         "rollups scheduled run at 10M (<= 2 s, incremental)",
-        "rollups daily run at 10M (scope_counts recount + a series run, <= 2 s)",
         "every dashboard page at 10M (p95 <= 300 ms)",
         "purge us per receipt, 1M -> 10M (flat within 20 %)"}
     pages = recorded["every dashboard page at 10M (p95 <= 300 ms)"]
@@ -53,7 +52,7 @@ def test_a_default_run_prints_the_10m_rows_as_not_run_with_the_last_record(
     assert all(f.note.startswith("not run in the default bench; see --scale 10m, last recorded")
                for f in recorded.values())
     table = report.table(rows)
-    assert table.count("| not run |") == 5
+    assert table.count("| not run |") == 4
 
 
 def test_the_ceilings_are_shown_and_a_missing_one_is_not_measured() -> None:
