@@ -35,12 +35,15 @@ from ledger.scheduling.runner import advisory_key
 HOUR = timedelta(hours=1)
 # Intake stamps accepted_at before it commits: receipts younger than this are
 # recounted every run instead of settled, so a commit up to a minute late is
-# still counted (a later one waits for a recount: scope_totals' daily one, the
-# series' recount of its hour, which comes round every ~171 runs at one a minute).
+# still counted (a later one waits for a recount: scope_totals' recount of its
+# scope, which comes round at least once a day, the series' recount of its hour,
+# which comes round every ~171 runs at one a minute).
 SETTLE_LAG_SECONDS = 60
 # The settled band starts this far after the retention cutoff; a purge (on any
 # instance, clock skew included) cannot delete from it before the next run.
 PURGE_MARGIN_SECONDS = 1800
+# The delivery hours recount in full this often; scope_totals recounts each scope
+# whole once in this time, a slice per run (jobs/rollups.py REPAIR_CYCLE_SECONDS).
 FULL_RECOUNT_SECONDS = 86400
 
 
