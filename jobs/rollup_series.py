@@ -275,9 +275,10 @@ def _failed_changes(conn: Connection, window: datetime) -> tuple[dict[Cell, int]
     differs (0 where none are left), and how many failed receipts were read.
 
     Failed receipts are counted per scope and the hour they failed and joined with the
-    stored cells that have failures (a full join, both sides in memory) in one statement:
-    only the differences come back. Both sides are read from indexes alone on PostgreSQL
-    (ix_receipts_open, migration 0016; ix_hourly_series_failed, 0017).
+    stored cells that have failures in one statement: only the differences come back. On
+    PostgreSQL a full join, both sides read from indexes alone (ix_receipts_open, migration
+    0016; ix_hourly_series_failed, 0017); SQLite before 3.39 has no full join, so there the
+    counted cells left-joined to the stored ones and the stored ones no count matches.
     """
     failed_at = func.coalesce(receipts.c.completed_at, receipts.c.accepted_at)
     hour = hour_bucket(conn, failed_at)
@@ -291,15 +292,20 @@ def _failed_changes(conn: Connection, window: datetime) -> tuple[dict[Cell, int]
               .where(hourly_series.c.hour >= window, hourly_series.c.failed > 0)
               .cte("stored_failed"))
     same_cell = (stored.c.scope_id == counted.c.scope_id) & (stored.c.h == counted.c.h)
-    differ = (select(func.coalesce(counted.c.scope_id, stored.c.scope_id),
+    full = conn.dialect.name == "postgresql"
+    differ = [select(func.coalesce(counted.c.scope_id, stored.c.scope_id),
                      func.coalesce(counted.c.h, stored.c.h), func.coalesce(counted.c.n, 0))
-              .select_from(counted.outerjoin(stored, same_cell, full=True))
-              .where(stored.c.failed.is_distinct_from(counted.c.n)))
+              .select_from(counted.outerjoin(stored, same_cell, full=full))
+              .where(stored.c.failed.is_distinct_from(counted.c.n))]
+    if not full:  # the stored cells whose failures are all gone
+        differ.append(select(stored.c.scope_id, stored.c.h, literal(0, Integer))
+                      .select_from(stored.outerjoin(counted, same_cell))
+                      .where(counted.c.n.is_(None)))
     read = select(cast(null(), Integer), null(),
                   cast(func.coalesce(func.sum(counted.c.n), 0), Integer))
     changes: dict[Cell, int] = {}
     total = 0
-    for scope_id, h, n in conn.execute(union_all(differ, read)):
+    for scope_id, h, n in conn.execute(union_all(*differ, read)):
         if scope_id is None:
             total = int(n)
         else:
