@@ -36,7 +36,7 @@ HOUR = timedelta(hours=1)
 # Intake stamps accepted_at before it commits: receipts younger than this are
 # recounted every run instead of settled, so a commit up to a minute late is
 # still counted (a later one waits for a recount: scope_totals' recount of its
-# scope, which comes round at least once a day, the series' recount of its hour,
+# scope, which comes round within a day and one run, the series' recount of its hour,
 # which comes round every ~171 runs at one a minute).
 SETTLE_LAG_SECONDS = 60
 # The settled band starts this far after the retention cutoff; a purge (on any

@@ -19,7 +19,7 @@
   receipts): each run also counts the receipts of the next few scopes whole,
   as many as the time since the previous run is of REPAIR_CYCLE_SECONDS (a
   day), the cursor kept in `rollup_marks.repaired_scope`, so every scope is
-  recounted at least once a day whatever the runs' period.
+  recounted within a day and one run, whatever the runs' period.
 - `hourly_series` (jobs/rollup_series.py): accepted and failed per scope per
   hour over SERIES_HOURS, kept incrementally on the same settled band; instead of
   a daily recount, each run recounts one hour of the window whole, in turn.
@@ -67,7 +67,7 @@ from ledger.db.schema import ROLLUP_MARK, integrations, receipts, scope_counts, 
 from ledger.db.timestamps import as_utc
 from ledger.domain import ReceiptState
 
-# Every scope's receipts are recounted whole at least once in this time (a slice per run).
+# Every scope's receipts are recounted whole once in this time and one run (a slice a run).
 REPAIR_CYCLE_SECONDS = FULL_RECOUNT_SECONDS
 
 # Re-exported: the rollups' constants and steps are read from here.
@@ -207,7 +207,8 @@ def _slice_end(conn: Connection, after: int | None, since_run: timedelta) -> int
     next one starts again from the first.
 
     The slices follow each other through the scope ids at the rate time passes, so every
-    scope is recounted whole at least once per cycle, whatever the runs' period.
+    scope is recounted whole within a cycle and one run (a slice that reaches the last
+    scope ends there), whatever the runs' period.
     """
     scopes = conn.execute(select(func.count()).select_from(integrations)).scalar_one()
     size = max(1, math.ceil(scopes * since_run.total_seconds() / REPAIR_CYCLE_SECONDS))
