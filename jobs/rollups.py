@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import psycopg
 from sqlalchemy import (
     Connection,
     Engine,
@@ -47,6 +48,7 @@ from sqlalchemy import (
     select,
     union_all,
 )
+from sqlalchemy import exc as sa_exc
 
 from jobs.rollup_band import (
     FULL_RECOUNT_SECONDS,
@@ -66,7 +68,9 @@ from ledger.config import DEFAULT_DELIVERY_LOG_SECONDS, DEFAULT_RETENTION_SECOND
 from ledger.db.schema import ROLLUP_MARK, integrations, receipts, scope_counts, scope_totals
 from ledger.db.timestamps import as_utc
 from ledger.domain import ReceiptState
+from ledger.logs import get_logger
 
+log = get_logger("ledger.jobs.rollups")
 # Every scope's receipts are recounted whole once in this time and one run (a slice a run).
 REPAIR_CYCLE_SECONDS = FULL_RECOUNT_SECONDS
 
@@ -116,6 +120,7 @@ class CountsRun:
     receipts_read: int
     full: bool
     repair_read: int = 0
+    repair_skipped: bool = False  # the slice's count passed the statement timeout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +131,7 @@ class _Totals:
     read: int
     full: bool
     repair_read: int = 0
+    repair_skipped: bool = False
 
 
 def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *,
@@ -147,17 +153,19 @@ def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *
     # replace what the steps made of them.
     after, until = mark.repaired_scope, _slice_end(conn, mark.repaired_scope,
                                                    now - mark.counted_at)
-    recounted = _recount_scopes(conn, after, until, band)
-    for scope_id in {s for s in settled.keys() | totals.keys() | recounted.keys()
-                     if (after is None or s > after) and (until is None or s <= until)}:
-        total, inside = recounted.get(scope_id, (0, 0))
+    recounted = _recount_within_timeout(conn, after, until, band)
+    for scope_id in {s for s in settled.keys() | totals.keys() | (recounted or {}).keys()
+                     if recounted is not None and (after is None or s > after)
+                     and (until is None or s <= until)}:
+        total, inside = (recounted or {}).get(scope_id, (0, 0))
         settled[scope_id], totals[scope_id] = inside, total - inside
     _write_settled(conn, stored, settled)
     for scope_id, n in settled.items():
         totals[scope_id] = totals.get(scope_id, 0) + n
+    # A skipped slice is passed too: the next run goes on, not back to the same scopes.
     write_mark(conn, ROLLUP_MARK, band, now, mark.recounted_at, repaired_scope=until)
-    return _Totals(totals=totals, read=read, full=False,
-                   repair_read=sum(total for total, _ in recounted.values()))
+    return _Totals(totals=totals, read=read, full=False, repair_skipped=recounted is None,
+                   repair_read=sum(total for total, _ in (recounted or {}).values()))
 
 
 def _count_all(conn: Connection, band: Band) -> tuple[dict[int, int], dict[int, int], int]:
@@ -219,6 +227,31 @@ def _slice_end(conn: Connection, after: int | None, since_run: timedelta) -> int
     return int(ids[-1]) if len(ids) == size else None
 
 
+def _recount_within_timeout(conn: Connection, after: int | None, until: int | None,
+                            band: Band) -> dict[int, tuple[int, int]] | None:
+    """Return `_recount_scopes`, or None when it ran past the statement timeout.
+
+    On PostgreSQL the count runs in a savepoint: a scope so big (or so cold) that its
+    count passes `LEDGER_STATEMENT_TIMEOUT_MS` is skipped, with a warning, instead of
+    failing every run at the same slice and leaving the figures stale for good.
+    """
+    if conn.dialect.name != "postgresql":  # no statement timeout on SQLite
+        return _recount_scopes(conn, after, until, band)
+    savepoint = conn.begin_nested()
+    try:
+        counted = _recount_scopes(conn, after, until, band)
+    except sa_exc.OperationalError as error:
+        if not isinstance(error.orig, psycopg.errors.QueryCanceled):
+            raise
+        savepoint.rollback()
+        log.warning("rollups.repair_skipped", after_scope=after, until_scope=until,
+                    hint="the next full count recounts them: after a pause over the purge margin,"
+                         " or refresh(full_counts=True)")
+        return None
+    savepoint.commit()
+    return counted
+
+
 def _recount_scopes(conn: Connection, after: int | None, until: int | None, band: Band
                     ) -> dict[int, tuple[int, int]]:
     """Count the receipts of the scopes in (after, until] whole, in one statement:
@@ -275,7 +308,7 @@ def refresh_scope_counts(conn: Connection, now: datetime, *,
             counts[(scope_id, ReceiptState.COMPLETE.code)] = (complete, None)
     written = _write_changed_counts(conn, counts, now)
     return CountsRun(written=written, receipts_read=read, full=step.full,
-                     repair_read=step.repair_read)
+                     repair_read=step.repair_read, repair_skipped=step.repair_skipped)
 
 
 def _write_changed_counts(conn: Connection,

@@ -446,6 +446,52 @@ def test_drifted_totals_are_recounted_scope_by_scope_within_the_repair_cycle(
     one_cycle()
 
 
+def test_a_repair_slice_past_the_statement_timeout_is_skipped_and_the_runs_go_on(
+        rollup_app, monkeypatch):
+    """A scope too big (or too cold) to count inside the statement timeout must not stop
+    every run at its slice: on PostgreSQL the slice is skipped with a warning, the run's
+    figures are written and the next run repairs the next slice. SQLite has no statement
+    timeout: its slice is counted."""
+    svc = rollup_app.extensions["ledger"]
+    clock: FixedClock = svc.clock
+    scopes = [make_sender(rollup_app, name=f"big{i}").scope_id for i in range(3)]
+    complete = ReceiptState.COMPLETE.code
+    with svc.engine.begin() as conn:
+        for scope in scopes:
+            add_receipt(conn, scope, "b", state=ReceiptState.COMPLETE,
+                        accepted_at=clock.now() - timedelta(seconds=300))
+        assert rollups.refresh_scope_counts(conn, clock.now(), retention_seconds=RETENTION).full
+        conn.execute(update(scope_totals).values(settled=scope_totals.c.settled + 7))
+    postgres = svc.engine.dialect.name == "postgresql"
+    if postgres:
+        counted = rollups._recount_scopes
+
+        def too_slow(conn, *args):  # type: ignore[no-untyped-def]
+            conn.exec_driver_sql("SET LOCAL statement_timeout = '50ms'")
+            conn.exec_driver_sql("SELECT pg_sleep(1)")
+            return counted(conn, *args)
+
+        monkeypatch.setattr(rollups, "_recount_scopes", too_slow)
+
+    def run_and_read() -> tuple[rollups.CountsRun, set[int], int | None]:
+        clock.advance(60)
+        with svc.engine.begin() as conn:
+            run = rollups.refresh_scope_counts(conn, clock.now(), retention_seconds=RETENTION)
+        with svc.engine.connect() as conn:
+            counts, truth = rollup(conn), full_recount(conn)
+            cursor = conn.execute(select(rollup_marks.c.repaired_scope).where(
+                rollup_marks.c.name == "scope_totals")).scalar()
+        return run, {s for s in scopes if counts.get((s, complete)) != truth[(s, complete)]}, cursor
+
+    run, wrong, cursor = run_and_read()
+    assert (run.full, run.repair_skipped, cursor) == (False, postgres, scopes[0])
+    assert wrong == (set(scopes) if postgres else set(scopes[1:]))
+    monkeypatch.undo()
+    run, wrong, cursor = run_and_read()  # the next slice, not the skipped one again
+    assert (run.repair_skipped, cursor) == (False, scopes[1])
+    assert wrong == ({scopes[0], scopes[2]} if postgres else {scopes[2]})
+
+
 @pytest.mark.parametrize("retention", [RETENTION, DEFAULT_RETENTION_SECONDS],
                          ids=["hour-on-the-old-edge", "hour-inside-the-band"])
 def test_a_drifted_series_hour_is_recounted_by_the_run_whose_turn_it_is(rollup_app,
