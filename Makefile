@@ -15,7 +15,8 @@ PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 # Run a second time through a private PgBouncer in transaction mode (LEDGER_DB_PGBOUNCER=1).
 PGBOUNCER_TESTS := tests/integration/test_intake.py tests/integration/test_worker.py \
 	tests/integration/test_scheduler.py tests/integration/test_scheduler_processes.py \
-	tests/integration/test_credentials.py tests/integration/test_dashboard_pages.py
+	tests/integration/test_credentials.py tests/integration/test_dashboard_pages.py \
+	tests/integration/test_db_versions.py
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

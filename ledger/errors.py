@@ -72,6 +72,10 @@ class StorageUnavailable(LedgerError):
     """The database could not be reached or did not answer in time."""
 
 
+class UnsupportedDatabase(LedgerError):
+    """The database server (or SQLite library) is older than the ledger's SQL needs."""
+
+
 def error_summary(error: BaseException) -> str:
     """Return "Class: first line of message" (at most 500 characters) for logs and rows.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import select
+import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +18,12 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 
 from ledger.config import Settings
-from ledger.errors import StorageUnavailable
+from ledger.errors import StorageUnavailable, UnsupportedDatabase
+
+# The oldest databases the ledger's SQL runs on: the rollups bin hours with date_bin
+# (PostgreSQL 14); claims and failure groups use RETURNING (SQLite 3.35).
+MIN_POSTGRES = 140000  # server_version_num
+MIN_SQLITE = (3, 35, 0)
 
 
 def make_engine(settings: Settings, **overrides: Any) -> Engine:
@@ -44,8 +50,18 @@ def make_engine(settings: Settings, **overrides: Any) -> Engine:
     }
     kwargs.update(overrides)
     engine = create_engine(url, **kwargs)
+    event.listen(engine, "connect", _refuse_old_server)
     event.listen(engine, "checkout", _refuse_dead_connection)
     return engine
+
+
+def _refuse_old_server(dbapi_connection: Any, _record: Any) -> None:
+    """New connection: refuse a PostgreSQL server older than MIN_POSTGRES, by name."""
+    version = getattr(getattr(dbapi_connection, "info", None), "server_version", 0)
+    if version and version < MIN_POSTGRES:
+        raise UnsupportedDatabase(
+            f"PostgreSQL {version // 10000} is too old for the ledger: it needs PostgreSQL "
+            f"{MIN_POSTGRES // 10000} or later (README, Limits)")
 
 
 def connection_is_alive(dbapi_connection: Any) -> bool:
@@ -78,6 +94,10 @@ def _refuse_dead_connection(dbapi_connection: Any, _record: Any, _proxy: Any) ->
 
 def _sqlite_engine(url: str, settings: Settings, **overrides: Any) -> Engine:
     """Create a SQLite engine in WAL mode whose transactions take the write lock up front."""
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        raise UnsupportedDatabase(
+            f"SQLite {sqlite3.sqlite_version} is too old for the ledger: it needs SQLite "
+            f"{'.'.join(map(str, MIN_SQLITE))} or later (README, Limits)")
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
         from pathlib import Path
