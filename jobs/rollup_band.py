@@ -25,9 +25,9 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.config import CLOCK_SKEW_SECONDS
+from ledger.db.engine import conflict_insert
 from ledger.db.schema import rollup_marks
 from ledger.db.timestamps import as_utc
 from ledger.scheduling.runner import advisory_key
@@ -140,7 +140,7 @@ def upsert(conn: Connection, table: Table, keys: list[str], rows: list[dict[str,
     """
     if not rows:
         return
-    stmt = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+    stmt = conflict_insert(conn, table)
     conn.execute(stmt.on_conflict_do_update(
         index_elements=keys, set_={c: stmt.excluded[c] for c in rows[0] if c not in keys}),
         rows)

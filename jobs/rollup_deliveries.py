@@ -26,7 +26,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Select, case, delete, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from jobs.rollup_band import (
     HOUR,
@@ -41,6 +40,7 @@ from jobs.rollup_band import (
 )
 from jobs.rollup_series import window_start
 from ledger.config import DEFAULT_DELIVERY_LOG_SECONDS
+from ledger.db.engine import conflict_insert
 from ledger.db.schema import (
     DELIVERY_HOURS_MARK,
     LATENCY_BOUNDS_US,
@@ -136,18 +136,17 @@ def _settled_rows(conn: Connection, since: datetime,
 
 def _add(conn: Connection, cells: dict[Cell, int]) -> int:
     """Add the counts to their cells (upserts); return how many cells were written."""
-    dialect: Any = postgresql if conn.dialect.name == "postgresql" else sqlite
     refused = [{"scope_id": s, "hour": hour_of(h), "refused": n}
                for (s, h, b), n in cells.items() if b == REFUSED]
     latency = [{"scope_id": s, "hour": hour_of(h), "bucket": b, "deliveries": n}
                for (s, h, b), n in cells.items() if b != REFUSED]
     if refused:
-        stmt = dialect.insert(hourly_refusals)
+        stmt = conflict_insert(conn, hourly_refusals)
         conn.execute(stmt.on_conflict_do_update(
             index_elements=["scope_id", "hour"],
             set_={"refused": hourly_refusals.c.refused + stmt.excluded.refused}), refused)
     if latency:
-        stmt = dialect.insert(hourly_latency)
+        stmt = conflict_insert(conn, hourly_latency)
         conn.execute(stmt.on_conflict_do_update(
             index_elements=["scope_id", "hour", "bucket"],
             set_={"deliveries": hourly_latency.c.deliveries + stmt.excluded.deliveries}),

@@ -32,7 +32,7 @@ Each run's time is in `rollup_marks.counted_at`, which the pages show as the fig
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 import psycopg
@@ -123,20 +123,10 @@ class CountsRun:
     repair_skipped: bool = False  # the slice's count passed the statement timeout
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Totals:
-    """Receipts per scope after a run's step, and what the step read."""
-
-    totals: dict[int, int]
-    read: int
-    full: bool
-    repair_read: int = 0
-    repair_skipped: bool = False
-
-
 def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *,
-                    full: bool = False) -> _Totals:
-    """Return the receipts per scope, and move the settled band (and the repair's slice)."""
+                    full: bool = False) -> tuple[dict[int, int], CountsRun]:
+    """Return the receipts per scope and what was read (nothing written yet), and move
+    the settled band (and the repair's slice)."""
     band = settled_band(now, retention_seconds)
     # Locked: a CLI refresh racing the scheduled run would apply one delta twice.
     mark = mark_to_step(conn, ROLLUP_MARK, band, now, full=full, recount_seconds=None)
@@ -145,7 +135,7 @@ def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *
         conn.execute(delete(scope_totals))
         _write_settled(conn, {}, settled)
         write_mark(conn, ROLLUP_MARK, band, now, now)
-        return _Totals(totals=totals, read=read, full=True)
+        return totals, CountsRun(written=0, receipts_read=read, full=True)
     totals, delta, read = _count_edges(conn, mark.band, band)
     stored = {int(s): int(n) for s, n in conn.execute(select(scope_totals))}
     settled = stored | {s: stored.get(s, 0) + d for s, d in delta.items() if d}
@@ -154,18 +144,19 @@ def totals_by_scope(conn: Connection, now: datetime, retention_seconds: float, *
     after, until = mark.repaired_scope, _slice_end(conn, mark.repaired_scope,
                                                    now - mark.counted_at)
     recounted = _recount_within_timeout(conn, after, until, band)
-    for scope_id in {s for s in settled.keys() | totals.keys() | (recounted or {}).keys()
-                     if recounted is not None and (after is None or s > after)
-                     and (until is None or s <= until)}:
-        total, inside = (recounted or {}).get(scope_id, (0, 0))
-        settled[scope_id], totals[scope_id] = inside, total - inside
+    if recounted is not None:
+        for scope_id in settled.keys() | totals.keys() | recounted.keys():
+            if (after is None or scope_id > after) and (until is None or scope_id <= until):
+                total, inside = recounted.get(scope_id, (0, 0))
+                settled[scope_id], totals[scope_id] = inside, total - inside
     _write_settled(conn, stored, settled)
     for scope_id, n in settled.items():
         totals[scope_id] = totals.get(scope_id, 0) + n
     # A skipped slice is passed too: the next run goes on, not back to the same scopes.
     write_mark(conn, ROLLUP_MARK, band, now, mark.recounted_at, repaired_scope=until)
-    return _Totals(totals=totals, read=read, full=False, repair_skipped=recounted is None,
-                   repair_read=sum(total for total, _ in (recounted or {}).values()))
+    return totals, CountsRun(
+        written=0, receipts_read=read, full=False, repair_skipped=recounted is None,
+        repair_read=sum(total for total, _ in (recounted or {}).values()))
 
 
 def _count_all(conn: Connection, band: Band) -> tuple[dict[int, int], dict[int, int], int]:
@@ -289,8 +280,8 @@ def refresh_scope_counts(conn: Connection, now: datetime, *,
                          retention_seconds: float = DEFAULT_RETENTION_SECONDS,
                          full: bool = False) -> CountsRun:
     """Replace scope_counts with fresh figures (/metrics reads its receipt gauges from them)."""
-    step = totals_by_scope(conn, now, retention_seconds, full=full)
-    totals, read = step.totals, step.read
+    totals, step = totals_by_scope(conn, now, retention_seconds, full=full)
+    read = step.receipts_read
     unfinished = conn.execute(
         select(receipts.c.scope_id, receipts.c.state, func.count(),
                func.min(receipts.c.accepted_at))
@@ -307,8 +298,7 @@ def refresh_scope_counts(conn: Connection, now: datetime, *,
         if complete:
             counts[(scope_id, ReceiptState.COMPLETE.code)] = (complete, None)
     written = _write_changed_counts(conn, counts, now)
-    return CountsRun(written=written, receipts_read=read, full=step.full,
-                     repair_read=step.repair_read, repair_skipped=step.repair_skipped)
+    return replace(step, written=written, receipts_read=read)
 
 
 def _write_changed_counts(conn: Connection,

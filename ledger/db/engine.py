@@ -14,8 +14,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Table, create_engine, event
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.config import Settings
 from ledger.errors import StorageUnavailable, UnsupportedDatabase
@@ -24,6 +25,12 @@ from ledger.errors import StorageUnavailable, UnsupportedDatabase
 # (PostgreSQL 14); claims and failure groups use RETURNING (SQLite 3.35).
 MIN_POSTGRES = 140000  # server_version_num
 MIN_SQLITE = (3, 35, 0)
+
+
+def conflict_insert(conn: Connection, table: Table) -> Any:
+    """Return the connection's dialect's INSERT for `table`, which knows ON CONFLICT."""
+    dialect: Any = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
 
 
 def make_engine(settings: Settings, **overrides: Any) -> Engine:

@@ -16,14 +16,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.db import citus
 from ledger.db.driver import DriverStatement, run_pooled, time_to_driver
+from ledger.db.engine import conflict_insert
 from ledger.db.schema import UTCDateTime, conflicts, jobs, receipts, unsigned_bodies
 from ledger.domain import ConflictKind, JobStatus, ReceiptState
-
-
-def _insert(conn: Connection, table: Any) -> Any:
-    """Return the dialect's INSERT, which knows ON CONFLICT."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return dialect.insert(table)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -307,7 +302,7 @@ def record_conflict(
     """
     size = len(incoming_body.encode()) if incoming_body is not None else None
     kept = incoming_body if size is not None and size <= CONFLICT_BODY_LIMIT else None
-    stmt = _insert(conn, conflicts).values(
+    stmt = conflict_insert(conn, conflicts).values(
         scope_id=scope_id, event_id=event_id, kind=kind.value,
         original_event_id=original_event_id, original_sha256=original_sha256,
         incoming_sha256=incoming_sha256, first_seen=now, last_seen=now, count=1,
