@@ -70,49 +70,43 @@ def test_a_claim_on_an_idle_process_is_written_alone_at_once():
     assert store.batches == [["a"], ["b"]]
 
 
-def test_claims_that_arrive_during_a_write_share_the_next_one_up_to_the_limit():
-    store = Store()
-    group: GroupCommit[str, str] = GroupCommit(store.write, limit=3)
+def _during_a_write(store: Store, limit: int, items: list[str]) -> dict[str, object]:
+    """Submit `items` while a first claim is being written, then one more; return every
+    answer."""
+    group: GroupCommit[str, str] = GroupCommit(store.write, limit=limit)
     store.release.clear()
     first = _submit_all(group, ["first"])
     assert store.entered.wait(10)
-    rest = _submit_all(group, [f"e{n}" for n in range(5)])
-    _queued(group, 5)
+    rest = _submit_all(group, items)
+    _queued(group, len(items))
     store.release.set()
     answers = _join(first) | _join(rest)
-    assert answers == {"first": "FIRST"} | {f"e{n}": f"E{n}" for n in range(5)}
-    assert [len(b) for b in store.batches] == [1, 3, 2]
-    assert sorted(chain.from_iterable(store.batches[1:])) == [f"e{n}" for n in range(5)]
+    answers["after"] = group.submit("after")  # and the process takes claims after it
+    return answers
+
+
+def test_claims_that_arrive_during_a_write_share_the_next_one_up_to_the_limit():
+    store = Store()
+    answers = _during_a_write(store, 3, [f"e{n}" for n in range(5)])
+    assert answers == {"first": "FIRST", "after": "AFTER"} | {f"e{n}": f"E{n}" for n in range(5)}
+    assert [len(b) for b in store.batches] == [1, 3, 2, 1]
+    assert sorted(chain.from_iterable(store.batches[1:3])) == [f"e{n}" for n in range(5)]
 
 
 def test_one_claims_own_error_is_answered_to_it_alone():
     store = Store()
-    group: GroupCommit[str, str] = GroupCommit(store.write, limit=64)
-    store.release.clear()
-    first = _submit_all(group, ["first"])
-    assert store.entered.wait(10)
-    rest = _submit_all(group, ["ok1", "bad", "ok2"])
-    _queued(group, 3)
-    store.release.set()
-    answers = _join(first) | _join(rest)
-    assert [len(b) for b in store.batches] == [1, 3]
+    answers = _during_a_write(store, 64, ["ok1", "bad", "ok2"])
+    assert [len(b) for b in store.batches] == [1, 3, 1]
     assert (answers["ok1"], answers["ok2"], answers["first"]) == ("OK1", "OK2", "FIRST")
     assert isinstance(answers["bad"], ValueError)
 
 
 def test_a_failed_transaction_fails_every_claim_in_it_and_the_next_batch_still_runs():
     store = Store()
-    group: GroupCommit[str, str] = GroupCommit(store.write, limit=64)
-    store.release.clear()
-    first = _submit_all(group, ["first"])
-    assert store.entered.wait(10)
-    doomed = _submit_all(group, ["x", "boom", "y"])
-    _queued(group, 3)
-    store.release.set()
-    answers = _join(first) | _join(doomed)
+    answers = _during_a_write(store, 64, ["x", "boom", "y"])
     assert answers["first"] == "FIRST"
     assert all(isinstance(answers[k], OSError) for k in ("x", "boom", "y"))
-    assert group.submit("after") == "AFTER"
+    assert answers["after"] == "AFTER"
     assert store.batches[-1] == ["after"]
 
 
