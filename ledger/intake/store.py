@@ -156,7 +156,7 @@ class DriverClaim:
     - SQLite: BEGIN IMMEDIATE, insert the receipt, then the job, or read the
       recorded receipt, COMMIT; the claims waiting in this process share that
       transaction, a savepoint each (`GroupCommit`, `group_limit` of them at
-      most; 1 claims each alone).
+      most).
     - PostgreSQL with the ledger distributed by Citus (`ledger db distribute`):
       the same statements as on SQLite, in one transaction on the scope's node.
 
@@ -173,9 +173,9 @@ class DriverClaim:
         self._prepared = _DRIVER_CLAIM.prepared(dialect) if self._postgresql else None
         self._distributed: bool | None = None  # read on the first claim: no I/O here
         # SQLite: the claims that reach this process together share one transaction
-        # (ledger.intake.group_commit); 0 or 1 writes each claim alone.
+        # (ledger.intake.group_commit); a limit of 1 writes each claim alone.
         self._group: GroupCommit[NewEvent, Any] | None = None
-        if not self._postgresql and group_limit > 1:
+        if not self._postgresql:
             database = engine.url.database
             gate = (ProcessFileLock(f"{database}-intake.lock").held
                     if database and database != ":memory:" and not database.startswith("file:")
@@ -210,8 +210,8 @@ class DriverClaim:
             row = run_pooled(self._engine, self._claim_distributed, event,
                              what=_DRIVER_CLAIM.what)
         else:
-            work = self._claim_postgresql if self._postgresql else self._claim_sqlite
-            row = run_pooled(self._engine, work, event, what=_DRIVER_CLAIM.what)
+            row = run_pooled(self._engine, self._claim_postgresql, event,
+                             what=_DRIVER_CLAIM.what)
         if row is True:
             return True, None
         if row is None:
@@ -248,16 +248,6 @@ class DriverClaim:
                 row = True
         conn.commit()
         return row
-
-    def _claim_sqlite(self, conn: Any, event: NewEvent) -> Any:
-        cursor = conn.cursor()
-        try:
-            cursor.execute("BEGIN IMMEDIATE")
-            row = self._claim_sqlite_one(cursor, event)
-            cursor.execute("COMMIT")
-            return row
-        finally:
-            cursor.close()
 
     def _write_sqlite_group(self, events: Sequence[NewEvent]) -> list[Any]:
         """Claim `events` in one SQLite transaction, each under its own savepoint."""
