@@ -8,7 +8,8 @@ Both are measured in the same run as the intake (issue 15, "where the rest goes"
    payload, COMMIT (fsync on, the server's settings as they are).
 2. The server's HMAC-only ceiling: bench/hmac_only.py (read the body, check the
    HMAC, parse the JSON, answer 202; no database) under the same gunicorn shape,
-   loaded by wrk with the same kind of pre-signed requests.
+   loaded by wrk with the same kind of pre-signed requests. Its CPU per request
+   (bench/cpu.py) is the least any intake served by gunicorn and Flask spends.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from bench import cpu
 from bench import env as benv
 from bench.intake import CONNECTIONS, THREADS, signed_files
 from bench.loadgen import run_wrk
@@ -73,13 +75,15 @@ def hmac_only(e: benv.BenchEnv, shape: benv.ServerShape, public_id: str,
     files = signed_files(e.tmp, "ceiling-hmac", public_id, seconds)
     warm = signed_files(e.tmp, "ceiling-hmac-warm", public_id, 2)
     with benv.gunicorn("bench.hmac_only:app", {"THIN_SECRET": benv.SECRET}, shape,
-                       cwd=benv.ROOT, log=e.tmp / "hmac-only.log") as (base, _):
+                       cwd=benv.ROOT, log=e.tmp / "hmac-only.log") as (base, server):
         run_wrk(f"{base}/hooks/{public_id}", warm, seconds=2)
-        result = run_wrk(f"{base}/hooks/{public_id}", files, seconds=seconds)
+        with cpu.measured(server.pid) as use:
+            result = run_wrk(f"{base}/hooks/{public_id}", files, seconds=seconds)
     ok = result.requests - result.status_errors
     return {"answered_per_s": ok / result.seconds if result.seconds else 0.0,
             "requests": result.requests, "non_2xx": result.status_errors,
-            "p99_ms": result.p99_ms, "seconds": round(result.seconds, 2)}
+            "p99_ms": result.p99_ms, "seconds": round(result.seconds, 2),
+            "cpu": use.per_request_ms(result.requests)}
 
 
 def measure(e: benv.BenchEnv, shape: benv.ServerShape, public_id: str,

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
+from bench import cpu
 from bench import env as benv
 from bench.loadgen import WrkResult, presign, run_wrk
 from bench.schemas import create_thin_pg, create_thin_sqlite
@@ -32,6 +33,7 @@ class Run:
 
     wrk: WrkResult
     accepted: int
+    cpu: cpu.CpuUse | None = None
 
     @property
     def accepted_per_second(self) -> float:
@@ -43,7 +45,8 @@ class Run:
         return {"requests": self.wrk.requests, "seconds": round(self.wrk.seconds, 2),
                 "accepted": self.accepted, "p50_ms": self.wrk.p50_ms, "p99_ms": self.wrk.p99_ms,
                 "errors": self.wrk.errors, "non_2xx": self.wrk.status_errors,
-                "wraps": self.wrk.wraps}
+                "wraps": self.wrk.wraps,
+                "cpu": self.cpu.per_request_ms(self.wrk.requests) if self.cpu else None}
 
 
 @dataclass(slots=True)
@@ -53,6 +56,7 @@ class Target:
     base: str
     db_url: str
     path: str
+    pid: int | None = None  # the server's master: its CPU is measured during each run
 
     def receipts(self) -> int:
         """Return how many receipts the database holds."""
@@ -67,9 +71,10 @@ class Target:
 def load_run(target: Target, files: Path, seconds: float, limits: str | None = None) -> Run:
     """Replay `files` at `target` for `seconds`; count what was committed."""
     before = target.receipts()
-    result = run_wrk(target.base + target.path, files, seconds=seconds,
-                     connections=CONNECTIONS, threads=THREADS, limits=limits)
-    return Run(wrk=result, accepted=target.receipts() - before)
+    with cpu.measured(target.pid) as use:
+        result = run_wrk(target.base + target.path, files, seconds=seconds,
+                         connections=CONNECTIONS, threads=THREADS, limits=limits)
+    return Run(wrk=result, accepted=target.receipts() - before, cpu=use)
 
 
 def signed_files(tmp: Path, tag: str, public_id: str, seconds: float) -> Path:
@@ -152,11 +157,11 @@ def measure_pg(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dic
     thin_env = {"THIN_DATABASE_URL": thin_url.replace("+psycopg", ""), "THIN_SECRET": benv.SECRET}
     log = e.tmp / "intake-pg.log"
     with benv.gunicorn("thin_intake:app", thin_env, shape, cwd=benv.ROOT / "bench",
-                       log=log) as (thin_base, _), \
+                       log=log) as (thin_base, thin_server), \
             benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
-                          log=log) as (ours_base, _):
-        thin = Target(thin_base, thin_url, f"/hooks/{public_id}")
-        ours = Target(ours_base, ours_url, f"/hooks/{public_id}")
+                          log=log) as (ours_base, ours_server):
+        thin = Target(thin_base, thin_url, f"/hooks/{public_id}", thin_server.pid)
+        ours = Target(ours_base, ours_url, f"/hooks/{public_id}", ours_server.pid)
         runs = abba(e, thin, ours, seconds, "pg")
         dup = duplicates(e, ours, runs, seconds)
     return summarize(runs) | {"duplicates": dup}
@@ -171,11 +176,12 @@ def measure_sqlite(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) ->
     thin_env = {"THIN_DATABASE_URL": f"sqlite:///{thin_path}", "THIN_SECRET": benv.SECRET}
     log = e.tmp / "intake-sqlite.log"
     with benv.gunicorn("thin_intake:app", thin_env, shape, cwd=benv.ROOT / "bench",
-                       log=log) as (thin_base, _), \
+                       log=log) as (thin_base, thin_server), \
             benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
-                          log=log) as (ours_base, _):
-        thin = Target(thin_base, f"sqlite:///{thin_path}", f"/hooks/{public_id}")
-        ours = Target(ours_base, ours_url, f"/hooks/{public_id}")
+                          log=log) as (ours_base, ours_server):
+        thin = Target(thin_base, f"sqlite:///{thin_path}", f"/hooks/{public_id}",
+                      thin_server.pid)
+        ours = Target(ours_base, ours_url, f"/hooks/{public_id}", ours_server.pid)
         return summarize(abba(e, thin, ours, seconds, "sqlite"))
 
 
@@ -189,6 +195,8 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
         out[f"{name}_p99_ms"] = mean(r.wrk.p99_ms for r in runs[name])
         out[f"{name}_wraps"] = sum(r.wrk.wraps for r in runs[name])
         out[f"{name}_errors"] = sum(r.wrk.errors + r.wrk.status_errors for r in runs[name])
+        out[f"{name}_cpu"] = cpu.summed([r.cpu for r in runs[name] if r.cpu],
+                                        sum(r.wrk.requests for r in runs[name]))
     return out
 
 

@@ -29,6 +29,9 @@ class Figure:
     # A row of the targets that this run did not measure (the 10M rows of a default run):
     # printed with its last recorded figures, counted neither met nor missed.
     not_run: bool = False
+    # What this run measured about why the figure is what it is (bench/cpu.py's CPU per
+    # request, say): printed under "Missed, and why" before the general explanation.
+    profile: str = ""
 
 
 def percentile(samples: list[float], q: float) -> float:

@@ -1,0 +1,133 @@
+"""The bench's CPU accounting (bench/cpu.py) and the "missed, and why" it feeds: a miss is
+explained by the CPU this run measured, per delivery, against what the target allows."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench import cpu, run
+
+SPIN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
+# A master that forks a worker which burns CPU and exits, then burns some itself and
+# waits: the exited worker's CPU is in the master's children counters.
+TREE = """
+import os, sys, time
+def spin(s):
+    end = time.process_time() + s
+    while time.process_time() < end:
+        pass
+sys.stdin.readline()
+if os.fork() == 0:
+    spin(0.4)
+    os._exit(0)
+spin(0.2)
+os.wait()
+sys.stdout.write("done\\n"); sys.stdout.flush()
+sys.stdin.readline()
+"""
+
+
+def test_a_servers_cpu_counts_its_workers_even_those_that_exited_during_the_run() -> None:
+    with subprocess.Popen([sys.executable, "-c", TREE], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as master:
+        assert master.stdin is not None and master.stdout is not None
+        time.sleep(0.3)  # the interpreter's start-up is not part of the run
+        with cpu.measured(master.pid) as use:
+            master.stdin.write("go\n")
+            master.stdin.flush()
+            assert master.stdout.readline() == "done\n"
+        master.stdin.write("end\n")
+        master.stdin.flush()
+    assert 0.55 <= use.web <= 1.0  # 0.4 s in the exited worker + 0.2 s in the master
+    assert use.busy >= use.web * 0.9  # the machine saw it too
+    assert use.wall > 0 and use.cores == (os.cpu_count() or 1)
+
+
+def test_a_waited_for_load_generator_is_counted_apart_from_the_server() -> None:
+    with cpu.measured(None) as use:
+        subprocess.run([sys.executable, "-c", SPIN.format(seconds=0.3)], check=True)
+    assert use.web == 0.0
+    assert 0.25 <= use.wrk <= 0.8
+    figures = use.per_request_ms(100)
+    assert figures["wrk_ms"] == pytest.approx(1000 * use.wrk / 100, rel=0.01)
+    assert 0.0 <= figures["idle_share"] <= 1.0 and 0.0 <= figures["stolen_share"] <= 1.0
+
+
+@pytest.fixture(autouse=True)
+def two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budgets below are worked out for this machine's 2 cores."""
+    monkeypatch.setattr(run.os, "cpu_count", lambda: 2)
+
+
+def _measured(web_ms: float, rest_ms: float, wrk_ms: float = 0.05, idle: float = 0.02,
+              stolen: float = 0.0) -> dict[str, float]:
+    return {"web_ms": web_ms, "rest_ms": rest_ms, "wrk_ms": wrk_ms, "idle_share": idle,
+            "stolen_share": stolen}
+
+
+def _intake(ours: dict[str, float], thin: dict[str, float],
+            hmac: dict[str, float] | None) -> dict[str, object]:
+    ceilings = {"postgres": {"tps": 6000.0, "clients": 16},
+                "hmac_only": {"answered_per_s": 3800.0, "p99_ms": 20.0}}
+    if hmac is not None:
+        ceilings["hmac_only"]["cpu"] = hmac  # type: ignore[assignment]
+    return {"ours_accepted_per_s": 1300.0, "thin_accepted_per_s": 1300.0,
+            "ours_p99_ms": 60.0, "thin_p99_ms": 57.0, "thin_wraps": 0, "ours_wraps": 0,
+            "ours_cpu": ours, "thin_cpu": thin, "ceilings": ceilings,
+            "runs": {"ours": [{"p99_ms": 50.0}, {"p99_ms": 70.0}],
+                     "thin": [{"p99_ms": 55.0}, {"p99_ms": 59.0}]},
+            "duplicates": {"dup_per_s": 1500.0, "new_accepted_per_s": 1300.0,
+                           "dup_new_receipts": 0}}
+
+
+def test_a_miss_the_hmac_check_alone_could_not_meet_says_so_with_this_runs_figures() -> None:
+    # 2.0x of 1,300/s is 2,600/s: 2 cores leave 0.77 ms a delivery; the HMAC check, our
+    # database share and wrk's take 0.42 + 0.30 + 0.05 = 0.77... ms: more.
+    r = _intake(_measured(1.09, 0.31), _measured(1.10, 0.35), _measured(0.42, 0.0))
+    figures = run.intake_figures(r)
+    why = run.explain(figures[0], figures)
+    assert "leaves 0.77 ms of the 2 cores per delivery" in why
+    assert "ours 1.09 ms in the web processes + 0.31 ms in the database" in why
+    assert "the HMAC-only server 0.42 ms" in why
+    assert "(0.78 ms) is more than that: no intake served by gunicorn" in why
+    assert "3,800/s" in why  # the ceilings' explanation follows
+
+
+def test_a_miss_within_reach_says_how_far_the_web_processes_must_fall() -> None:
+    r = _intake(_measured(1.09, 0.20), _measured(1.10, 0.35), _measured(0.30, 0.0))
+    why = run.explain(run.intake_figures(r)[0])
+    assert "Ours spends 1.34 ms: the web processes would have to fall from 1.09 to 0.52" in why
+    assert "no intake" not in why
+
+
+def test_a_miss_with_cores_to_spare_is_waiting_not_cpu() -> None:
+    r = _intake(_measured(0.50, 0.10, idle=0.4), _measured(1.10, 0.35), None)
+    r["thin_accepted_per_s"] = 500.0  # 2.0x is 1,000/s: 2 ms a delivery, 0.65 spent
+    assert "bounds it is waiting, not CPU" in run.explain(run.intake_figures(r)[0])
+
+
+def test_time_the_host_took_shrinks_the_budget_and_is_printed() -> None:
+    r = _intake(_measured(1.0, 0.3, stolen=0.25), _measured(1.0, 0.3), None)
+    why = run.explain(run.intake_figures(r)[0])
+    assert "25% taken by the host" in why
+    assert "leaves 0.58 ms of the 2 cores" in why  # 2 x 0.75 / 2,600 per s
+
+
+def test_the_p99_miss_prints_every_runs_tail() -> None:
+    r = _intake(_measured(1.0, 0.3), _measured(1.0, 0.3), None)
+    p99 = run.intake_figures(r)[1]
+    assert not p99.met
+    assert "ours 50, 70, thin 55, 59" in run.explain(p99)
+
+
+def test_a_run_without_cpu_figures_keeps_the_general_explanation() -> None:
+    r = _intake(_measured(1.0, 0.3), _measured(1.0, 0.3), None)
+    del r["ours_cpu"]
+    intake = run.intake_figures(r)[0]
+    assert intake.profile == ""
+    assert "CPU-bound" in run.explain(intake)
