@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from bench import cpu as cpu_of
 from bench import env as benv
 from bench import storage
 from bench.datagen import DataSpec, generate
@@ -173,11 +174,9 @@ def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
 
 
 def _cpu_ticks() -> tuple[int, int]:
-    """Return (busy, total) CPU ticks of the whole machine from /proc/stat."""
-    # user nice system idle iowait irq softirq steal (guest time is inside user)
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
+    """Return (busy, total) CPU ticks of the whole machine (stolen time counts as busy)."""
+    ticks = cpu_of.machine_ticks()
+    return ticks.all - ticks.idle, ticks.all
 
 
 def _busy_share(since: tuple[int, int]) -> float:

@@ -8,8 +8,9 @@ profile:
   (gunicorn recycles workers; an exited worker's CPU moves into the master's
   children's counters, which are read too);
 - wrk: this process's waited-for children (`RUSAGE_CHILDREN`);
-- the rest: the machine's busy time (`/proc/stat`) minus both, which is
-  PostgreSQL's backends on the intake runs (nothing else runs during a bench);
+- the rest: the machine's busy time (`/proc/stat`) minus both: PostgreSQL's
+  backends on the intake runs, and whatever else the machine runs (its idle
+  services; nothing else of ours runs during a bench);
 - idle: the share of both cores' time nobody used;
 - stolen: the share the hypervisor gave to other guests (`steal` in `/proc/stat`):
   on a shared host this, not the code, can be what slows a whole run.
@@ -20,11 +21,13 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from bench import env as benv
 
 TICK = float(os.sysconf("SC_CLK_TCK"))
 
@@ -74,21 +77,41 @@ class CpuUse:
                 "wrk_ms": round(1000 * self.wrk / requests, 3), **shares}
 
 
-def _machine() -> tuple[float, float]:
-    """Return (busy, stolen) CPU seconds of the whole machine since boot."""
+class Ticks(NamedTuple):
+    """The whole machine's CPU time since boot, in clock ticks (`/proc/stat`)."""
+
+    busy: int  # user, nice, system, irq, softirq (guest time is inside user)
+    idle: int  # idle + iowait
+    stolen: int  # steal
+    all: int  # the eight together
+
+
+def machine_ticks() -> Ticks:
+    """Return the machine's CPU ticks so far, by kind."""
     with open("/proc/stat") as stat:
         # user nice system idle iowait irq softirq steal
         f = [int(x) for x in stat.readline().split()[1:9]]
-    return (f[0] + f[1] + f[2] + f[5] + f[6]) / TICK, f[7] / TICK
+    return Ticks(busy=f[0] + f[1] + f[2] + f[5] + f[6], idle=f[3] + f[4], stolen=f[7],
+                 all=sum(f))
 
 
 def _stat(pid: int) -> list[str] | None:
     """Return the fields of /proc/<pid>/stat after the command name, or None if gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:
         return None
     return raw.rsplit(")", 1)[1].split()  # [0] is the state, field 3 of proc(5)
+
+
+def pid_seconds(pids: Iterable[int]) -> float:
+    """Return the user + system CPU seconds the live processes `pids` used so far."""
+    total = 0
+    for pid in pids:
+        fields = _stat(pid)
+        if fields is not None:
+            total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14, 15
+    return total / TICK
 
 
 def tree_seconds(master_pid: int) -> float:
@@ -97,13 +120,7 @@ def tree_seconds(master_pid: int) -> float:
     if master is None:
         return 0.0
     # utime, stime, cutime, cstime are fields 14-17 of proc(5): [11:15] here.
-    total = sum(int(x) for x in master[11:15])
-    children = Path(f"/proc/{master_pid}/task/{master_pid}/children")
-    for pid in (children.read_text().split() if children.exists() else ()):
-        worker = _stat(int(pid))
-        if worker is not None:
-            total += int(worker[11]) + int(worker[12])
-    return total / TICK
+    return sum(int(x) for x in master[11:15]) / TICK + pid_seconds(benv.worker_pids(master_pid))
 
 
 def _waited_children() -> float:
@@ -116,11 +133,11 @@ def measured(master_pid: int | None) -> Iterator[CpuUse]:
     """Fill a CpuUse with what the `with` block's run cost (wrk must be waited for in it)."""
     use = CpuUse(cores=os.cpu_count() or 1)
     web0 = tree_seconds(master_pid) if master_pid else 0.0
-    wrk0, (busy0, stolen0), wall0 = _waited_children(), _machine(), time.monotonic()
+    wrk0, ticks0, wall0 = _waited_children(), machine_ticks(), time.monotonic()
     yield use
     use.wall = time.monotonic() - wall0
-    busy, stolen = _machine()
-    use.busy, use.stolen = busy - busy0, stolen - stolen0
+    ticks = machine_ticks()
+    use.busy, use.stolen = (ticks.busy - ticks0.busy) / TICK, (ticks.stolen - ticks0.stolen) / TICK
     use.wrk = _waited_children() - wrk0
     use.web = (tree_seconds(master_pid) - web0) if master_pid else 0.0
 

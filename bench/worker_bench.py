@@ -20,11 +20,11 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, insert, make_url, text
 
+from bench import cpu
 from bench import env as benv
 from bench.datagen import copy_rows, create_scopes, event_id
 from ledger.access.secrets_box import load_box
@@ -99,10 +99,10 @@ def completions(url: str, commands: list[list[str]], env: dict[str, str],
         _wait_until_working(url, procs, started=jobs_left(url))
         backends = _backend_pids(url)
         before, t0, cpu0 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
-        db0, machine0 = _pid_cpu_seconds(backends), _machine_ticks()
+        db0, machine0 = cpu.pid_seconds(backends), _machine_ticks()
         time.sleep(seconds)
         after, t1, cpu1 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
-        db1, machine1 = _pid_cpu_seconds(backends), _machine_ticks()
+        db1, machine1 = cpu.pid_seconds(backends), _machine_ticks()
         if after == 0:
             raise RuntimeError("the backlog ran out during the window: raise jobs_count")
         total, idle = (b - a for a, b in zip(machine0, machine1, strict=True))
@@ -129,8 +129,8 @@ def _backend_pids(url: str) -> list[int]:
 
 def _machine_ticks() -> tuple[int, int]:
     """Return (all, idle + iowait) CPU ticks of the machine so far (/proc/stat)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return sum(fields), fields[3] + fields[4]
+    ticks = cpu.machine_ticks()
+    return ticks.all, ticks.idle
 
 
 def _wait_until_working(url: str, procs: list[subprocess.Popen], started: int,
@@ -197,19 +197,7 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000, *,
 
 def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
     """Return the user + system CPU seconds the processes used so far."""
-    return _pid_cpu_seconds([proc.pid for proc in procs])
-
-
-def _pid_cpu_seconds(pids: list[int]) -> float:
-    """Return the user + system CPU seconds the processes `pids` used so far."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return cpu.pid_seconds(proc.pid for proc in procs)
 
 
 def measure_sqlite(e: benv.BenchEnv, seconds: float, batch: int, baseline_batch: int = 1,

@@ -36,6 +36,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import make_url
 
+from bench import cpu as cpu_of
 from bench import env as benv
 from bench import raw_claim
 from bench.worker_bench import _backend_pids, backlog
@@ -76,8 +77,7 @@ def counted_round_trips() -> Iterator[None]:
 
 def backend_cpu(pid: int) -> float:
     """Return the CPU seconds a PostgreSQL backend used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_of.pid_seconds([pid])
 
 
 def measure_raw(url: str, warmup: int, jobs: int) -> dict[str, float]:
