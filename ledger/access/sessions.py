@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, delete, func, insert, select, text, update
+from sqlalchemy.exc import OperationalError
 
 from ledger.access.operators import Operator, get_operator_by_id
 from ledger.db.schema import login_failures, operator_sessions
@@ -18,6 +19,14 @@ TOUCH_SECONDS = 60
 # First key of the two-key PostgreSQL advisory lock that serializes login attempts of one
 # rate-limit key (the second is hashtext(key)); the one-key space is the scheduler's.
 LOGIN_LOCK_CLASS = 0x4C4F47  # "LOG"
+# PostgreSQL's SQLSTATE for a lock wait that ran past lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+# What a sign-in refused for contention (LoginBusy) tells the client to wait.
+BUSY_RETRY_SECONDS = 2
+
+
+class LoginBusy(Exception):
+    """Other sign-ins of the same rate-limit key held its lock past the lock timeout."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,15 +129,30 @@ def reserve_login_attempt(conn: Connection, key: str, now: datetime, window_seco
     slow password check let parallel guesses all pass the check (16 evaluated against a
     limit of 5); here each attempt takes its slot before any password is looked at.
     SQLite serializes the whole transaction (BEGIN IMMEDIATE); PostgreSQL takes a
-    transaction-scoped advisory lock on the key.
+    transaction-scoped advisory lock on the key, and raises LoginBusy when that lock
+    stays taken past lock_timeout: only sign-ins of this very key hold it, so the wait
+    means a burst on one key, answered as a rate limit, not as storage trouble.
     """
     if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(:cls, hashtext(:key))"),
-                     {"cls": LOGIN_LOCK_CLASS, "key": key})
+        _lock_login_key(conn, key)
     wait = retry_after(conn, key, now, window_seconds, max_failures)
     if not wait:
         record_failure(conn, key, now, window_seconds)
     return wait
+
+
+def _lock_login_key(conn: Connection, key: str) -> None:
+    """Take the key's advisory lock for the transaction, or raise LoginBusy.
+
+    After a lock timeout the transaction is aborted: LoginBusy must leave it (rollback).
+    """
+    try:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:cls, hashtext(:key))"),
+                     {"cls": LOGIN_LOCK_CLASS, "key": key})
+    except OperationalError as error:
+        if getattr(error.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        raise LoginBusy(key) from error
 
 
 def clear_failures(conn: Connection, key: str) -> None:

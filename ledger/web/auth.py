@@ -27,6 +27,8 @@ from werkzeug.wrappers import Response as BaseResponse
 from ledger.access import audit
 from ledger.access.operators import Operator, operator_for_token, password_hash_of, verify_password
 from ledger.access.sessions import (
+    BUSY_RETRY_SECONDS,
+    LoginBusy,
     SessionPolicy,
     clear_failures,
     end_session,
@@ -247,15 +249,21 @@ def login_submit() -> BaseResponse:
     password = request.form.get("password", "")
     key = login_key(username, client_address())
     window, limit = svc.settings.login_window_seconds, svc.settings.login_max_failures
-    with svc.engine.begin() as conn:
-        # Counts as a failure from here until the password proves right (atomic).
-        wait = reserve_login_attempt(conn, key, svc.clock.now(), window, limit)
-        operator, stored = password_hash_of(conn, username)
+    try:
+        with svc.engine.begin() as conn:
+            # Counts as a failure from here until the password proves right (atomic).
+            wait = reserve_login_attempt(conn, key, svc.clock.now(), window, limit)
+    except LoginBusy:
+        return _login_error(429, f"Other sign-ins for {username!s} from your address are "
+                                 "being checked. Try again in a few seconds.",
+                            retry_after=BUSY_RETRY_SECONDS)
     if wait:
         minutes = max(1, (wait + 59) // 60)
         return _login_error(429, f"Too many failed sign-ins for {username!s} from your "
                                  f"address. Try again in {minutes} minute"
                                  f"{'s' if minutes != 1 else ''}.", retry_after=wait)
+    with svc.engine.connect() as conn:  # read apart: the key's lock is held briefly
+        operator, stored = password_hash_of(conn, username)
     ok = verify_password(stored, password) and operator is not None and bool(password)
     if not ok or operator is None:  # the failure was recorded with the reservation above
         return _login_error(401, "Wrong username or password.")

@@ -11,12 +11,16 @@ from typing import Any
 import pytest
 import requests
 from argon2 import PasswordHasher
+from sqlalchemy import create_engine, text
 
 import ledger.access.operators
+from ledger.access.sessions import LOGIN_LOCK_CLASS, login_key, recent_failures
 from ledger.config import Settings
+from tests.conftest import TEST_AUDIT_KEY, TEST_MASTER_KEY
 from tests.dashboard_helpers import (
     CSRF,
     PASSWORD,
+    csrf_token,
     fast_hashes,  # noqa: F401  (autouse fixture)
     logged_in,
     login,
@@ -141,6 +145,43 @@ def test_trusted_proxies_setting_is_strict(raw: str) -> None:
 def test_trusted_proxies_defaults_to_zero() -> None:
     assert Settings.from_env({}).trusted_proxies == 0
     assert Settings.from_env({"LEDGER_TRUSTED_PROXIES": "2"}).trusted_proxies == 2
+
+
+def test_a_burst_on_one_key_past_the_lock_timeout_is_a_rate_limit_not_an_outage(  # type: ignore[no-untyped-def]
+        pg_url, tmp_path) -> None:
+    """PostgreSQL serializes the sign-ins of one key on an advisory lock. A sign-in that
+    waits past lock_timeout behind the others of its key is refused as too many (429,
+    Retry-After), not as storage trouble (503), and nothing of it is recorded."""
+    from app import create_app
+
+    env = {"DATABASE_URL": pg_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
+           "LEDGER_AUDIT_KEY": TEST_AUDIT_KEY, "LEDGER_VAR_DIR": str(tmp_path),
+           "LEDGER_SECRET_KEY": "test-secret-key", "LEDGER_DB_LOCK_TIMEOUT_MS": "200"}
+    app = create_app(env)
+    try:
+        make_operator(app, "sam", "security")
+        client = app.test_client()
+        token = csrf_token(client, "/login")
+        key = login_key("sam", "127.0.0.1")
+        holder = create_engine(pg_url)
+        try:
+            with holder.begin() as conn:  # another sign-in of the key, still being checked
+                conn.execute(text("SELECT pg_advisory_xact_lock(:cls, hashtext(:key))"),
+                             {"cls": LOGIN_LOCK_CLASS, "key": key})
+                answer = client.post("/login", data={"username": "sam", "password": PASSWORD,
+                                                     "csrf_token": token})
+        finally:
+            holder.dispose()
+        assert answer.status_code == 429
+        assert answer.headers["Retry-After"] == "2"
+        assert "being checked" in answer.get_data(as_text=True)
+        svc = app.extensions["ledger"]
+        with svc.engine.connect() as conn:
+            assert recent_failures(conn, key, svc.clock.now(), 3600) == 0
+        # Once the other sign-in is done, the same form signs in.
+        assert login(client, "sam").status_code == 303
+    finally:
+        app.extensions["ledger"].close()
 
 
 # Real HTTP against a multi-process gunicorn, on both databases.
