@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 from bench import big, ceilings, intake, report, scale, servers, worker_bench
@@ -114,17 +115,25 @@ def cpu_budget(r: dict[str, Any], minimum: float, database: str) -> str:
     ours, thin = r.get("ours_cpu"), r.get("thin_cpu")
     if not ours or not thin or not ours.get("web_ms"):
         return ""
-    cores = os.cpu_count() or 1
-    wanted = minimum * r["thin_accepted_per_s"]
-    budget = 1000 * cores * (1 - ours["stolen_share"]) / wanted if wanted else 0.0
     hmac = (r.get("ceilings") or {}).get("hmac_only", {}).get("cpu")
     text = (f"Measured in this run (CPU per delivery, bench/cpu.py): ours {_ms(ours)}, the"
             f" cores {ours['idle_share']:.0%} idle and {ours['stolen_share']:.0%} taken by the"
             f" host; the thin intake {_ms(thin)}, {thin['idle_share']:.0%} idle")
     if hmac:
         text += f"; the HMAC-only server {hmac['web_ms']:.2f} ms in its web processes"
-    text += (f". {minimum}x the thin intake is {wanted:,.0f} deliveries/s, which leaves"
-             f" {budget:.2f} ms of the {cores} cores per delivery.")
+    return text + ". " + _reach(r, minimum, f"{minimum}x", database)
+
+
+def _reach(r: dict[str, Any], minimum: float, label: str, database: str) -> str:
+    """Return what `minimum` x the thin intake's deliveries/s leaves per delivery, and
+    whether the HMAC-only floor, or else ours, fits in it (cpu_budget's verdict)."""
+    ours = r["ours_cpu"]
+    cores = os.cpu_count() or 1
+    wanted = minimum * r["thin_accepted_per_s"]
+    budget = 1000 * cores * (1 - ours["stolen_share"]) / wanted if wanted else 0.0
+    hmac = (r.get("ceilings") or {}).get("hmac_only", {}).get("cpu")
+    text = (f"{label} the thin intake is {wanted:,.0f} deliveries/s, which leaves"
+            f" {budget:.2f} ms of the {cores} cores per delivery.")
     spent = ours["web_ms"] + ours["rest_ms"] + ours["wrk_ms"]
     floor = (hmac["web_ms"] + ours["rest_ms"] + ours["wrk_ms"]) if hmac else None
     if floor is not None and floor > budget:
@@ -141,16 +150,36 @@ def cpu_budget(r: dict[str, Any], minimum: float, database: str) -> str:
     return text
 
 
-def p99_profile(r: dict[str, Any]) -> str:
-    """Return each run's p99 with the idle share: a tail that moves between runs."""
+def p99_profile(r: dict[str, Any], target: float = 0.7) -> str:
+    """Return each run's p50 and p99, their spread, and what a closed loop implies.
+
+    wrk keeps 16 requests in flight, so the mean latency is 16 / answered per second:
+    with the thin intake's spread of the tail (p99 / p50), ours reaches `target` x its
+    p99 only by answering 1 / `target` x its deliveries/s, a CPU budget (_reach).
+    """
     runs = r.get("runs", {})
     if not runs.get("ours") or not runs.get("thin"):
         return ""
     each = {name: ", ".join(f"{run['p99_ms']:.0f}" for run in runs[name])
             for name in ("ours", "thin")}
-    return (f"Measured in this run: p99 of each run (ms, ABBA order) ours {each['ours']},"
+    text = (f"Measured in this run: p99 of each run (ms, ABBA order) ours {each['ours']},"
             f" thin {each['thin']}; the cores"
             f" {r.get('ours_cpu', {}).get('idle_share', 0):.0%} idle under ours.")
+    if not all(run.get("p50_ms") for name in ("ours", "thin") for run in runs[name]):
+        return text
+    spread = {name: mean(run["p99_ms"] / run["p50_ms"] for run in runs[name])
+              for name in ("ours", "thin")}
+    p50 = {name: ", ".join(f"{run['p50_ms']:.0f}" for run in runs[name])
+           for name in ("ours", "thin")}
+    text += (f" p50 ours {p50['ours']}, thin {p50['thin']}: p99 / p50 ours"
+             f" {spread['ours']:.1f}, thin {spread['thin']:.1f}. With {intake.CONNECTIONS}"
+             f" requests always in flight the latency follows the throughput: {target}x the"
+             f" thin intake's p99 takes {1 / target:.2f}x its deliveries/s at the same"
+             f" p99 / p50, or at the same deliveries/s a p99 / p50 of"
+             f" {target * spread['thin']:.1f}.")
+    if r.get("ours_cpu", {}).get("web_ms") and r.get("thin_cpu"):
+        text += " " + _reach(r, 1 / target, f"{1 / target:.2f}x", "PostgreSQL")
+    return text
 
 
 def intake_figures(r: dict[str, Any]) -> list[Figure]:

@@ -125,6 +125,20 @@ def test_the_p99_miss_prints_every_runs_tail() -> None:
     assert "ours 50, 70, thin 55, 59" in run.explain(p99)
 
 
+def test_the_p99_miss_says_what_throughput_or_tail_the_target_takes() -> None:
+    r = _intake(_measured(1.0, 0.3), _measured(1.0, 0.3), _measured(0.42, 0.0))
+    r["runs"] = {"ours": [{"p50_ms": 20.0, "p99_ms": 60.0}, {"p50_ms": 25.0, "p99_ms": 100.0}],
+                 "thin": [{"p50_ms": 20.0, "p99_ms": 50.0}, {"p50_ms": 20.0, "p99_ms": 70.0}]}
+    why = run.explain(run.intake_figures(r)[1])
+    assert "p50 ours 20, 25, thin 20, 20: p99 / p50 ours 3.5, thin 3.0" in why
+    # 16 in flight: 0.7x the p99 takes 1/0.7 x 1,300/s = 1,857/s, 1.08 ms a delivery on
+    # 2 cores; ours spends 1.35 ms, the HMAC-only floor 0.77 ms fits.
+    assert "takes 1.43x its deliveries/s at the same p99 / p50" in why
+    assert "a p99 / p50 of 2.1" in why
+    assert "1.43x the thin intake is 1,857 deliveries/s, which leaves 1.08 ms" in why
+    assert "the web processes would have to fall from 1.00 to 0.73 ms" in why
+
+
 def test_a_run_without_cpu_figures_keeps_the_general_explanation() -> None:
     r = _intake(_measured(1.0, 0.3), _measured(1.0, 0.3), None)
     del r["ours_cpu"]
