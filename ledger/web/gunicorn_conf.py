@@ -101,7 +101,9 @@ def pre_fork(_server: Any, _worker: Any) -> None:
     write copies a page. Measured in the intake bench, one such collection per worker
     took 300-870 ms (0 objects freed), holding the GIL while all 16 threads of that
     worker waited; frozen, the collections took 1-20 ms (bench/README.md, "Intake
-    p99"). The app's objects live as long as the process, so none is kept from freeing.
+    p99"). Frozen objects are never collected, even if they later become garbage; the
+    app's objects live as long as the process, and a worker's peak RSS after 100,000
+    requests stayed at 83 MB (bench "Memory").
     """
     gc.freeze()
 
