@@ -150,7 +150,7 @@ def _reach(r: dict[str, Any], minimum: float, label: str, database: str) -> str:
     return text
 
 
-def p99_profile(r: dict[str, Any], target: float = 0.7) -> str:
+def p99_profile(r: dict[str, Any], target: float) -> str:
     """Return each run's p50 and p99, their spread, and what a closed loop implies.
 
     wrk keeps 16 requests in flight, so the mean latency is 16 / answered per second:
@@ -192,7 +192,8 @@ def intake_figures(r: dict[str, Any]) -> list[Figure]:
                          r["thin_accepted_per_s"], 2.0, note),
                 profile=cpu_budget(r, 2.0, "PostgreSQL")),
         replace(at_most("intake p99 latency (PostgreSQL)", r["ours_p99_ms"], "ms",
-                        "thin intake p99", r["thin_p99_ms"], 0.7), profile=p99_profile(r)),
+                        "thin intake p99", r["thin_p99_ms"], 0.7),
+                profile=p99_profile(r, 0.7)),
         at_least("duplicate deliveries/s", dup["dup_per_s"], "/s",
                  "our accepted/s (new events, interleaved runs)", dup["new_accepted_per_s"],
                  1.0, f"{dup['dup_new_receipts']} new receipts during the duplicate runs"

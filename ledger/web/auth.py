@@ -253,6 +253,7 @@ def login_submit() -> BaseResponse:
         with svc.engine.begin() as conn:
             # Counts as a failure from here until the password proves right (atomic).
             wait = reserve_login_attempt(conn, key, svc.clock.now(), window, limit)
+            operator, stored = password_hash_of(conn, username)
     except LoginBusy:
         return _login_error(429, f"Other sign-ins for {username!s} from your address are "
                                  "being checked. Try again in a few seconds.",
@@ -262,8 +263,6 @@ def login_submit() -> BaseResponse:
         return _login_error(429, f"Too many failed sign-ins for {username!s} from your "
                                  f"address. Try again in {minutes} minute"
                                  f"{'s' if minutes != 1 else ''}.", retry_after=wait)
-    with svc.engine.connect() as conn:  # read apart: the key's lock is held briefly
-        operator, stored = password_hash_of(conn, username)
     ok = verify_password(stored, password) and operator is not None and bool(password)
     if not ok or operator is None:  # the failure was recorded with the reservation above
         return _login_error(401, "Wrong username or password.")
