@@ -128,9 +128,17 @@ DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL, what="worker
 # --- batches (LEDGER_WORKER_BATCH > 1; ledger.worker.batch) --------------------------
 # The batch claim: the claim CTEs above for up to :batch jobs at once, each with
 # its own fencing token, lease and attempt row, all with the same lease end.
-# `picked` locks the oldest due jobs (as `due` above); `ranked` numbers them
-# (window functions cannot share a level with FOR UPDATE); `due` keeps the
-# first one always and the others only if neither it nor they must run alone:
+# A batch is one scope's jobs where it can be: `oldest` locks the oldest due job,
+# `mates` the oldest due jobs of its scope (ix_jobs_scope_due; `oldest`'s row is
+# among them, a row this statement locked is not skipped), and `others` fills the
+# batch with the oldest due jobs of other scopes only when that scope has fewer.
+# A batch holds the rows its handlers write (per-scope rows such as an account's
+# balance) until it commits, so batches of many scopes made four workers wait on
+# each other's rows: 0.72 of 4 PostgreSQL sessions in a lock wait on the demo's
+# balance rows, sampled (bench/README.md, "Workers", sixth round).
+# `ranked` numbers the picked jobs (window functions cannot share a level with
+# FOR UPDATE); `due` keeps the first one always and the others only if neither it
+# nor they must run alone:
 # a job whose last lease expired unfinished (leased_by is still set: its worker
 # vanished, and it may be what killed it) or whose handler has a prepare step
 # (:alone_types: slow work outside any transaction) is claimed by itself, so a
@@ -138,15 +146,32 @@ DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL, what="worker
 # time. Picked jobs left out are unlocked when the statement (autocommit) or
 # the completion's transaction ends, still due.
 _BATCH_CLAIM_CTES = """
-picked AS MATERIALIZED (
+oldest AS MATERIALIZED (
+    SELECT scope_id FROM jobs
+    WHERE status = 0 AND run_at <= :now{due}
+    ORDER BY run_at
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), mates AS MATERIALIZED (
     SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload,
            run_at, leased_by IS NOT NULL
                    OR event_type = ANY(CAST(:alone_types AS text[])) AS alone
     FROM jobs
-    WHERE status = 0 AND run_at <= :now{due}
+    WHERE status = 0 AND run_at <= :now AND scope_id = (SELECT scope_id FROM oldest){due}
     ORDER BY run_at
     LIMIT :batch
     FOR UPDATE SKIP LOCKED
+), others AS MATERIALIZED (
+    SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload,
+           run_at, leased_by IS NOT NULL
+                   OR event_type = ANY(CAST(:alone_types AS text[])) AS alone
+    FROM jobs
+    WHERE status = 0 AND run_at <= :now AND scope_id <> (SELECT scope_id FROM oldest){due}
+    ORDER BY run_at
+    LIMIT :batch - (SELECT count(*) FROM mates)
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT * FROM mates UNION ALL SELECT * FROM others
 ), ranked AS MATERIALIZED (
     SELECT *, row_number() OVER (ORDER BY run_at, scope_id, event_id) AS place FROM picked
 ), due AS MATERIALIZED (

@@ -425,3 +425,37 @@ def test_a_job_whose_handler_prepares_is_claimed_alone(test_env):
             assert _history(app, event_id) == ("complete", [(1, "w-alone", "complete")], False)
     finally:
         app.extensions["ledger"].close()
+
+
+def test_a_batch_takes_the_oldest_jobs_scope_first_on_postgresql(test_env):
+    """On PostgreSQL a batch is the oldest due job and its scope's next due jobs, then the
+    oldest of other scopes to fill it: a batch holds the per-scope rows its handlers write
+    (an account's balance) until it commits, so batches of few scopes keep workers from
+    waiting on each other's rows. SQLite has one writer and claims plainly oldest first.
+    The first batch is claimed on its own, the next ones by each completion."""
+    app = create_app({**test_env, "LEDGER_WORKER_BATCH": "3"},
+                     clock=FixedClock(datetime.now(UTC)))
+    try:
+        svc = app.extensions["ledger"]
+        a, b = make_sender(app, account="acme"), make_sender(app, account="globex")
+        order = ((a, "a1"), (b, "b1"), (a, "a2"), (b, "b2"), (a, "a3"), (b, "b3"), (b, "b4"))
+        for sender, event_id in order:
+            _send(app, sender, event_id)
+            svc.clock.advance(1)
+        worker = Worker(svc, worker_id="w-scope")
+        worker._stop = threading.Event()  # not stopping: a completion claims the next batch
+        claims, leased = [], batch.claim(worker)
+        while leased:
+            claims.append(sorted(one[0][1].event_id for one in leased))
+            worker._next_batch = leased
+            batch.process_batch(worker)
+            leased, worker._next_batch = worker._next_batch, []
+        if svc.engine.dialect.name == "postgresql":
+            assert claims == [["a1", "a2", "a3"], ["b1", "b2", "b3"], ["b4"]]
+        else:
+            assert claims == [["a1", "a2", "b1"], ["a3", "b2", "b3"], ["b4"]]
+        assert (_balance(app, a), _balance(app, b)) == (3, 4)
+        for _, event_id in order:
+            assert _history(app, event_id) == ("complete", [(1, "w-scope", "complete")], False)
+    finally:
+        app.extensions["ledger"].close()
