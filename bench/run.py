@@ -67,8 +67,9 @@ EXPLANATIONS = (
     ("duplicate", "duplicates and new events share one CPU-bound path (\"Intake CPU\")"),
     ("worker completions/s on SQLite", "see bench/README.md, \"Workers\", batches on SQLite"),
     ("worker", "per job the ledger does about twice the raw loop's database work by design"
-     " (attempt rows, fencing); batches of 8 share one commit and one claim: 1.27-1.33x in"
-     " runs at load 4-16, 0.54-0.67x at batch 1 (bench/README.md, \"Workers\")"),
+     " (attempt rows, fencing); batches of 8 share one commit and one claim; the CPU per job"
+     " and the sessions' lock and WAL waits above tell which bound it met"
+     " (bench/README.md, \"Workers\", sixth round)"),
     ("bytes", "not reachable while the unique key on (scope, event id) is exact: 204.6 B with"
      " every heap lever, `python -m bench.layouts` (bench/README.md, \"Bytes per receipt\")"),
     ("retention purge rows/s under", "300k/s under load needs half a core of a CPU-saturated"
@@ -241,6 +242,10 @@ def worker_figures(r: dict[str, Any]) -> list[Figure]:
             f" {r['ours_db_cpu_ms_per_job']:.2f} ms, raw {r['raw_cpu_ms_per_job']:.2f} +"
             f" {r['raw_db_cpu_ms_per_job']:.2f} ms; machine idle {r['ours_idle_share']:.0%}"
             f" / {r['raw_idle_share']:.0%}")
+    if "ours_lock_waits" in r:
+        note += ("; PostgreSQL sessions in a row-lock wait, mean per sample:"
+                 f" ours {r['ours_lock_waits']:.2f}, raw {r['raw_lock_waits']:.2f};"
+                 f" in a WAL flush: ours {r['ours_wal_waits']:.2f}, raw {r['raw_wal_waits']:.2f}")
     if "other_per_s" in r:
         note += (f"; --batch {r['compare_batch']}: {r['other_per_s']:,.0f}/s"
                  f" ({r['other_per_s'] / r['raw_per_s']:.3f}x raw),"

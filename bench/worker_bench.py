@@ -100,17 +100,50 @@ def completions(url: str, commands: list[list[str]], env: dict[str, str],
         backends = _backend_pids(url)
         before, t0, cpu0 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
         db0, machine0 = cpu.pid_seconds(backends), _machine_ticks()
-        time.sleep(seconds)
+        waits = _sample_waits(url, backends, seconds)
         after, t1, cpu1 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
         db1, machine1 = cpu.pid_seconds(backends), _machine_ticks()
         if after == 0:
             raise RuntimeError("the backlog ran out during the window: raise jobs_count")
         total, idle = (b - a for a, b in zip(machine0, machine1, strict=True))
         return {"done": max(before - after, 1), "seconds": t1 - t0, "cpu": cpu1 - cpu0,
-                "db_cpu": db1 - db0, "idle": idle / max(total, 1)}
+                "db_cpu": db1 - db0, "idle": idle / max(total, 1), **waits}
     finally:
         for proc in procs:
             benv.stop(proc)
+
+
+SAMPLE_EVERY = 0.05  # seconds between two reads of the sessions' wait events
+
+
+def _sample_waits(url: str, backends: list[int], seconds: float) -> dict[str, float]:
+    """Sleep `seconds` while sampling what the sessions wait on; return the mean per sample.
+
+    `lock_waits`: sessions waiting on a heavyweight lock (another transaction's row),
+    `wal_waits`: sessions waiting to flush or write the WAL (a commit). Sums over the
+    samples, with `samples`: divide for the mean number of sessions. SQLite: none.
+    """
+    deadline = time.monotonic() + seconds
+    if not backends:
+        time.sleep(seconds)
+        return {"lock_waits": 0.0, "wal_waits": 0.0, "samples": 0.0}
+    engine = create_engine(url)
+    lock_waits = wal_waits = samples = 0
+    try:
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            while time.monotonic() < deadline:
+                row = conn.execute(text(
+                    "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'),"
+                    " count(*) FILTER (WHERE wait_event IN ('WALSync', 'WALWrite'))"
+                    " FROM pg_stat_activity WHERE pid = ANY(:pids)"), {"pids": backends}).one()
+                lock_waits, wal_waits, samples = (lock_waits + row[0], wal_waits + row[1],
+                                                  samples + 1)
+                time.sleep(min(SAMPLE_EVERY, max(deadline - time.monotonic(), 0)))
+    finally:
+        engine.dispose()
+    return {"lock_waits": float(lock_waits), "wal_waits": float(wal_waits),
+            "samples": float(samples)}
 
 
 def _backend_pids(url: str) -> list[int]:
@@ -162,8 +195,7 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000, *,
     backlog(e, source, jobs_count)
     template = make_url(source).database
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    totals = {side: {"done": 0.0, "seconds": 0.0, "cpu": 0.0, "db_cpu": 0.0, "idle": 0.0}
-              for side in ("raw", "ours", "other")}
+    totals = _empty_totals("raw", "ours", "other")
     window = seconds / order.count("raw")  # each side runs `seconds` in all
     with open(e.tmp / "workers.log", "ab") as log:
         for run, side in enumerate(order):
@@ -192,7 +224,17 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000, *,
             "ours_db_cpu_ms_per_job": 1000 * ours["db_cpu"] / ours["done"],
             # idle shares summed over the runs of a side: divide for the mean
             "raw_idle_share": raw["idle"] / order.count("raw"),
-            "ours_idle_share": ours["idle"] / order.count("ours")}
+            "ours_idle_share": ours["idle"] / order.count("ours"),
+            # mean sessions in a lock wait / a WAL wait, sampled every SAMPLE_EVERY s
+            **{f"{name}_{kind}": side[kind] / max(side["samples"], 1)
+               for name, side in (("raw", raw), ("ours", ours))
+               for kind in ("lock_waits", "wal_waits")}}
+
+
+def _empty_totals(*sides: str) -> dict[str, dict[str, float]]:
+    """Return each side's sums of what `completions` measures, all zero."""
+    keys = ("done", "seconds", "cpu", "db_cpu", "idle", "lock_waits", "wal_waits", "samples")
+    return {side: dict.fromkeys(keys, 0.0) for side in sides}
 
 
 def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
@@ -210,8 +252,7 @@ def measure_sqlite(e: benv.BenchEnv, seconds: float, batch: int, baseline_batch:
     source = e.sqlite_url("work_backlog")
     backlog(e, source, jobs_count)
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    totals = {side: {"done": 0.0, "seconds": 0.0, "cpu": 0.0, "db_cpu": 0.0, "idle": 0.0}
-              for side in ("base", "ours")}
+    totals = _empty_totals("base", "ours")
     sizes = {"base": baseline_batch, "ours": batch}
     window = seconds / ORDER.count("raw")
     with open(e.tmp / "workers-sqlite.log", "ab") as log:
