@@ -53,6 +53,11 @@ class ConflictKind(StrEnum):
     REPLAYED_BODY = "replayed_body"
 
 
+def scope_name(account: str, name: str) -> str:
+    """Return the consumer scope of an integration: `account/integration`."""
+    return f"{account}/{name}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Integration:
     """One sender connected to one account; its id is the dedup scope."""
@@ -75,7 +80,7 @@ class Integration:
     @property
     def scope(self) -> str:
         """Return the consumer scope `account/integration`."""
-        return f"{self.account}/{self.name}"
+        return scope_name(self.account, self.name)
 
     @classmethod
     def from_row(cls, row: Any) -> Integration:

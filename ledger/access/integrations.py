@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from ledger.access import audit
 from ledger.access.secrets_box import SecretBox
 from ledger.db.schema import integrations
-from ledger.domain import Integration
+from ledger.domain import Integration, scope_name
 from ledger.errors import NotFound, Refused
 from ledger.ids import EVENT_TYPE, INTEGRATION_ID, SLUG, new_integration_id
 from ledger.intake.signatures import HMAC, PROFILE_NAMES, PROFILES
@@ -111,6 +112,19 @@ def get_integration_by_id(conn: Connection, integration_id: int) -> Integration:
     if row is None:
         raise NotFound("integration", str(integration_id))
     return Integration.from_row(row)
+
+
+_SCOPE_NAMES = (select(integrations.c.id, integrations.c.account, integrations.c.name)
+                .where(integrations.c.id.in_(bindparam("ids", expanding=True))))
+
+
+def scope_names(conn: Connection, integration_ids: Collection[int]) -> dict[int, str]:
+    """Return the scope (`account/integration`) of each of these internal ids that exists.
+
+    One statement for many: a worker's batch names the scopes of all its jobs at once.
+    """
+    rows = conn.execute(_SCOPE_NAMES, {"ids": sorted(integration_ids)})
+    return {int(row.id): scope_name(row.account, row.name) for row in rows}
 
 
 def get_integration_by_scope(conn: Connection, scope: str) -> Integration:

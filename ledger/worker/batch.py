@@ -87,7 +87,8 @@ def claim(worker: Worker) -> list[Leased]:
 
 def _leased(worker: Worker, conn: Connection, claims: list[Claim], request: BatchRequest
             ) -> list[Leased]:
-    """Return the claims with their scope names."""
+    """Return the claims with their scope names (those not cached read in one statement)."""
+    worker._cache_scopes(conn, (one[0].scope_id for one in claims))
     found = (worker._leased(conn, one, request.claim) for one in claims)
     return [one for one in found if one is not None]
 

@@ -34,6 +34,7 @@ from ledger.worker import batch
 from ledger.worker.handlers import HandlerSpec, Registry
 from ledger.worker.loop import Worker, WorkerHooks
 from tests.helpers import deliver, make_sender
+from tests.integration.test_scope_keyed import captured_sql
 
 WAIT = 30  # seconds: the bound of every wait in this module
 ROOT = Path(__file__).resolve().parents[2]
@@ -457,5 +458,30 @@ def test_a_batch_takes_the_oldest_jobs_scope_first_on_postgresql(test_env):
         assert (_balance(app, a), _balance(app, b)) == (3, 4)
         for _, event_id in order:
             assert _history(app, event_id) == ("complete", [(1, "w-scope", "complete")], False)
+    finally:
+        app.extensions["ledger"].close()
+
+
+def test_a_batch_names_the_scopes_of_its_jobs_in_one_statement(test_env):
+    """A worker reads a scope's name once and keeps it; a batch's uncached scopes are read
+    together, so a worker over many scopes does not pay a query per job."""
+    app = create_app({**test_env, "LEDGER_WORKER_BATCH": "8"},
+                     clock=FixedClock(datetime.now(UTC)))
+    try:
+        svc = app.extensions["ledger"]
+        senders = [make_sender(app, account=f"acct{i}") for i in range(5)]
+        for i, sender in enumerate(senders):
+            _send(app, sender, f"evt_{i}")
+            svc.clock.advance(1)
+        worker = Worker(svc, worker_id="w-names")
+        with captured_sql(svc.engine) as statements:
+            leased = batch.claim(worker)
+        assert sorted(scope for _, scope, _ in leased) == sorted(s.scope for s in senders)
+        assert len([s for s in statements if " from integrations" in s]) == 1, statements
+        worker._next_batch = leased
+        batch.process_batch(worker)
+        for i, sender in enumerate(senders):
+            assert _balance(app, sender) == 1
+            assert _history(app, f"evt_{i}") == ("complete", [(1, "w-names", "complete")], False)
     finally:
         app.extensions["ledger"].close()
