@@ -145,6 +145,10 @@ DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL, what="worker
 # job that kills its worker costs its batch-mates an attempt once, not every
 # time. Picked jobs left out are unlocked when the statement (autocommit) or
 # the completion's transaction ends, still due.
+_PICKED = """
+    SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload,
+           run_at, leased_by IS NOT NULL
+                   OR event_type = ANY(CAST(:alone_types AS text[])) AS alone"""
 _BATCH_CLAIM_CTES = """
 oldest AS MATERIALIZED (
     SELECT scope_id FROM jobs
@@ -152,19 +156,13 @@ oldest AS MATERIALIZED (
     ORDER BY run_at
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), mates AS MATERIALIZED (
-    SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload,
-           run_at, leased_by IS NOT NULL
-                   OR event_type = ANY(CAST(:alone_types AS text[])) AS alone
+), mates AS MATERIALIZED (""" + _PICKED + """
     FROM jobs
     WHERE status = 0 AND run_at <= :now AND scope_id = (SELECT scope_id FROM oldest){due}
     ORDER BY run_at
     LIMIT :batch
     FOR UPDATE SKIP LOCKED
-), others AS MATERIALIZED (
-    SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload,
-           run_at, leased_by IS NOT NULL
-                   OR event_type = ANY(CAST(:alone_types AS text[])) AS alone
+), others AS MATERIALIZED (""" + _PICKED + """
     FROM jobs
     WHERE status = 0 AND run_at <= :now AND scope_id <> (SELECT scope_id FROM oldest){due}
     ORDER BY run_at
