@@ -32,9 +32,11 @@ class SlowSender:
         host, port = base_url.removeprefix("http://").split(":")
         self.sock = socket.create_connection((host, int(port)), timeout=30)
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        # Before the send: the server's deadline starts once it has the headers, which
+        # can be before sendall returns here (a wait read as 0.9996 s for a 1 s deadline).
+        self.started = time.monotonic()
         self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n{head}"
                           f"Content-Length: {DECLARED}\r\n\r\n{{".encode())
-        self.started = time.monotonic()
         self.reply = b""
         self.answered_after: float | None = None
         self._reader = threading.Thread(target=self._read_reply, daemon=True)
