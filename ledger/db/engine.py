@@ -14,11 +14,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, Table, create_engine, event
+from sqlalchemy import Connection, Engine, Table, create_engine, event, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.config import Settings
+from ledger.db.writer_turns import connection_factory
 from ledger.errors import StorageUnavailable, UnsupportedDatabase
 
 # The oldest databases the ledger's SQL runs on: the rollups bin hours with date_bin
@@ -106,11 +107,17 @@ def _sqlite_engine(url: str, settings: Settings, **overrides: Any) -> Engine:
             f"SQLite {sqlite3.sqlite_version} is too old for the ledger: it needs SQLite "
             f"{'.'.join(map(str, MIN_SQLITE))} or later (README, Limits)")
     path = url.split("///", 1)[-1]
+    connect_args: dict[str, Any] = {"timeout": 10, "check_same_thread": False}
     if path and path != ":memory:":
         from pathlib import Path
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    kwargs: dict[str, Any] = {"connect_args": {"timeout": 10, "check_same_thread": False}}
+    database = make_url(url).database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        # Each transaction waits for its writer turn before BEGIN IMMEDIATE
+        # (ledger.db.writer_turns): the kernel's queue, not the busy handler's sleeps.
+        connect_args["factory"] = connection_factory(database)
+    kwargs: dict[str, Any] = {"connect_args": connect_args}
     kwargs.update(overrides)
     engine = create_engine(url, **kwargs)
     synchronous = settings.sqlite_synchronous
@@ -132,7 +139,16 @@ def _sqlite_engine(url: str, settings: Settings, **overrides: Any) -> Engine:
     def _begin(conn: Connection) -> None:
         # IMMEDIATE takes the write lock at BEGIN: concurrent claimers queue on
         # busy_timeout instead of failing when a read lock must be upgraded.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        dbapi_conn = conn.connection.dbapi_connection
+        take_turn = getattr(dbapi_conn, "take_turn", None)
+        if take_turn is not None:
+            take_turn()
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        except BaseException:
+            if take_turn is not None:
+                dbapi_conn.end_turn()  # type: ignore[union-attr]
+            raise
 
     return engine
 

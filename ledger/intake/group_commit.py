@@ -12,10 +12,11 @@ thread that finds no writer becomes the leader, takes everything queued (up to
 `limit`), writes it in one transaction and hands each waiter its own answer. Nobody
 waits on purpose: a claim that arrives on an idle process is written at once, alone.
 
-The leaders of the web processes take turns through `ProcessFileLock`, an
-advisory lock on a file beside the database that the kernel hands to the next
-waiter as soon as it is released; the batch is taken only once the turn has come,
-so it holds whatever queued meanwhile.
+The leaders of the web processes take turns (`gate`: the database's writer turns,
+`ledger.db.writer_turns`, an advisory lock on a file beside the database that the
+kernel hands to the next waiter as soon as it is released, and that every other
+SQLite transaction of the ledger takes too); the batch is taken only once the turn
+has come, so it holds whatever queued meanwhile.
 
 Each waiter is answered only after the transaction that holds its claim committed,
 so a 202 still means "durably recorded". An error of one claim is its own (the
@@ -25,11 +26,9 @@ transaction (the lock not granted in time, the disk) is every waiter's.
 
 from __future__ import annotations
 
-import fcntl
-import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Generic, TypeVar
 
 In = TypeVar("In")
@@ -121,30 +120,3 @@ class GroupCommit(Generic[In, Out]):
         if isinstance(answer, Failed):
             raise answer.error
         return answer  # type: ignore[return-value]  # write's own result for this item
-
-
-class ProcessFileLock:
-    """An exclusive advisory lock (flock) on `path`, one turn at a time across processes.
-
-    Each process opens the file itself: a descriptor inherited through fork
-    (gunicorn preloads the app) shares its lock with the parent's, which
-    would let every worker in at once. The lock goes with its process, so a
-    killed writer never leaves it held.
-    """
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._fds: dict[int, int] = {}
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the lock for the `with` block."""
-        pid = os.getpid()
-        fd = self._fds.get(pid)
-        if fd is None:
-            fd = self._fds[pid] = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)

@@ -20,8 +20,9 @@ from ledger.db import citus
 from ledger.db.driver import DriverStatement, run_pooled, time_to_driver
 from ledger.db.engine import conflict_insert, driver_error
 from ledger.db.schema import UTCDateTime, conflicts, jobs, receipts, unsigned_bodies
+from ledger.db.writer_turns import writer_turns
 from ledger.domain import ConflictKind, JobStatus, ReceiptState
-from ledger.intake.group_commit import Failed, GroupCommit, ProcessFileLock
+from ledger.intake.group_commit import Failed, GroupCommit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,7 +178,7 @@ class DriverClaim:
         self._group: GroupCommit[NewEvent, Any] | None = None
         if not self._postgresql:
             database = engine.url.database
-            gate = (ProcessFileLock(f"{database}-intake.lock").held
+            gate = (writer_turns(database).held
                     if database and database != ":memory:" and not database.startswith("file:")
                     else nullcontext)
             self._group = GroupCommit(self._write_sqlite_group, group_limit, gate)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 from collections.abc import Sequence
 from itertools import chain
-from pathlib import Path
 
 import pytest
 
-from ledger.intake.group_commit import Failed, GroupCommit, ProcessFileLock
+from ledger.intake.group_commit import Failed, GroupCommit
 
 
 class Store:
@@ -128,25 +126,3 @@ def test_the_batch_is_taken_once_the_gate_lets_the_leader_in():
 def test_a_limit_below_one_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         GroupCommit(Store().write, limit=0)
-
-
-def _hold_and_report(lock: ProcessFileLock, times: multiprocessing.Queue) -> None:
-    with lock.held():
-        times.put(time.monotonic())
-
-
-def test_the_file_lock_excludes_a_forked_process_that_shares_the_parents_descriptor(
-        tmp_path: Path):
-    lock = ProcessFileLock(str(tmp_path / "ledger.sqlite3-intake.lock"))
-    with lock.held():
-        pass  # the parent opens its descriptor before the fork, as a preloaded app does
-    fork = multiprocessing.get_context("fork")
-    times: multiprocessing.Queue = fork.Queue()
-    with lock.held():
-        child = fork.Process(target=_hold_and_report, args=(lock, times))
-        child.start()
-        time.sleep(0.5)
-        released = time.monotonic()
-    child.join(10)
-    assert child.exitcode == 0
-    assert times.get(timeout=5) >= released

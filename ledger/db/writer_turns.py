@@ -1,0 +1,209 @@
+"""Writer turns on SQLite: every write transaction of every ledger process queues in one line.
+
+SQLite has one writer at a time. A transaction that finds the write lock taken sleeps
+in SQLite's busy handler (1, 2, 5, 10 ... 100 ms) and retries, so a process that
+commits and begins again at once wins the lock over writers that are asleep: a
+worker draining a backlog left the intake's claims waiting up to seconds
+(bench/README.md, "Workers", seventh round). Here each transaction first takes its turn
+through an advisory lock (`flock`) on a file beside the database, which the kernel
+hands to the next waiter as soon as it is released; `BEGIN IMMEDIATE` then finds the
+database free.
+
+- Every turn opens the file for itself, so the threads of one process queue like
+  processes do (one descriptor per process would let them all in at once, and so
+  would one inherited through fork). A thread's turn is reentrant: a transaction
+  opened while the same thread holds the turn does not wait for itself.
+- The turn decides only who goes next; SQLite's own lock still excludes writers.
+  A turn held longer than `max_hold` (a hung handler, a long migration) is released
+  by a watchdog thread, and the writers behind it meet SQLite's busy timeout as
+  they would with no turns at all, so a stuck transaction still ends in "database
+  is locked" errors after `busy_timeout`, never in a wait without end.
+- The lock goes with its process: a killed writer never leaves it held. The file
+  holds no data and is safe to delete while nothing runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+MAX_HOLD_SECONDS = 1.0  # a turn held longer is released by the watchdog
+WATCH_EVERY = 0.25  # seconds between two looks of the watchdog
+
+
+def turns_path(database: str) -> str:
+    """Return the lock file of the SQLite database at `database`."""
+    return f"{database}-writer.lock"
+
+
+class _Holder:
+    """One thread's hold: its open file on the lock (-1 between turns) and reentrant count."""
+
+    __slots__ = ("count", "deadline", "fd", "pid")
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.count = 0
+        self.fd = -1
+        self.deadline = 0.0
+
+
+# Guards the holds the watchdog looks at; one watchdog thread per process.
+_GUARD = threading.Lock()
+_HELD: set[_Holder] = set()
+_WATCHDOG_PID = 0
+
+
+class WriterTurns:
+    """One line of writers across processes and threads, through `flock` on `path`.
+
+    A turn opens the file, locks it, and closes it when it ends: each turn has an
+    open file of its own, so no two threads or processes (forked or not) share one.
+    """
+
+    def __init__(self, path: str, max_hold: float = MAX_HOLD_SECONDS) -> None:
+        self.path = path
+        self.max_hold = max_hold
+        self._local = threading.local()
+
+    def acquire(self) -> _Holder:
+        """Wait for this thread's turn (or count one more if it holds it); return the holder."""
+        holder: _Holder | None = getattr(self._local, "holder", None)
+        if holder is None or holder.pid != os.getpid():  # new thread, or a forked child
+            holder = self._local.holder = _Holder()
+        if holder.count == 0:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(fd)
+                raise
+            with _GUARD:
+                _watch_this_process()
+                holder.fd, holder.deadline = fd, time.monotonic() + self.max_hold
+                _HELD.add(holder)
+        holder.count += 1
+        return holder
+
+    def release(self, holder: _Holder) -> None:
+        """End one hold of `holder`; the last one passes the turn on."""
+        holder.count -= 1
+        if holder.count == 0:
+            with _GUARD:
+                _HELD.discard(holder)
+                fd, holder.fd = holder.fd, -1
+            if fd >= 0:
+                # Unlock first: a child forked during the turn shares this open file,
+                # and closing ours alone would leave the lock held.
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the turn for the `with` block."""
+        holder = self.acquire()
+        try:
+            yield
+        finally:
+            self.release(holder)
+
+
+def _watch_this_process() -> None:
+    """Start this process's watchdog unless it runs (called under `_GUARD`)."""
+    global _WATCHDOG_PID
+    if os.getpid() != _WATCHDOG_PID:
+        _WATCHDOG_PID = os.getpid()
+        threading.Thread(target=_watch, daemon=True, name="ledger-writer-turns").start()
+
+
+def _watch() -> None:
+    """Every WATCH_EVERY seconds, release the turns held past their `max_hold`."""
+    while True:
+        time.sleep(WATCH_EVERY)
+        with _GUARD:
+            now = time.monotonic()
+            for holder in [h for h in _HELD if h.deadline < now]:
+                _HELD.discard(holder)
+                fcntl.flock(holder.fd, fcntl.LOCK_UN)  # the file stays open until release
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no watchdog, and must not inherit a guard held at the fork.
+
+    The files of the turns held at the fork are the parent's: the child closes its
+    copies without unlocking them (that would end the parent's turn).
+    """
+    global _GUARD, _HELD, _WATCHDOG_PID
+    for holder in _HELD:
+        with suppress(OSError):
+            os.close(holder.fd)
+    _GUARD, _HELD, _WATCHDOG_PID = threading.Lock(), set(), 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_REGISTRY: dict[str, WriterTurns] = {}
+_REGISTRY_GUARD = threading.Lock()
+
+
+def writer_turns(database: str) -> WriterTurns:
+    """Return this process's turns of the SQLite file `database` (one per file)."""
+    path = turns_path(os.path.abspath(database))
+    with _REGISTRY_GUARD:
+        turns = _REGISTRY.get(path)
+        if turns is None:
+            turns = _REGISTRY[path] = WriterTurns(path)
+        return turns
+
+
+class TurnTakingConnection(sqlite3.Connection):
+    """A sqlite3 connection whose transaction holds its writer turn until it ends.
+
+    `take_turn` is called before `BEGIN IMMEDIATE` (the engine's begin event); the
+    turn is given back once `commit`, `rollback` or `close` has returned. The class
+    is subclassed per database with its `turns` (`connection_factory`).
+    """
+
+    turns: WriterTurns
+
+    def take_turn(self) -> None:
+        """Wait for this connection's turn to write (idempotent within a transaction)."""
+        if getattr(self, "_turn", None) is None:
+            self._turn: _Holder | None = self.turns.acquire()
+
+    def end_turn(self) -> None:
+        """Give the turn back, if this connection holds it."""
+        holder = getattr(self, "_turn", None)
+        if holder is not None:
+            self._turn = None
+            self.turns.release(holder)
+
+    def commit(self) -> None:
+        try:
+            super().commit()
+        finally:
+            self.end_turn()
+
+    def rollback(self) -> None:
+        try:
+            super().rollback()
+        finally:
+            self.end_turn()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.end_turn()
+
+
+def connection_factory(database: str) -> type[TurnTakingConnection]:
+    """Return the sqlite3 connection class whose transactions take turns on `database`."""
+    attributes: dict[str, Any] = {"turns": writer_turns(database)}
+    return type("TurnTakingConnection", (TurnTakingConnection,), attributes)

@@ -1,0 +1,127 @@
+"""Writer turns (ledger.db.writer_turns): one line of SQLite writers, threads and processes."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ledger.db.writer_turns import WriterTurns
+
+
+def _taken(path: Path) -> bool:
+    """Tell whether someone holds the turn, asking through a file of our own."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing our own file ends our own test lock
+    return False
+
+
+@pytest.fixture
+def lock_path(tmp_path: Path) -> Path:
+    return tmp_path / "ledger.sqlite3-writer.lock"
+
+
+def test_two_threads_of_one_process_take_turns(lock_path: Path):
+    turns = WriterTurns(str(lock_path))
+    entered = threading.Event()
+
+    def second() -> None:
+        with turns.held():
+            entered.set()
+
+    with turns.held():
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert not entered.wait(0.3)  # one open file per thread: the second waits
+    assert entered.wait(5)
+    thread.join(5)
+    assert not _taken(lock_path)
+
+
+def test_a_thread_holding_its_turn_does_not_wait_for_itself(lock_path: Path):
+    turns = WriterTurns(str(lock_path))
+    outer = turns.acquire()
+    inner = turns.acquire()  # a second transaction of the same thread
+    turns.release(inner)
+    assert _taken(lock_path)  # the outer hold still keeps the turn
+    turns.release(outer)
+    assert not _taken(lock_path)
+
+
+def test_a_turn_held_past_its_bound_is_released_for_the_others(lock_path: Path):
+    turns = WriterTurns(str(lock_path), max_hold=0.3)
+    holder = turns.acquire()
+    assert _taken(lock_path)
+    deadline = time.monotonic() + 5
+    while _taken(lock_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # The watchdog let the others in while the stuck holder still "holds" its turn;
+    # SQLite's own lock and busy timeout then decide, as with no turns at all.
+    assert not _taken(lock_path)
+    turns.release(holder)
+    with turns.held():  # the stuck thread takes turns again afterwards
+        assert _taken(lock_path)
+
+
+def _hold_and_report(turns: WriterTurns, times: multiprocessing.Queue) -> None:
+    with turns.held():
+        times.put(time.monotonic())
+
+
+def test_a_forked_process_waits_for_the_turn_its_parent_holds(lock_path: Path):
+    turns = WriterTurns(str(lock_path))
+    fork = multiprocessing.get_context("fork")
+    times: multiprocessing.Queue = fork.Queue()
+    with turns.held():  # held across the fork, as a preloaded app's master might
+        child = fork.Process(target=_hold_and_report, args=(turns, times))
+        child.start()
+        time.sleep(0.5)
+        released = time.monotonic()
+    child.join(10)
+    assert child.exitcode == 0
+    assert times.get(timeout=5) >= released
+
+
+def _sleep_and_exit(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_child_forked_during_a_turn_does_not_keep_it(lock_path: Path):
+    turns = WriterTurns(str(lock_path))
+    fork = multiprocessing.get_context("fork")
+    with turns.held():
+        child = fork.Process(target=_sleep_and_exit, args=(3,))  # shares the open file
+        child.start()
+    try:
+        assert not _taken(lock_path)  # released although the child still has a copy
+    finally:
+        child.join(10)
+
+
+def test_a_killed_holder_leaves_the_turn_free(lock_path: Path):
+    fork = multiprocessing.get_context("fork")
+    times: multiprocessing.Queue = fork.Queue()
+    child = fork.Process(target=_hold_forever, args=(str(lock_path), times))
+    child.start()
+    times.get(timeout=10)
+    assert _taken(lock_path)
+    child.kill()
+    child.join(10)
+    assert not _taken(lock_path)
+
+
+def _hold_forever(path: str, times: multiprocessing.Queue) -> None:
+    turns = WriterTurns(path, max_hold=3600)
+    turns.acquire()
+    times.put(time.monotonic())
+    time.sleep(3600)
