@@ -25,7 +25,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from bench import big, ceilings, intake, report, scale, servers, worker_bench
+from bench import big, ceilings, intake, report, scale, servers, sqlite_mixed, worker_bench
 from bench import delivery_log as dlog_bench
 from bench import env as benv
 from bench.loadgen import wrk_binary
@@ -36,10 +36,11 @@ from ledger.config import DEFAULT_WORKER_BATCH
 RECORDED_10M = Path(__file__).resolve().parent / "recorded" / "scale_10m.json"
 TEN_M = 10_000_000
 
-MEASURES = ("intake", "sqlite", "worker", "worker-sqlite", "big", "memory", "dlog", "scale",
-            "servers")
-# `make bench` runs these; "servers" (gunicorn vs granian) and "worker-sqlite" (the
-# batched worker on SQLite vs batch 1) are asked for by name.
+MEASURES = ("intake", "sqlite", "worker", "worker-sqlite", "sqlite-worker", "big", "memory",
+            "dlog", "scale", "servers")
+# `make bench` runs these; "servers" (gunicorn vs granian), "worker-sqlite" (the batched
+# worker on SQLite vs batch 1) and "sqlite-worker" (the SQLite intake while a worker drains,
+# at two batch sizes) are asked for by name.
 DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog", "scale")
 
 # Why a measure can miss on this 2-core machine, and where the evidence is (first
@@ -66,6 +67,8 @@ EXPLANATIONS = (
      " the ratio and above all the p99 of single runs (bench/README.md, \"Intake CPU\")"),
     ("duplicate", "duplicates and new events share one CPU-bound path (\"Intake CPU\")"),
     ("worker completions/s on SQLite", "see bench/README.md, \"Workers\", batches on SQLite"),
+    ("SQLite intake", "a batch holds SQLite's one writer for all its jobs"
+     " (bench/README.md, \"Workers\", seventh round)"),
     ("worker", "per job the ledger does about twice the raw loop's database work by design"
      " (attempt rows, fencing); batches of 8 share one commit and one claim; the CPU per job"
      " and the sessions' lock and WAL waits above tell which bound it met"
@@ -251,6 +254,8 @@ def worker_figures(r: dict[str, Any]) -> list[Figure]:
                  f" ({r['other_per_s'] / r['raw_per_s']:.3f}x raw),"
                  f" {r['other_cpu_ms_per_job']:.2f} + {r['other_db_cpu_ms_per_job']:.2f} ms")
     batch = f", batch {r['batch']}" if r.get("batch") else ""
+    if r.get("scopes", worker_bench.SCOPES) != worker_bench.SCOPES:
+        batch += f", {r['scopes']:,} scopes"
     return [at_least(f"worker completions/s (demo.credit, {r['processes']} workers{batch})",
                      r["ours_per_s"], "/s", "raw claim loop", r["raw_per_s"], 1.0, note)]
 
@@ -263,6 +268,20 @@ def worker_sqlite_figures(r: dict[str, Any]) -> list[Figure]:
     return [at_least(f"worker completions/s on SQLite, batch {r['batch']}", r["ours_per_s"],
                      "/s", f"the same worker, batch {r['baseline_batch']}", r["base_per_s"],
                      1.0, note)]
+
+
+def sqlite_worker_figures(r: dict[str, Any]) -> list[Figure]:
+    """The SQLite intake while a worker drains at batch B, against the same at batch A."""
+    a, b = r["batch"], r["other_batch"]
+    note = (f"no worker: {r['none_accepted_per_s']:,.0f}/s, p99 {r['none_p99_ms']:.1f} ms;"
+            f" the worker completed {r['a_completed_per_s']:,.0f}/s at batch {a},"
+            f" {r['b_completed_per_s']:,.0f}/s at batch {b}")
+    return [
+        at_least(f"SQLite intake while a worker drains, batch {b}", r["b_accepted_per_s"],
+                 "/s", f"the same, batch {a}", r["a_accepted_per_s"], 0.9, note),
+        at_most(f"SQLite intake p99 while a worker drains, batch {b}", r["b_p99_ms"], "ms",
+                f"the same, batch {a}", r["a_p99_ms"], 1.1),
+    ]
 
 
 def big_figures(r: dict[str, Any]) -> list[Figure]:
@@ -469,10 +488,15 @@ def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figur
                    | {"ceilings": measure_ceilings(e, shape, args.seconds / 2)}, intake_figures),
         "sqlite": (lambda: intake.measure_sqlite(e, shape, args.seconds), sqlite_figures),
         "worker": (lambda: worker_bench.measure(e, args.seconds, batch=args.worker_batch,
-                                                compare_batch=args.worker_compare_batch),
+                                                compare_batch=args.worker_compare_batch,
+                                                scopes=args.worker_scopes),
                    worker_figures),
         "worker-sqlite": (lambda: worker_bench.measure_sqlite(
-            e, args.seconds, args.worker_batch or DEFAULT_WORKER_BATCH), worker_sqlite_figures),
+            e, args.seconds, args.worker_batch or DEFAULT_WORKER_BATCH,
+            args.worker_compare_batch or 1, scopes=args.worker_scopes), worker_sqlite_figures),
+        "sqlite-worker": (lambda: sqlite_mixed.measure(
+            e, shape, args.seconds, args.worker_compare_batch or DEFAULT_WORKER_BATCH,
+            args.worker_batch or 16), sqlite_worker_figures),
         "big": (lambda: big.measure(e, shape, args.receipts, args.scopes, args.rounds),
                 big_figures),
         "memory": (lambda: intake.measure_memory(e, shape, args.memory_requests),
@@ -534,9 +558,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--against", default="granian",
                         help='"servers": side B, granian[:N] or threads:N (gunicorn, N threads)')
     parser.add_argument("--worker-batch", type=int, default=None,
-                        help='"worker": the ledger\'s --batch (default LEDGER_WORKER_BATCH\'s)')
+                        help='"worker", "worker-sqlite": the ledger\'s --batch (default'
+                        ' LEDGER_WORKER_BATCH\'s); "sqlite-worker": the batch compared'
+                        ' (default 16)')
     parser.add_argument("--worker-compare-batch", type=int, default=None,
-                        help='"worker": also run --batch N as a third side (A B C C B A)')
+                        help='"worker": also run --batch N as a third side (A B C C B A);'
+                        ' "worker-sqlite": the baseline batch (default 1); "sqlite-worker":'
+                        ' the baseline batch (default LEDGER_WORKER_BATCH\'s)')
+    parser.add_argument("--worker-scopes", type=int, default=worker_bench.SCOPES,
+                        help='"worker", "worker-sqlite": scopes of the backlog')
     parser.add_argument("--only", type=lambda s: s.split(","), default=list(DEFAULT_MEASURES))
     parser.add_argument("--scale", type=scale.parse_scale, default=scale.parse_scale("1m"),
                         help="receipts of the biggest ledger of the scale measure: 1m"

@@ -1,6 +1,7 @@
 """Worker measure: demo.credit completions/s, 4 ledger workers vs 4 raw claim loops.
 
-One backlog (pending receipts with queued demo.credit jobs over 100 scopes) is
+One backlog (pending receipts with queued demo.credit jobs over 100 scopes, or
+`--worker-scopes`) is
 loaded once; every run gets its own copy of it (CREATE DATABASE ... TEMPLATE)
 and four processes. The sides run in ABBA order twice (raw, ours, ours, raw,
 raw, ours, ours, raw), each run over a quarter of `seconds`, so a slow patch of
@@ -39,15 +40,16 @@ ORDER = ("raw", "ours", "ours", "raw") * 2  # ABBA, twice
 ORDER_COMPARED = ("raw", "ours", "other", "other", "ours", "raw") * 2
 
 
-def backlog(e: benv.BenchEnv, url: str, jobs_count: int) -> None:
-    """Load `jobs_count` pending demo.credit receipts with their queued jobs."""
+def backlog(e: benv.BenchEnv, url: str, jobs_count: int, scopes_count: int = SCOPES) -> None:
+    """Load `jobs_count` pending demo.credit receipts with their queued jobs over the scopes."""
     import random
 
     settings = e.settings(url)
     engine = ledger_engine(settings)  # with the audit key: creating scopes is audited
     rng = random.Random(4)
     try:
-        scopes = create_scopes(engine, load_box(settings.master_key, settings.var_dir), SCOPES,
+        scopes = create_scopes(engine, load_box(settings.master_key, settings.var_dir),
+                               scopes_count,
                                now=datetime.now(UTC), prefix="work")
         start = datetime.now(UTC) - timedelta(minutes=5)
         receipts_rows, job_rows = [], []
@@ -180,11 +182,13 @@ def _wait_until_working(url: str, procs: list[subprocess.Popen], started: int,
 
 
 def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000, *,
-            batch: int | None = None, compare_batch: int | None = None) -> dict[str, Any]:
+            batch: int | None = None, compare_batch: int | None = None,
+            scopes: int = SCOPES) -> dict[str, Any]:
     """Return completions/s of the raw loop and of the ledger's workers, ABBA interleaved.
 
     `batch`: the ledger's `--batch` (default: LEDGER_WORKER_BATCH's default);
-    `compare_batch`: a third side with that batch size, in the same run.
+    `compare_batch`: a third side with that batch size, in the same run;
+    `scopes`: how many scopes the backlog's jobs are spread over.
     """
     order = ORDER if compare_batch is None else ORDER_COMPARED
     ledger = [str(benv.BIN / "ledger"), "worker"]
@@ -192,7 +196,7 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000, *,
         "ours": [*ledger, f"--batch={batch}"] if batch else ledger,
         "other": [*ledger, f"--batch={compare_batch}"]}
     source = e.migrated_pg("work_backlog")
-    backlog(e, source, jobs_count)
+    backlog(e, source, jobs_count, scopes)
     template = make_url(source).database
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     totals = _empty_totals("raw", "ours", "other")
@@ -215,7 +219,7 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000, *,
         "other_cpu_ms_per_job": 1000 * other["cpu"] / other["done"],
         "other_db_cpu_ms_per_job": 1000 * other["db_cpu"] / other["done"],
         "other_idle_share": other["idle"] / order.count("other")}
-    return {**compared, "batch": batch, "raw_per_s": raw["done"] / raw["seconds"],
+    return {**compared, "batch": batch, "scopes": scopes, "raw_per_s": raw["done"] / raw["seconds"],
             "ours_per_s": ours["done"] / ours["seconds"], "processes": PROCESSES,
             "order": "".join({"raw": "A", "ours": "B", "other": "C"}[side] for side in order),
             "raw_cpu_ms_per_job": 1000 * raw["cpu"] / raw["done"],
@@ -243,14 +247,14 @@ def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
 
 
 def measure_sqlite(e: benv.BenchEnv, seconds: float, batch: int, baseline_batch: int = 1,
-                   jobs_count: int = 30_000) -> dict[str, Any]:
+                   jobs_count: int = 30_000, *, scopes: int = SCOPES) -> dict[str, Any]:
     """Return completions/s of one `ledger worker --batch N` on the SQLite default vs another N.
 
     One process per side (SQLite has one writer: more processes only queue on
     its lock), each run on its own copy of one backlog file, ABBA twice.
     """
     source = e.sqlite_url("work_backlog")
-    backlog(e, source, jobs_count)
+    backlog(e, source, jobs_count, scopes)
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     totals = _empty_totals("base", "ours")
     sizes = {"base": baseline_batch, "ours": batch}
@@ -266,7 +270,7 @@ def measure_sqlite(e: benv.BenchEnv, seconds: float, batch: int, baseline_batch:
                 totals[side][key] += value
             path.unlink()
     base, ours = totals["base"], totals["ours"]
-    return {"batch": batch, "baseline_batch": baseline_batch,
+    return {"batch": batch, "baseline_batch": baseline_batch, "scopes": scopes,
             "ours_per_s": ours["done"] / ours["seconds"],
             "base_per_s": base["done"] / base["seconds"],
             "ours_cpu_ms_per_job": 1000 * ours["cpu"] / ours["done"],
