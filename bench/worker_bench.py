@@ -29,6 +29,7 @@ from bench import cpu
 from bench import env as benv
 from bench.datagen import copy_rows, create_scopes, event_id
 from ledger.access.secrets_box import load_box
+from ledger.config import DEFAULT_WORKER_BATCH_POSTGRESQL
 from ledger.db.schema import jobs, receipts
 from ledger.services import ledger_engine
 
@@ -219,7 +220,8 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000, *,
         "other_cpu_ms_per_job": 1000 * other["cpu"] / other["done"],
         "other_db_cpu_ms_per_job": 1000 * other["db_cpu"] / other["done"],
         "other_idle_share": other["idle"] / order.count("other")}
-    return {**compared, "batch": batch, "scopes": scopes, "raw_per_s": raw["done"] / raw["seconds"],
+    return {**compared, "batch": batch or DEFAULT_WORKER_BATCH_POSTGRESQL, "scopes": scopes,
+            "raw_per_s": raw["done"] / raw["seconds"],
             "ours_per_s": ours["done"] / ours["seconds"], "processes": PROCESSES,
             "order": "".join({"raw": "A", "ours": "B", "other": "C"}[side] for side in order),
             "raw_cpu_ms_per_job": 1000 * raw["cpu"] / raw["done"],

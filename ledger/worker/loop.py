@@ -50,6 +50,7 @@ from sqlalchemy import exc as sa_exc
 
 from ledger import metrics
 from ledger.access.integrations import get_integration_by_id, scope_names
+from ledger.config import default_worker_batch
 from ledger.db import citus
 from ledger.db.engine import connection_is_alive, is_unavailable, make_engine
 from ledger.errors import NotFound, error_summary
@@ -134,7 +135,8 @@ class Worker:
         self._interrupted: list[tuple[ClaimedJob, str, str]] = []
         # Jobs per claim and per commit (ledger.worker.batch). A distributed (Citus)
         # ledger claims one job per statement by key: never batched (see _batched).
-        self.batch_size = services.settings.worker_batch if batch_size is None else batch_size
+        self.batch_size = (batch_size or services.settings.worker_batch
+                           or default_worker_batch(self.engine.dialect.name))
         self.alone_types = tuple(t for t in self.registry.types()
                                  if (spec := self.registry.get(t)) and spec.prepare)
         self._next_batch: list[Leased] = []  # the batch the last batch's commit claimed

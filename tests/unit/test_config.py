@@ -19,6 +19,7 @@ from ledger.config import (
     Settings,
     SettingsError,
     WebServerSettings,
+    default_worker_batch,
     development_key,
     log_hash_key,
     metrics_multiproc_dir,
@@ -88,7 +89,9 @@ def test_the_pool_timeout_is_read_in_milliseconds() -> None:
 
 
 def test_the_worker_batch_is_a_count_from_1_to_64() -> None:
-    assert settings().worker_batch == 8
+    assert settings().worker_batch is None  # unset: the database's default
+    assert default_worker_batch("postgresql") == 16
+    assert default_worker_batch("sqlite") == 8
     assert settings(LEDGER_WORKER_BATCH="1").worker_batch == 1
     assert settings(LEDGER_WORKER_BATCH="64").worker_batch == 64
     refused("LEDGER_WORKER_BATCH", "0", "must be >= 1")
