@@ -143,6 +143,7 @@ def _after_fork_in_child() -> None:
     for holder in _HELD:
         with suppress(OSError):
             os.close(holder.fd)
+        holder.fd = -1  # a release in the child then touches no file (the number may be reused)
     _GUARD, _HELD, _WATCHDOG_PID = threading.Lock(), set(), 0
 
 

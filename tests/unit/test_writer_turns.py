@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,6 +107,40 @@ def test_a_child_forked_during_a_turn_does_not_keep_it(lock_path: Path):
         assert not _taken(lock_path)  # released although the child still has a copy
     finally:
         child.join(10)
+
+
+def _end_inherited_turn(turns: WriterTurns, holder: Any, number: int, path: str,
+                        report: multiprocessing.Queue) -> None:
+    # The child closed its copy of the parent's lock file; its number is free again, and
+    # here another file of the child's takes it.
+    os.dup2(os.open(path, os.O_RDONLY), number)
+    turns.release(holder)  # an inherited connection ending its transaction in the child
+    try:
+        os.fstat(number)
+        report.put("open")
+    except OSError:
+        report.put("closed")
+
+
+def test_a_child_ending_a_turn_it_inherited_leaves_the_parents_and_its_own_files(
+        lock_path: Path, tmp_path: Path):
+    turns = WriterTurns(str(lock_path))
+    other = tmp_path / "other"
+    other.write_text("x")
+    fork = multiprocessing.get_context("fork")
+    report: multiprocessing.Queue = fork.Queue()
+    holder = turns.acquire()
+    try:
+        child = fork.Process(target=_end_inherited_turn,
+                             args=(turns, holder, holder.fd, str(other), report))
+        child.start()
+        child.join(10)
+        assert child.exitcode == 0
+        assert report.get(timeout=5) == "open"
+        assert _taken(lock_path)  # still the parent's turn
+    finally:
+        turns.release(holder)
+    assert not _taken(lock_path)
 
 
 def test_a_killed_holder_leaves_the_turn_free(lock_path: Path):
