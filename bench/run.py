@@ -70,7 +70,8 @@ EXPLANATIONS = (
     ("SQLite intake", "a batch holds SQLite's one writer for all its jobs"
      " (bench/README.md, \"Workers\", seventh round)"),
     ("worker", "per job the ledger does about twice the raw loop's database work by design"
-     " (attempt rows, fencing); batches of 8 share one commit and one claim; the CPU per job"
+     " (attempt rows, fencing); a batch (16 on PostgreSQL) shares one commit and one claim;"
+     " the CPU per job"
      " and the sessions' lock and WAL waits above tell which bound it met"
      " (bench/README.md, \"Workers\", sixth round)"),
     ("bytes", "not reachable while the unique key on (scope, event id) is exact: 204.6 B with"
