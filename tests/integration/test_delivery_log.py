@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import http.client
 import json
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import insert, select
 
 from app import create_app
@@ -16,6 +18,7 @@ from ledger.access.credentials import revoke_credential, rotate_credential
 from ledger.access.integrations import get_integration
 from ledger.config import Settings, SettingsError
 from ledger.db.schema import deliveries
+from ledger.intake.delivery_log import MAX_REASON, STARTING_TOKENS, Delivery, DeliveryLog
 from ledger.scheduling.runner import default_jobs
 from tests.dashboard_helpers import (
     fast_hashes,  # noqa: F401  (autouse fixture)
@@ -346,3 +349,74 @@ def test_counted_refusals_are_one_row_per_minute_whatever_their_latencies(test_e
     assert len(counted) in (1, 2)  # one per minute the flood touched
     assert all(r["latency_us"] is None for r in counted)
     assert sum(r["count"] for r in rows) == 40
+
+
+def _dropped() -> float:
+    return REGISTRY.get_sample_value("ledger_delivery_log_rows_total", {"kind": "dropped"}) or 0.0
+
+
+def test_a_flush_writes_each_row_exactly_as_recorded(test_env) -> None:  # type: ignore[no-untyped-def]
+    """Every column survives the flush (COPY on PostgreSQL, INSERT on SQLite), NULLs and UTC."""
+    app = create_app(test_env)
+    svc = app.extensions["ledger"]
+    try:
+        log = DeliveryLog(svc.engine, svc.clock, enabled=True,
+                          refusals_per_minute=STARTING_TOKENS,
+                          flush_seconds=3600)
+        at = svc.clock.now().replace(microsecond=123456)
+        east = timezone(timedelta(hours=5, minutes=30))
+        full = Delivery(at=at.astimezone(east), integration_id=7, public_id="in_full",
+                        outcome="conflict", http_status=409, key_id="key_1",
+                        event_id="evt_\t\\N\n'quoted'", client="203.0.113.9",
+                        reason="r" * (MAX_REASON + 50), authenticated=True, latency_us=812)
+        bare = Delivery(at=at, integration_id=None, public_id=None, outcome="unknown_path",
+                        http_status=404)
+        log.record(full)
+        for _ in range(STARTING_TOKENS + 3):  # one bucket: the first rows exact, then counted
+            log.record(bare)
+        assert log.flush(everything=True) == 1 + STARTING_TOKENS + 1
+        with svc.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(
+                select(deliveries).order_by(deliveries.c.id))]
+    finally:
+        log.close()
+        svc.close()
+    for row in rows:
+        del row["id"]
+    assert rows[0] == {"at": at, "integration_id": 7, "public_id": "in_full",
+                       "outcome": "conflict", "http_status": 409, "key_id": "key_1",
+                       "event_id": "evt_\t\\N\n'quoted'", "client": "203.0.113.9",
+                       "reason": "r" * MAX_REASON, "count": 1, "latency_us": 812}
+    bare_row = {"at": at, "integration_id": None, "public_id": None,
+                "outcome": "unknown_path", "http_status": 404, "key_id": None,
+                "event_id": None, "client": None, "reason": None, "count": 1,
+                "latency_us": None}
+    assert rows[1:-1] == [bare_row] * STARTING_TOKENS
+    assert rows[-1] == {**bare_row, "count": 3}  # the newest one's time
+
+
+def test_a_refused_flush_drops_only_its_rows_and_the_next_one_writes(test_env) -> None:  # type: ignore[no-untyped-def]
+    """A flush the database refuses is counted as dropped; its connection is fit for the next."""
+    app = create_app(test_env)
+    svc = app.extensions["ledger"]
+    try:
+        log = DeliveryLog(svc.engine, svc.clock, enabled=True, refusals_per_minute=60,
+                          flush_seconds=3600)
+        now = svc.clock.now()
+        good = Delivery(at=now, integration_id=1, public_id="in_a", outcome="accepted",
+                        http_status=202, authenticated=True)
+        log.record(good)
+        # why: outcome is NOT NULL; a row the database refuses fails the whole batch.
+        log.record(replace(good, outcome=None))  # type: ignore[arg-type]
+        before = _dropped()
+        assert log.flush() == 0
+        assert _dropped() - before == 2
+        for _ in range(svc.engine.pool.size() + 1 if hasattr(svc.engine.pool, "size") else 2):
+            log.record(replace(good, event_id="evt_after"))
+            assert log.flush() == 1
+        with svc.engine.connect() as conn:
+            events = list(conn.execute(select(deliveries.c.event_id)).scalars())
+    finally:
+        log.close()
+        svc.close()
+    assert events and set(events) == {"evt_after"}
