@@ -69,6 +69,14 @@ def flood(e: benv.BenchEnv, on: Target, url: str, public_id: str, shape: benv.Se
             "bound_rows": bound, "minutes": minutes, "process_lives": lives}
 
 
+def cycle_ratios(on: list[Any], off: list[Any]) -> list[float]:
+    """Return accepted/s on over off for each ABBA cycle (two runs a side in each)."""
+    def rate(runs: list[Any]) -> float:
+        return sum(r.accepted for r in runs) / max(sum(r.wrk.seconds for r in runs), 1e-9)
+    return [round(rate(on[i:i + 2]) / max(rate(off[i:i + 2]), 1e-9), 3)
+            for i in range(0, min(len(on), len(off)), 2)]
+
+
 def measure(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[str, Any]:
     """Accepted/s log on vs off (ABBA), then the forged flood against the log-on server."""
     url = e.migrated_pg("dlog_on")
@@ -90,6 +98,8 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[s
         result = {"off_accepted_per_s": result["thin_accepted_per_s"],
                   "on_accepted_per_s": result["ours_accepted_per_s"],
                   "off_p99_ms": result["thin_p99_ms"], "on_p99_ms": result["ours_p99_ms"],
+                  "off_cpu": result["thin_cpu"], "on_cpu": result["ours_cpu"],
+                  "cycle_ratios": cycle_ratios(runs["ours"], runs["thin"]),
                   "runs": {"off": result["runs"]["thin"], "on": result["runs"]["ours"]}}
         result["flood"] = flood(e, on, url, public_id, shape, seconds)
     return result

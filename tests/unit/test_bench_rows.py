@@ -4,10 +4,12 @@ not measure are printed as not run, with the figures `--scale 10m` last recorded
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from bench import delivery_log as dlog
 from bench import report, run
 
 
@@ -72,6 +74,30 @@ def test_the_ceilings_are_shown_and_a_missing_one_is_not_measured() -> None:
     assert "2,200/s" in why and "4,000/s" in why and "7,000" in why
     broken = run.intake_figures(r | {"ceilings": {"error": "RuntimeError: no pgbench"}})
     assert broken[-1].note.startswith("NOT MEASURED")
+
+
+def test_a_missed_delivery_log_row_prints_the_logs_cpu_and_each_cycle() -> None:
+    flood = {"rows_added": 110, "bound_rows": 2400, "forged_requests": 6000,
+             "forged_per_s": 5000.0, "refusals_counted": 6000}
+    r = {"on_accepted_per_s": 930.0, "off_accepted_per_s": 1000.0, "flood": flood,
+         "on_cpu": {"web_ms": 0.84, "rest_ms": 0.36}, "off_cpu": {"web_ms": 0.82, "rest_ms": 0.35},
+         "cycle_ratios": [0.9, 0.961]}
+    row = run.dlog_figures(r)[0]
+    assert not row.met
+    why = run.explain(row)
+    assert "log on 0.840 ms" in why and "off 0.820 + 0.350 ms" in why
+    assert "+2.6% of a delivery's CPU" in why and "0.900x, 0.961x" in why
+    assert "run-to-run spread" in why
+    # A run without CPU figures (an older latest.json) still prints its row.
+    assert run.dlog_figures({k: v for k, v in r.items() if "cpu" not in k})[0].profile == ""
+
+
+def test_cycle_ratios_pair_each_cycles_two_runs_a_side() -> None:
+    def runs(*rates: int) -> list[Any]:
+        return [SimpleNamespace(accepted=rate * 6, wrk=SimpleNamespace(seconds=6.0))
+                for rate in rates]
+    assert dlog.cycle_ratios(runs(90, 100, 95, 95), runs(100, 100, 100, 100)) == [0.95, 0.95]
+    assert dlog.cycle_ratios(runs(100, 100), runs(50, 150)) == [1.0]
 
 
 @pytest.mark.parametrize(("samples", "q", "expected"), [
