@@ -88,11 +88,11 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[s
     on_env = e.app_env(url)
     off_env = {**e.app_env(off_url), "LEDGER_DELIVERY_LOG": "off"}
     with benv.gunicorn("app:create_app()", off_env, shape, cwd=benv.ROOT,
-                       log=log) as (off_base, _), \
+                       log=log) as (off_base, off_server), \
             benv.gunicorn("app:create_app()", on_env, shape, cwd=benv.ROOT,
-                          log=log) as (on_base, _):
-        off = Target(off_base, off_url, f"/hooks/{public_id}")
-        on = Target(on_base, url, f"/hooks/{public_id}")
+                          log=log) as (on_base, on_server):
+        off = Target(off_base, off_url, f"/hooks/{public_id}", off_server.pid)
+        on = Target(on_base, url, f"/hooks/{public_id}", on_server.pid)
         runs = abba(e, off, on, seconds, "dlog")
         result = summarize(runs)
         result = {"off_accepted_per_s": result["thin_accepted_per_s"],
