@@ -6,9 +6,9 @@ without bound, so:
 
 - rows are buffered in memory and written by a daemon thread every
   FLUSH_SECONDS, never on the request's path, never in the claim's transaction:
-  one COPY on PostgreSQL (a quarter of the CPU per row of SQLAlchemy's
-  executemany, which the flusher takes from the same process as the intake),
-  one multi-row INSERT on SQLite (bench/README.md "Delivery log" measured both);
+  one COPY on PostgreSQL (less client CPU per row than SQLAlchemy's
+  executemany, and the flusher shares its process with the intake), one
+  multi-row INSERT on SQLite (bench/README.md "Delivery log");
 - authenticated deliveries (accepted, duplicate, conflict, and a signed body
   that failed validation) always get an exact row: each needs a valid key, so
   their volume is the sender's own, and an accepted one writes a receipt anyway;
