@@ -23,7 +23,16 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from bench import env as benv
-from bench.intake import CONNECTIONS, THREADS, Target, abba, ours_app, summarize
+from bench.intake import (
+    CONNECTIONS,
+    THREADS,
+    Run,
+    Target,
+    abba,
+    accepted_per_s,
+    ours_app,
+    summarize,
+)
 from bench.loadgen import presign, run_wrk
 from ledger.config import DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE
 from ledger.intake.delivery_log import FLUSH_SECONDS, STARTING_TOKENS
@@ -69,11 +78,9 @@ def flood(e: benv.BenchEnv, on: Target, url: str, public_id: str, shape: benv.Se
             "bound_rows": bound, "minutes": minutes, "process_lives": lives}
 
 
-def cycle_ratios(on: list[Any], off: list[Any]) -> list[float]:
+def cycle_ratios(on: list[Run], off: list[Run]) -> list[float]:
     """Return accepted/s on over off for each ABBA cycle (two runs a side in each)."""
-    def rate(runs: list[Any]) -> float:
-        return sum(r.accepted for r in runs) / max(sum(r.wrk.seconds for r in runs), 1e-9)
-    return [round(rate(on[i:i + 2]) / max(rate(off[i:i + 2]), 1e-9), 3)
+    return [round(accepted_per_s(on[i:i + 2]) / accepted_per_s(off[i:i + 2]), 3)
             for i in range(0, min(len(on), len(off)), 2)]
 
 

@@ -68,6 +68,11 @@ class Target:
             engine.dispose()
 
 
+def accepted_per_s(runs: list[Run]) -> float:
+    """Return the receipts committed per second over several runs taken together."""
+    return sum(r.accepted for r in runs) / sum(r.wrk.seconds for r in runs)
+
+
 def load_run(target: Target, files: Path, seconds: float, limits: str | None = None) -> Run:
     """Replay `files` at `target` for `seconds`; count what was committed."""
     before = target.receipts()
@@ -141,10 +146,9 @@ def duplicates(e: benv.BenchEnv, ours: Target, runs: dict[str, Any], seconds: fl
                                                         public_id, each), each))
         dup_runs.append(load_run(ours, second[0], each, limits=second[1].wrk.sent_per_thread))
     dup_seconds = sum(r.wrk.seconds for r in dup_runs)
-    new_seconds = sum(r.wrk.seconds for r in new_runs)
     return {"dup_per_s": sum(r.wrk.requests for r in dup_runs) / dup_seconds,
             "dup_new_receipts": sum(r.accepted for r in dup_runs),
-            "new_accepted_per_s": sum(r.accepted for r in new_runs) / new_seconds,
+            "new_accepted_per_s": accepted_per_s(new_runs),
             "runs": {"duplicates": [r.to_json() for r in dup_runs],
                      "new": [r.to_json() for r in new_runs]}}
 
@@ -190,8 +194,7 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": {k: [r.to_json() for r in v] for k, v in runs.items()
                                     if k in ("thin", "ours")}}
     for name in ("thin", "ours"):
-        out[f"{name}_accepted_per_s"] = (sum(r.accepted for r in runs[name])
-                                         / sum(r.wrk.seconds for r in runs[name]))
+        out[f"{name}_accepted_per_s"] = accepted_per_s(runs[name])
         out[f"{name}_p99_ms"] = mean(r.wrk.p99_ms for r in runs[name])
         out[f"{name}_wraps"] = sum(r.wrk.wraps for r in runs[name])
         out[f"{name}_errors"] = sum(r.wrk.errors + r.wrk.status_errors for r in runs[name])

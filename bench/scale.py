@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 
 from bench import big, fastload
 from bench import env as benv
-from bench.intake import Target, load_run, ours_app, signed_files
+from bench.intake import Target, accepted_per_s, load_run, ours_app, signed_files
 from jobs import rollups
 from ledger.access import audit
 from ledger.access.operators import create_operator
@@ -115,8 +115,7 @@ def intake(e: benv.BenchEnv, shape: benv.ServerShape, small: str, large: str,
                 files = signed_files(e.tmp, f"scale-{cycle}-{n}",
                                      target.path.rsplit("/", 1)[1], each)
                 runs[side].append(load_run(target, files, each))
-    per_s = {side: sum(r.accepted for r in rs) / sum(r.wrk.seconds for r in rs)
-             for side, rs in runs.items()}
+    per_s = {side: accepted_per_s(rs) for side, rs in runs.items()}
     return {"small_accepted_per_s": per_s["small"], "large_accepted_per_s": per_s["large"],
             "runs": runs}
 

@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, text
 
 from bench import env as benv
 from bench import worker_bench
-from bench.intake import Run, Target, load_run, ours_app, signed_files
+from bench.intake import Run, Target, accepted_per_s, load_run, ours_app, signed_files
 
 ORDER = ("none", "a", "b", "b", "a", "none") * 2
 
@@ -82,8 +82,7 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float, batch: in
                            "order": "".join({"none": "A", "a": "B", "b": "C"}[s] for s in ORDER),
                            "runs": {k: [r.to_json() for r in v] for k, v in runs.items()}}
     for side, side_runs in runs.items():
-        out[f"{side}_accepted_per_s"] = (sum(r.accepted for r in side_runs)
-                                         / sum(r.wrk.seconds for r in side_runs))
+        out[f"{side}_accepted_per_s"] = accepted_per_s(side_runs)
         out[f"{side}_p99_ms"] = mean(r.wrk.p99_ms for r in side_runs)
     for side, rates in completed.items():
         out[f"{side}_completed_per_s"] = mean(rates)

@@ -51,11 +51,11 @@ MAX_REASON = 300
 STARTING_TOKENS = 5
 # Key of a token bucket: (integration id, matched key id); (None, None) for unknown paths.
 BucketKey = tuple[int | None, str | None]
-# The deliveries columns a row carries, in Delivery.row's order (the COPY's column list).
-COLUMNS = ("at", "integration_id", "public_id", "outcome", "http_status", "key_id",
-           "event_id", "client", "reason", "count", "latency_us")
-_COPY = f"COPY deliveries ({', '.join(COLUMNS)}) FROM STDIN"
-_VALUES = operator.itemgetter(*COLUMNS)
+# The COPY's columns: every one of the table's but its id, which Delivery.row fills.
+_COLUMNS = tuple(c.name for c in deliveries.columns if c.name != "id")
+_COPY = f"COPY deliveries ({', '.join(_COLUMNS)}) FROM STDIN"
+_VALUES = operator.itemgetter(*_COLUMNS)
+_AT = _COLUMNS.index("at")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,7 +201,7 @@ class DeliveryLog:
         with driver_connection.cursor() as cursor, cursor.copy(_COPY) as copy:
             for row in rows:
                 values = list(_VALUES(row))
-                values[0] = to_driver(values[0])
+                values[_AT] = to_driver(values[_AT])
                 copy.write_row(values)
         driver_connection.commit()
 
