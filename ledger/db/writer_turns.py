@@ -20,6 +20,9 @@ database free.
   is locked" errors after `busy_timeout`, never in a wait without end.
 - The lock goes with its process: a killed writer never leaves it held. The file
   holds no data and is safe to delete while nothing runs.
+- Each turn reports how long it waited and how long it was held
+  (`ledger_sqlite_writer_wait_seconds`, `ledger_sqlite_writer_held_seconds`): the turns are
+  exclusive, so the held time's rate is the share of the time the one writer was busy.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from ledger.metrics import SQLITE_WRITER_HELD, SQLITE_WRITER_WAIT
+
 MAX_HOLD_SECONDS = 1.0  # a turn held longer is released by the watchdog
 WATCH_EVERY = 0.25  # seconds between two looks of the watchdog
 
@@ -45,13 +50,14 @@ def turns_path(database: str) -> str:
 class _Holder:
     """One thread's hold: its open file on the lock (-1 between turns) and reentrant count."""
 
-    __slots__ = ("count", "deadline", "fd", "pid")
+    __slots__ = ("count", "deadline", "fd", "granted", "pid")
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.count = 0
         self.fd = -1
         self.deadline = 0.0
+        self.granted = 0.0  # when the current turn came (monotonic)
 
 
 # Guards the holds the watchdog looks at; one watchdog thread per process.
@@ -78,16 +84,20 @@ class WriterTurns:
         if holder is None or holder.pid != os.getpid():  # new thread, or a forked child
             holder = self._local.holder = _Holder()
         if holder.count == 0:
+            asked = time.monotonic()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             except BaseException:
                 os.close(fd)
                 raise
+            granted = time.monotonic()
             with _GUARD:
                 _watch_this_process()
-                holder.fd, holder.deadline = fd, time.monotonic() + self.max_hold
+                holder.fd, holder.deadline = fd, granted + self.max_hold
+                holder.granted = granted
                 _HELD.add(holder)
+            SQLITE_WRITER_WAIT.observe(granted - asked)
         holder.count += 1
         return holder
 
@@ -103,6 +113,7 @@ class WriterTurns:
                 # and closing ours alone would leave the lock held.
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
+                SQLITE_WRITER_HELD.observe(time.monotonic() - holder.granted)
 
     @contextmanager
     def held(self) -> Iterator[None]:

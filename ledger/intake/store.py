@@ -23,6 +23,7 @@ from ledger.db.schema import UTCDateTime, conflicts, jobs, receipts, unsigned_bo
 from ledger.db.writer_turns import writer_turns
 from ledger.domain import ConflictKind, JobStatus, ReceiptState
 from ledger.intake.group_commit import Failed, GroupCommit
+from ledger.metrics import SQLITE_CLAIMS_PER_COMMIT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,8 +253,10 @@ class DriverClaim:
 
     def _write_sqlite_group(self, events: Sequence[NewEvent]) -> list[Any]:
         """Claim `events` in one SQLite transaction, each under its own savepoint."""
-        return run_pooled(self._engine, self._claim_sqlite_many, events,
+        rows = run_pooled(self._engine, self._claim_sqlite_many, events,
                           what=_DRIVER_CLAIM.what)
+        SQLITE_CLAIMS_PER_COMMIT.observe(len(events))  # committed: a failed one is not counted
+        return rows
 
     def _claim_sqlite_many(self, conn: Any, events: Sequence[NewEvent]) -> list[Any]:
         # A claim's own constraint error (an orphan job holding its id, say) rolls back

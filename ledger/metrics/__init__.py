@@ -46,3 +46,21 @@ PURGED_ROWS = Counter("ledger_purged_rows_total", "Rows removed by the purge", [
 SCHEDULER_RUNS = Counter(
     "ledger_scheduler_runs_total", "Scheduled job runs by job and outcome", ["job", "outcome"],
 )
+# SQLite's one writer (ledger.db.writer_turns): every write transaction of every ledger
+# process on the host takes its turn in one line. rate(held_seconds_sum) is the share of
+# the time the one writer was busy: near 1, more load only lengthens the waits.
+_TURN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+SQLITE_WRITER_WAIT = Histogram(
+    "ledger_sqlite_writer_wait_seconds",
+    "SQLite: time a write transaction waited for its writer turn", buckets=_TURN_BUCKETS,
+)
+SQLITE_WRITER_HELD = Histogram(
+    "ledger_sqlite_writer_held_seconds",
+    "SQLite: time a writer turn was held (its transaction, commit included)",
+    buckets=_TURN_BUCKETS,
+)
+SQLITE_CLAIMS_PER_COMMIT = Histogram(
+    "ledger_sqlite_claims_per_commit",
+    "SQLite: intake claims written by one transaction (group commit)",
+    buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64),
+)

@@ -110,6 +110,16 @@ def test_each_metric_moves_with_its_event(clocked_app):
     assert delta("ledger_terminal_failures_total", event_type="demo.fail") == 1
     assert delta("ledger_scheduler_runs_total", job="rollups", outcome="ok") == 1
     assert ("ledger_purged_rows_total", (("kind", "payloads"),)) in after
+    # SQLite's one writer: the four claims (2 new, 1 duplicate, 1 conflict) and every
+    # write transaction's turn; PostgreSQL has no writer turns.
+    if svc.engine.dialect.name == "sqlite":
+        assert delta("ledger_sqlite_claims_per_commit_sum") == 4
+        assert 1 <= delta("ledger_sqlite_claims_per_commit_count") <= 4
+        assert delta("ledger_sqlite_writer_held_seconds_count") >= 4
+        assert delta("ledger_sqlite_writer_wait_seconds_count") >= 4
+    else:
+        assert delta("ledger_sqlite_claims_per_commit_count") == 0
+        assert delta("ledger_sqlite_writer_held_seconds_count") == 0
     # State, read from the database at scrape time.
     assert value(after, "ledger_metrics_database_up") == 1
     assert value(after, "ledger_receipts", state="complete") == 1

@@ -160,3 +160,38 @@ def _hold_forever(path: str, times: multiprocessing.Queue) -> None:
     turns.acquire()
     times.put(time.monotonic())
     time.sleep(3600)
+
+
+def _histogram(name: str) -> tuple[float, float]:
+    """Return (count, sum) of one of the writer's histograms in this process."""
+    from prometheus_client import REGISTRY
+
+    return (REGISTRY.get_sample_value(f"{name}_count") or 0.0,
+            REGISTRY.get_sample_value(f"{name}_sum") or 0.0)
+
+
+def test_each_turn_reports_its_wait_and_its_hold_once(lock_path: Path):
+    """On-call reads the one writer's busy share from the held time, its queue from the waits."""
+    turns = WriterTurns(str(lock_path))
+    held_before = _histogram("ledger_sqlite_writer_held_seconds")
+    wait_before = _histogram("ledger_sqlite_writer_wait_seconds")
+    waited = threading.Event()
+
+    def second() -> None:
+        with turns.held():
+            waited.set()
+
+    with turns.held():
+        inner = turns.acquire()  # reentrant: the same turn, not a second one
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(0.2)
+        turns.release(inner)
+    assert waited.wait(5)
+    thread.join(5)
+    held = _histogram("ledger_sqlite_writer_held_seconds")
+    wait = _histogram("ledger_sqlite_writer_wait_seconds")
+    assert held[0] - held_before[0] == 2  # the first turn and the second thread's
+    assert wait[0] - wait_before[0] == 2
+    assert held[1] - held_before[1] >= 0.2  # the first turn lasted the sleep
+    assert 0.15 <= wait[1] - wait_before[1] < 5  # the second thread waited for it
