@@ -7,12 +7,15 @@ shared machine hits both. Accepted/s counts committed receipts, not responses.
 
 from __future__ import annotations
 
+import sqlite3
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
 from bench import cpu
@@ -25,6 +28,9 @@ from ledger.services import ledger_engine
 THREADS = 2
 CONNECTIONS = 16
 MAX_RATE = 3000  # requests/s a run may reach before its file of new events wraps
+# The ledger's SQLite writer histograms (ledger.metrics), read from its /metrics around a run.
+WRITER_METRICS = ("ledger_sqlite_writer_held_seconds", "ledger_sqlite_writer_wait_seconds",
+                  "ledger_sqlite_claims_per_commit")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,6 +40,7 @@ class Run:
     wrk: WrkResult
     accepted: int
     cpu: cpu.CpuUse | None = None
+    writer: dict[str, float] | None = None  # the SQLite writer's histograms over the run
 
     @property
     def accepted_per_second(self) -> float:
@@ -46,7 +53,8 @@ class Run:
                 "accepted": self.accepted, "p50_ms": self.wrk.p50_ms, "p99_ms": self.wrk.p99_ms,
                 "errors": self.wrk.errors, "non_2xx": self.wrk.status_errors,
                 "wraps": self.wrk.wraps,
-                "cpu": self.cpu.per_request_ms(self.wrk.requests) if self.cpu else None}
+                "cpu": self.cpu.per_request_ms(self.wrk.requests) if self.cpu else None,
+                "writer": self.writer}
 
 
 @dataclass(slots=True)
@@ -57,6 +65,7 @@ class Target:
     db_url: str
     path: str
     pid: int | None = None  # the server's master: its CPU is measured during each run
+    writer: bool = False  # a ledger on SQLite: read its writer's metrics around each run
 
     def receipts(self) -> int:
         """Return how many receipts the database holds."""
@@ -73,13 +82,72 @@ def accepted_per_s(runs: list[Run]) -> float:
     return sum(r.accepted for r in runs) / sum(r.wrk.seconds for r in runs)
 
 
+def writer_sample(base: str) -> dict[str, float]:
+    """Return the sums and counts of the SQLite writer's histograms on a ledger's /metrics."""
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as response:  # loopback
+        page = response.read().decode()
+    return {sample.name: sample.value
+            for family in text_string_to_metric_families(page) if family.name in WRITER_METRICS
+            for sample in family.samples if sample.name.endswith(("_sum", "_count"))}
+
+
+def writer_summary(runs: list[Run]) -> dict[str, float] | None:
+    """Return the one writer's busy share, turns, hold, wait and claims per commit over `runs`.
+
+    The turns are exclusive, so their summed hold over the load time is the share of
+    it the writer was busy (each process's turns add up in the multiprocess metrics).
+    """
+    measured = [r for r in runs if r.writer]
+    if not measured:
+        return None
+    total = {name: sum((r.writer or {}).get(name, 0.0) for r in measured)
+             for name in measured[0].writer or {}}
+    seconds = sum(r.wrk.seconds for r in measured)
+    turns = total.get("ledger_sqlite_writer_held_seconds_count", 0.0)
+    commits = total.get("ledger_sqlite_claims_per_commit_count", 0.0)
+    held = total.get("ledger_sqlite_writer_held_seconds_sum", 0.0)
+    return {"busy_share": held / seconds, "turns_per_s": turns / seconds,
+            "hold_ms": 1000 * held / turns if turns else 0.0,
+            "wait_ms": 1000 * total.get("ledger_sqlite_writer_wait_seconds_sum", 0.0)
+            / max(total.get("ledger_sqlite_writer_wait_seconds_count", 0.0), 1.0),
+            "claims_per_commit": total.get("ledger_sqlite_claims_per_commit_sum", 0.0)
+            / commits if commits else 0.0}
+
+
+def commit_alone_ms(path: Path, commits: int = 300) -> float:
+    """Return the median time of one SQLite commit of a ~1 KB row with nothing else running.
+
+    The ledger's settings (WAL, synchronous=FULL): what the disk asks of a commit, against
+    which the writer's turns under load are read.
+    """
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE IF NOT EXISTS alone (body BLOB)")
+        times = []
+        for _ in range(commits):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO alone VALUES (?)", (b"x" * 1000,))
+            started = time.perf_counter()
+            conn.execute("COMMIT")
+            times.append(time.perf_counter() - started)
+        return 1000 * median(times)
+    finally:
+        conn.close()
+
+
 def load_run(target: Target, files: Path, seconds: float, limits: str | None = None) -> Run:
     """Replay `files` at `target` for `seconds`; count what was committed."""
     before = target.receipts()
+    writer = writer_sample(target.base) if target.writer else None
     with cpu.measured(target.pid) as use:
         result = run_wrk(target.base + target.path, files, seconds=seconds,
                          connections=CONNECTIONS, threads=THREADS, limits=limits)
-    return Run(wrk=result, accepted=target.receipts() - before, cpu=use)
+    if writer is not None:
+        after = writer_sample(target.base)
+        writer = {name: value - writer.get(name, 0.0) for name, value in after.items()}
+    return Run(wrk=result, accepted=target.receipts() - before, cpu=use, writer=writer)
 
 
 def signed_files(tmp: Path, tag: str, public_id: str, seconds: float) -> Path:
@@ -185,8 +253,11 @@ def measure_sqlite(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) ->
                           log=log) as (ours_base, ours_server):
         thin = Target(thin_base, f"sqlite:///{thin_path}", f"/hooks/{public_id}",
                       thin_server.pid)
-        ours = Target(ours_base, ours_url, f"/hooks/{public_id}", ours_server.pid)
-        return summarize(abba(e, thin, ours, seconds, "sqlite"))
+        ours = Target(ours_base, ours_url, f"/hooks/{public_id}", ours_server.pid,
+                      writer=True)
+        out = summarize(abba(e, thin, ours, seconds, "sqlite"))
+    out["commit_alone_ms"] = commit_alone_ms(e.tmp / "commit-alone.sqlite3")
+    return out
 
 
 def summarize(runs: dict[str, Any]) -> dict[str, Any]:
@@ -200,6 +271,8 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
         out[f"{name}_errors"] = sum(r.wrk.errors + r.wrk.status_errors for r in runs[name])
         out[f"{name}_cpu"] = cpu.summed([r.cpu for r in runs[name] if r.cpu],
                                         sum(r.wrk.requests for r in runs[name]))
+        if (writer := writer_summary(runs[name])) is not None:
+            out[f"{name}_writer"] = writer
     return out
 
 

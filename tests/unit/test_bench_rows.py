@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench import delivery_log as dlog
-from bench import report, run
+from bench import intake, report, run
 
 
 def _scale(receipts: int, prefix_p95: float) -> dict[str, Any]:
@@ -90,6 +90,33 @@ def test_a_missed_delivery_log_row_prints_the_logs_cpu_and_each_cycle() -> None:
     assert "run-to-run spread" in why
     # A run without CPU figures (an older latest.json) still prints its row.
     assert run.dlog_figures({k: v for k, v in r.items() if "cpu" not in k})[0].profile == ""
+
+
+def test_the_sqlite_row_prints_what_the_one_writer_did_during_our_runs() -> None:
+    def ran(seconds: float, held: float, turns: float, claims: float, commits: float) -> Any:
+        return SimpleNamespace(wrk=SimpleNamespace(seconds=seconds), writer={
+            "ledger_sqlite_writer_held_seconds_sum": held,
+            "ledger_sqlite_writer_held_seconds_count": turns,
+            "ledger_sqlite_writer_wait_seconds_sum": turns * 0.006,
+            "ledger_sqlite_writer_wait_seconds_count": turns,
+            "ledger_sqlite_claims_per_commit_sum": claims,
+            "ledger_sqlite_claims_per_commit_count": commits})
+    writer = intake.writer_summary([ran(6.0, 4.5, 1800, 5800, 1700),
+                                    ran(6.0, 4.5, 1800, 6200, 1700), SimpleNamespace(writer=None)])
+    assert writer is not None
+    assert writer["busy_share"] == 0.75  # 9 s of turns in 12 s of load
+    assert writer["turns_per_s"] == 300 and writer["hold_ms"] == 2.5
+    assert round(writer["wait_ms"], 3) == 6.0 and round(writer["claims_per_commit"], 3) == 3.529
+    r = {"ours_accepted_per_s": 1150.0, "thin_accepted_per_s": 950.0, "ours_writer": writer,
+         "commit_alone_ms": 0.31}
+    row = run.sqlite_figures(r)[0]
+    assert not row.met
+    why = run.explain(row)
+    assert "busy 75% of the load time" in why and "held 2.50 ms" in why
+    assert "3.5 claims per intake commit" in why and "a commit alone takes 0.31 ms" in why
+    # The thin intake has no writer metrics: no run measured, no writer text.
+    assert intake.writer_summary([SimpleNamespace(writer=None)]) is None
+    assert run.writer_profile({}) == ""
 
 
 def test_cycle_ratios_pair_each_cycles_two_runs_a_side() -> None:
