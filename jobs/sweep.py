@@ -22,10 +22,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, case, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.clock import Clock
 from ledger.config import Settings
+from ledger.db.engine import conflict_insert
 from ledger.db.schema import findings, integrations, jobs, receipts, sweep_marks
 from ledger.domain import JobStatus, ReceiptState
 from ledger.scheduling.runs import ABANDONED_RUN_GRACE_SECONDS, mark_abandoned_runs
@@ -70,9 +70,8 @@ def _mark(conn: Connection, name: str) -> Any:
 
 def _set_mark(conn: Connection, name: str, position: Any, now: datetime) -> None:
     """Record where the sweep `name` goes on next time (None: back to the start)."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     values = {"position": json.dumps(position), "swept_at": now}
-    conn.execute(dialect.insert(sweep_marks).values(name=name, **values)
+    conn.execute(conflict_insert(conn, sweep_marks).values(name=name, **values)
                  .on_conflict_do_update(index_elements=["name"], set_=values))
 
 
@@ -155,8 +154,7 @@ def record_findings(conn: Connection, found: Found, now: datetime) -> int:
     """Upsert every current finding; a resolved one that recurs starts over."""
     if not found:
         return 0
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    stmt = dialect.insert(findings)
+    stmt = conflict_insert(conn, findings)
     reopened = findings.c.resolved_at.is_not(None)
     stmt = stmt.on_conflict_do_update(
         index_elements=["kind", "subject"],

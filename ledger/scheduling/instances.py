@@ -26,9 +26,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from sqlalchemy import Connection, Engine, delete, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.clock import Clock
+from ledger.db.engine import conflict_insert
 from ledger.db.schema import instances
 from ledger.intake.credential_view import CredentialView
 from ledger.logs import get_logger
@@ -70,9 +70,8 @@ def new_instance_id() -> str:
 def beat(conn: Connection, instance_id: str, *, kind: str, now: datetime,
          refreshed_at: datetime | None) -> None:
     """Register the instance or record its heartbeat (an upsert)."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     hostname, pid = instance_id.split(":")[0], int(instance_id.split(":")[1])
-    stmt = dialect.insert(instances).values(
+    stmt = conflict_insert(conn, instances).values(
         id=instance_id, kind=kind, hostname=hostname, pid=pid, started_at=now,
         heartbeat_at=now, credentials_refreshed_at=refreshed_at)
     conn.execute(stmt.on_conflict_do_update(

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from sqlalchemy import Connection, and_, exists, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
+from ledger.db.engine import conflict_insert
 from ledger.db.schema import scheduler_runs
 
 ERROR_TEXT_LIMIT = 500
@@ -36,9 +36,8 @@ class RunOutcome(StrEnum):
 def claim_run(conn: Connection, *, job: str, period_start: datetime, instance: str,
               now: datetime, lease_seconds: float) -> int | None:
     """Insert the 'running' row of this period, leased; None when another instance has it."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     stmt = (
-        dialect.insert(scheduler_runs)
+        conflict_insert(conn, scheduler_runs)
         .values(job=job, period_start=period_start, instance=instance, started_at=now,
                 outcome=RunOutcome.RUNNING.value,
                 leased_until=now + timedelta(seconds=lease_seconds))

@@ -43,8 +43,8 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 
+from ledger.db.engine import conflict_insert
 from ledger.db.schema import (
     attempts,
     failure_group_scopes,
@@ -87,33 +87,27 @@ def group_id(event_type: str, signature: str) -> str:
     return hashlib.sha256(f"{event_type}\x00{signature}".encode()).hexdigest()[:16]
 
 
-def _dialect(conn: Connection) -> type[postgresql.Insert] | type[sqlite.Insert]:
-    """Return the insert construct with ON CONFLICT of the connection's database."""
-    return postgresql.Insert if conn.dialect.name == "postgresql" else sqlite.Insert
-
-
 def record_failure(conn: Connection, *, scope_id: int, event_id: str, event_type: str,
                    error: str | None, failed_at: datetime) -> str:
     """Count a receipt that just failed terminally into its group; return the group's id."""
     signature = error_signature(error)
     gid = group_id(event_type, signature)
-    insert = _dialect(conn)
     # Looked up first: a group's text is written once, and on a distributed ledger
     # (Citus: a reference table) every write to it would commit on every node.
     known = conn.execute(select(failure_signatures.c.id)
                          .where(failure_signatures.c.id == gid)).first()
     if known is None:
-        conn.execute(insert(failure_signatures).values(
+        conn.execute(conflict_insert(conn, failure_signatures).values(
             id=gid, event_type=event_type, signature=signature,
             example=(error or "")[:EXAMPLE_LIMIT] or None, first_seen=failed_at)
             .on_conflict_do_nothing(index_elements=["id"]))
-    added = conn.execute(insert(failure_members).values(
+    added = conn.execute(conflict_insert(conn, failure_members).values(
         scope_id=scope_id, event_id=event_id, group_id=gid, failed_at=failed_at)
         .on_conflict_do_nothing(index_elements=["scope_id", "event_id"])
         .returning(failure_members.c.group_id)).first()
     if added is None:  # already counted (a member leaves only by requeue or purge)
         return gid
-    counter = insert(failure_group_scopes).values(
+    counter = conflict_insert(conn, failure_group_scopes).values(
         group_id=gid, scope_id=scope_id, count=1, first_seen=failed_at, last_seen=failed_at)
     c, new = failure_group_scopes.c, counter.excluded
     conn.execute(counter.on_conflict_do_update(
@@ -243,7 +237,7 @@ def _restore_text(conn: Connection, member: Any) -> None:
     signature = error_signature(error)
     if group_id(member.event_type, signature) != member.group_id:
         return
-    conn.execute(_dialect(conn)(failure_signatures).values(
+    conn.execute(conflict_insert(conn, failure_signatures).values(
         id=member.group_id, event_type=member.event_type, signature=signature,
         example=(error or "")[:EXAMPLE_LIMIT] or None, first_seen=member.failed_at)
         .on_conflict_do_nothing(index_elements=["id"]))

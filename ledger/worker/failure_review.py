@@ -6,9 +6,9 @@ from datetime import datetime
 from enum import StrEnum
 
 from sqlalchemy import Connection, delete
-from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.access import audit
+from ledger.db.engine import conflict_insert
 from ledger.db.schema import failure_groups
 from ledger.errors import Refused
 from ledger.worker.failure_groups import group_id
@@ -32,10 +32,9 @@ def review_group(conn: Connection, actor: audit.Actor, *, event_type: str, signa
     if state is None:
         conn.execute(delete(failure_groups).where(failure_groups.c.id == gid))
     else:
-        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
         values = {"state": state.value, "note": note, "updated_by": actor.name,
                   "updated_at": now}
-        conn.execute(dialect.insert(failure_groups)
+        conn.execute(conflict_insert(conn, failure_groups)
                      .values(id=gid, event_type=event_type, signature=signature, **values)
                      .on_conflict_do_update(index_elements=["id"], set_=values))
     action = f"failure_group.{state.value if state else 'cleared'}"
