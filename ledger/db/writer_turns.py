@@ -83,6 +83,7 @@ class WriterTurns:
         holder: _Holder | None = getattr(self._local, "holder", None)
         if holder is None or holder.pid != os.getpid():  # new thread, or a forked child
             holder = self._local.holder = _Holder()
+        waited: float | None = None
         if holder.count == 0:
             asked = time.monotonic()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -97,8 +98,10 @@ class WriterTurns:
                 holder.fd, holder.deadline = fd, granted + self.max_hold
                 holder.granted = granted
                 _HELD.add(holder)
-            SQLITE_WRITER_WAIT.observe(granted - asked)
+            waited = granted - asked
         holder.count += 1
+        if waited is not None:  # a new turn, not a reentrant hold
+            SQLITE_WRITER_WAIT.observe(waited)
         return holder
 
     def release(self, holder: _Holder) -> None:
