@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from werkzeug.serving import make_server
+
+from ledger.web.loopback import loopback_server
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -87,7 +88,7 @@ def _stop(process: subprocess.Popen) -> None:
 @contextmanager
 def thread_server(app: Any) -> Iterator[str]:
     """Serve a Flask app from a werkzeug thread on a free loopback port."""
-    server = make_server("127.0.0.1", 0, app, threaded=True)
+    server = loopback_server(app)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from werkzeug.serving import make_server
 
+from ledger.web.loopback import loopback_server
 from tests.dashboard_helpers import PASSWORD, add_conflict, add_receipt, make_operator
 from tests.helpers import Sender, deliver, make_sender
 
@@ -62,7 +62,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                       "LEDGER_SECRET_KEY": "e2e-secret", "LEDGER_DEMO_HANDLERS": "1"})
     upgrade(app.extensions["ledger"].engine)
     sender, other = _seed(app)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
+    server = loopback_server(app)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

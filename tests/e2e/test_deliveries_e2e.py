@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from werkzeug.serving import make_server
 
+from ledger.web.loopback import loopback_server
 from tests.dashboard_helpers import PASSWORD, make_operator
 from tests.e2e.test_dashboard_e2e import _shot, browser, page  # noqa: F401  (fixtures)
 from tests.helpers import Sender, deliver, make_sender
@@ -55,7 +55,7 @@ def leak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leak]:
     assert deliver(client, sender, "evt_after_the_leak").status_code == 401
     svc.delivery_log.flush(everything=True)
     make_operator(app, "sec", "security")
-    server = make_server("127.0.0.1", 0, app, threaded=True)
+    server = loopback_server(app)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

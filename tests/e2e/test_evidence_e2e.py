@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from werkzeug.serving import make_server
 
+from ledger.web.loopback import loopback_server
 from tests.dashboard_helpers import PASSWORD, add_receipt, make_operator
 from tests.e2e.test_dashboard_e2e import CHROMIUM, SCREENSHOTS, TIMEOUT_MS, browser  # noqa: F401
 from tests.helpers import deliver, make_sender
@@ -43,7 +43,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
                     event_type="demo.fail" if i % 3 else "demo.other",
                     error="RuntimeError: downstream said no, with a long message " * 2)
     make_operator(app, "sam", "admin")
-    server = make_server("127.0.0.1", 0, app, threaded=True)
+    server = loopback_server(app)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import insert, update
-from werkzeug.serving import make_server
 
 from ledger.db.schema import attempts, instances, jobs
+from ledger.web.loopback import loopback_server
 from tests.dashboard_helpers import PASSWORD, add_receipt, make_operator
 from tests.e2e import test_dashboard_e2e as base
 from tests.helpers import Sender, deliver, make_sender
@@ -87,7 +87,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     _seed_failures(app, acme, globex)
     _seed_work(app, acme)
     make_operator(app, "olga", "oncall")
-    server = make_server("127.0.0.1", 0, app, threaded=True)
+    server = loopback_server(app)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
