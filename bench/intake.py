@@ -100,18 +100,22 @@ def writer_summary(runs: list[Run]) -> dict[str, float] | None:
     measured = [r for r in runs if r.writer]
     if not measured:
         return None
-    total = {name: sum((r.writer or {}).get(name, 0.0) for r in measured)
-             for name in measured[0].writer or {}}
+
+    def total(name: str) -> float:
+        return sum((r.writer or {}).get(name, 0.0) for r in measured)
+
+    def per(numerator: float, denominator: float) -> float:
+        return numerator / denominator if denominator else 0.0
+
     seconds = sum(r.wrk.seconds for r in measured)
-    turns = total.get("ledger_sqlite_writer_held_seconds_count", 0.0)
-    commits = total.get("ledger_sqlite_claims_per_commit_count", 0.0)
-    held = total.get("ledger_sqlite_writer_held_seconds_sum", 0.0)
+    held, turns = (total("ledger_sqlite_writer_held_seconds_sum"),
+                   total("ledger_sqlite_writer_held_seconds_count"))
     return {"busy_share": held / seconds, "turns_per_s": turns / seconds,
-            "hold_ms": 1000 * held / turns if turns else 0.0,
-            "wait_ms": 1000 * total.get("ledger_sqlite_writer_wait_seconds_sum", 0.0)
-            / max(total.get("ledger_sqlite_writer_wait_seconds_count", 0.0), 1.0),
-            "claims_per_commit": total.get("ledger_sqlite_claims_per_commit_sum", 0.0)
-            / commits if commits else 0.0}
+            "hold_ms": 1000 * per(held, turns),
+            "wait_ms": 1000 * per(total("ledger_sqlite_writer_wait_seconds_sum"),
+                                  total("ledger_sqlite_writer_wait_seconds_count")),
+            "claims_per_commit": per(total("ledger_sqlite_claims_per_commit_sum"),
+                                     total("ledger_sqlite_claims_per_commit_count"))}
 
 
 def commit_alone_ms(path: Path, commits: int = 300) -> float:

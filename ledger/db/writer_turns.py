@@ -50,14 +50,13 @@ def turns_path(database: str) -> str:
 class _Holder:
     """One thread's hold: its open file on the lock (-1 between turns) and reentrant count."""
 
-    __slots__ = ("count", "deadline", "fd", "granted", "pid")
+    __slots__ = ("count", "deadline", "fd", "pid")
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.count = 0
         self.fd = -1
         self.deadline = 0.0
-        self.granted = 0.0  # when the current turn came (monotonic)
 
 
 # Guards the holds the watchdog looks at; one watchdog thread per process.
@@ -83,7 +82,6 @@ class WriterTurns:
         holder: _Holder | None = getattr(self._local, "holder", None)
         if holder is None or holder.pid != os.getpid():  # new thread, or a forked child
             holder = self._local.holder = _Holder()
-        waited: float | None = None
         if holder.count == 0:
             asked = time.monotonic()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -96,12 +94,9 @@ class WriterTurns:
             with _GUARD:
                 _watch_this_process()
                 holder.fd, holder.deadline = fd, granted + self.max_hold
-                holder.granted = granted
                 _HELD.add(holder)
-            waited = granted - asked
+            SQLITE_WRITER_WAIT.observe(granted - asked)  # a new turn, not a reentrant hold
         holder.count += 1
-        if waited is not None:  # a new turn, not a reentrant hold
-            SQLITE_WRITER_WAIT.observe(waited)
         return holder
 
     def release(self, holder: _Holder) -> None:
@@ -116,7 +111,8 @@ class WriterTurns:
                 # and closing ours alone would leave the lock held.
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
-                SQLITE_WRITER_HELD.observe(time.monotonic() - holder.granted)
+                # The turn came max_hold before its deadline.
+                SQLITE_WRITER_HELD.observe(time.monotonic() - holder.deadline + self.max_hold)
 
     @contextmanager
     def held(self) -> Iterator[None]:
