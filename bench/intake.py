@@ -174,25 +174,27 @@ def ours_app(e: benv.BenchEnv, url: str) -> str:
 
 
 def abba(e: benv.BenchEnv, thin: Target, ours: Target, seconds: float,
-         tag: str, cycles: int = 2) -> dict[str, Any]:
+         tag: str, cycles: int = 2, floor: Target | None = None) -> dict[str, Any]:
     """Load thin, ours, ours, thin (`cycles` times) with fresh events each run.
 
     Each side runs 2 * cycles times for seconds / cycles: the same load time as
     two long runs, interleaved finely enough that a slow patch on this shared
-    machine lands on both sides.
+    machine lands on both sides. A `floor` (bench/floor_intake.py) is a third side
+    in the middle of each cycle: thin, ours, floor, floor, ours, thin.
     """
     public_id = ours.path.rsplit("/", 1)[1]
     each = max(seconds / cycles, 3)
+    sides = {"thin": thin, "ours": ours} | ({"floor": floor} if floor else {})
     warm = signed_files(e.tmp, f"{tag}-warm", public_id, 2)
-    for target in (thin, ours):
+    for target in sides.values():
         load_run(target, warm, 2)
-    runs: dict[str, Any] = {"thin": [], "ours": []}
+    runs: dict[str, Any] = {name: [] for name in sides}
     for cycle in range(cycles):
         a = signed_files(e.tmp, f"{tag}-{cycle}a", public_id, each)
         b = signed_files(e.tmp, f"{tag}-{cycle}b", public_id, each)
-        for name, target, files in (("thin", thin, a), ("ours", ours, a), ("ours", ours, b),
-                                    ("thin", thin, b)):
-            runs[name].append(load_run(target, files, each))
+        order = ["thin", "ours", "floor"] if floor else ["thin", "ours"]
+        for name, files in [(name, a) for name in order] + [(n, b) for n in reversed(order)]:
+            runs[name].append(load_run(sides[name], files, each))
         runs.setdefault("files", []).extend([a, b])
     return runs
 
@@ -226,19 +228,26 @@ def duplicates(e: benv.BenchEnv, ours: Target, runs: dict[str, Any], seconds: fl
 
 
 def measure_pg(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[str, Any]:
-    """Ledger vs thin on PostgreSQL: accepted/s, p99, then duplicates/s on the ledger."""
+    """Ledger vs thin (and the gunicorn floor) on PostgreSQL: accepted/s, p99, then
+    duplicates/s on the ledger."""
     ours_url, thin_url = e.migrated_pg("intake"), e.pg_url("thin")
     create_thin_pg(thin_url)
     public_id = ours_app(e, ours_url)
     thin_env = {"THIN_DATABASE_URL": thin_url.replace("+psycopg", ""), "THIN_SECRET": benv.SECRET}
+    floor_url = e.pg_url("floor")
+    create_thin_pg(floor_url)
+    floor_env = thin_env | {"THIN_DATABASE_URL": floor_url.replace("+psycopg", "")}
     log = e.tmp / "intake-pg.log"
     with benv.gunicorn("thin_intake:app", thin_env, shape, cwd=benv.ROOT / "bench",
                        log=log) as (thin_base, thin_server), \
             benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
-                          log=log) as (ours_base, ours_server):
+                          log=log) as (ours_base, ours_server), \
+            benv.gunicorn("bench.floor_intake:app", floor_env, shape, cwd=benv.ROOT,
+                          log=log) as (floor_base, floor_server):
         thin = Target(thin_base, thin_url, f"/hooks/{public_id}", thin_server.pid)
         ours = Target(ours_base, ours_url, f"/hooks/{public_id}", ours_server.pid)
-        runs = abba(e, thin, ours, seconds, "pg")
+        floor = Target(floor_base, floor_url, f"/hooks/{public_id}", floor_server.pid)
+        runs = abba(e, thin, ours, seconds, "pg", floor=floor)
         dup = duplicates(e, ours, runs, seconds)
     return summarize(runs) | {"duplicates": dup}
 
@@ -266,9 +275,9 @@ def measure_sqlite(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) ->
 
 def summarize(runs: dict[str, Any]) -> dict[str, Any]:
     """Average the two runs of each app."""
-    out: dict[str, Any] = {"runs": {k: [r.to_json() for r in v] for k, v in runs.items()
-                                    if k in ("thin", "ours")}}
-    for name in ("thin", "ours"):
+    sides = [name for name in ("thin", "ours", "floor") if name in runs]
+    out: dict[str, Any] = {"runs": {k: [r.to_json() for r in runs[k]] for k in sides}}
+    for name in sides:
         out[f"{name}_accepted_per_s"] = accepted_per_s(runs[name])
         out[f"{name}_p99_ms"] = mean(r.wrk.p99_ms for r in runs[name])
         out[f"{name}_wraps"] = sum(r.wrk.wraps for r in runs[name])

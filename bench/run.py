@@ -191,25 +191,78 @@ def p99_profile(r: dict[str, Any], target: float) -> str:
     return text
 
 
+FLOOR = ("the gunicorn floor (bench/floor_intake.py: a plain WSGI callable, the HMAC check"
+         " and one autocommit claim statement; no Flask, pool, logs, metrics or delivery log),"
+         " served and loaded like both in the middle of each ABBA cycle,")
+
+
+def floor_verdict(r: dict[str, Any], key: str, target: float) -> str:
+    """Return what the gunicorn floor reached against the thin intake on `key`, and whether
+    the target is out of reach for any intake served by gunicorn onto this PostgreSQL.
+
+    The floor does the least an intake can (authenticate, claim receipt + job, answer) on
+    the same server, shape, database and load: nothing that does more can answer faster.
+    """
+    if not r.get(f"floor_{key}") or not r.get(f"thin_{key}"):
+        return ""
+    floor, thin, ours = r[f"floor_{key}"], r[f"thin_{key}"], r[f"ours_{key}"]
+    ratio = floor / thin
+    lower = key.endswith("_ms")  # a latency: the target is a most
+    what = "p99" if lower else "accepted/s"
+    text = f"In this run {FLOOR} reached {ratio:.2f}x the thin intake's {what}"
+    share = (f"ours' p99 was {ours / floor:.2f}x the floor's" if lower
+             else f"ours reached {ours / floor:.0%} of the floor's accepted/s")
+    if (ratio > target) if lower else (ratio < target):
+        text += (f", short of {target}x itself: no intake served by gunicorn onto this"
+                 f" PostgreSQL meets the target on this machine; {share}.")
+    else:
+        text += f", within the target: {share}."
+    spent, mine = (r.get("floor_cpu") or {}).get("web_ms"), (r.get("ours_cpu") or {}).get("web_ms")
+    if not lower and spent and mine:
+        text += f" The floor's web processes spent {spent:.2f} ms per delivery, ours {mine:.2f}."
+    return text
+
+
+def _joined(*parts: str) -> str:
+    return " ".join(part for part in parts if part)
+
+
 def intake_figures(r: dict[str, Any]) -> list[Figure]:
-    """Accepted/s, p99 and duplicates/s on PostgreSQL; the share of both ceilings."""
+    """Accepted/s, p99 and duplicates/s on PostgreSQL; the share of both ceilings and of
+    the gunicorn floor."""
     dup = r["duplicates"]
     note = "" if not (r["thin_wraps"] or r["ours_wraps"]) else "a file of new events wrapped"
     return [
         replace(at_least("intake accepted/s, 16 connections (PostgreSQL)",
                          r["ours_accepted_per_s"], "/s", "thin intake",
                          r["thin_accepted_per_s"], 2.0, note),
-                profile=cpu_budget(r, 2.0, "PostgreSQL")),
+                profile=_joined(floor_verdict(r, "accepted_per_s", 2.0),
+                                cpu_budget(r, 2.0, "PostgreSQL"))),
         replace(at_most("intake p99 latency (PostgreSQL)", r["ours_p99_ms"], "ms",
                         "thin intake p99", r["thin_p99_ms"], 0.7),
-                profile=p99_profile(r, 0.7)),
+                profile=_joined(floor_verdict(r, "p99_ms", 0.7), p99_profile(r, 0.7))),
         at_least("duplicate deliveries/s", dup["dup_per_s"], "/s",
                  "our accepted/s (new events, interleaved runs)", dup["new_accepted_per_s"],
                  1.0, f"{dup['dup_new_receipts']} new receipts during the duplicate runs"
                  " (expected 0, or a few requests wrk had prepared but not sent when the"
                  " replayed run ended)"),
         *ceiling_figures(r),
+        *floor_figures(r),
     ]
+
+
+def floor_figures(r: dict[str, Any]) -> list[Figure]:
+    """Our accepted/s as a share of the gunicorn floor's, interleaved with it."""
+    if not r.get("floor_accepted_per_s"):
+        return []
+    floor = r["floor_accepted_per_s"]
+    return [_with_met(at_least("where the rest goes: our accepted/s vs the gunicorn floor",
+                               r["ours_accepted_per_s"], "/s", "bench/floor_intake.py, HMAC +"
+                               " one autocommit claim, no Flask, same shape, ABBA", floor, 0.0,
+                               f"p99 {r['floor_p99_ms']:.1f} ms; thin intake"
+                               f" {r['thin_accepted_per_s']:.0f}/s ="
+                               f" {r['thin_accepted_per_s'] / floor:.0%} of it"),
+                      True, "shown, measured in this run")]
 
 
 def ceiling_figures(r: dict[str, Any]) -> list[Figure]:

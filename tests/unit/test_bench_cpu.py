@@ -145,3 +145,43 @@ def test_a_run_without_cpu_figures_keeps_the_general_explanation() -> None:
     intake = run.intake_figures(r)[0]
     assert intake.profile == ""
     assert "CPU-bound" in run.explain(intake)
+
+
+def _with_floor(accepted: float, p99: float) -> dict[str, object]:
+    r = _intake(_measured(1.0, 0.3), _measured(1.0, 0.3), None)
+    return r | {"floor_accepted_per_s": accepted, "floor_p99_ms": p99,
+                "floor_cpu": _measured(0.45, 0.25)}
+
+
+def test_a_floor_under_the_target_puts_it_out_of_gunicorns_reach() -> None:
+    # thin 1,300/s, the floor 1,950/s: 1.50x; ours 1,300/s is 67% of the floor's.
+    r = _with_floor(1950.0, 30.0)
+    why = run.explain(run.intake_figures(r)[0])
+    assert "reached 1.50x the thin intake's accepted/s, short of 2.0x itself" in why
+    assert "no intake served by gunicorn onto this PostgreSQL meets the target" in why
+    assert "The floor's web processes spent 0.45 ms per delivery, ours 1.00." in why
+    assert "ours reached 67% of the floor's accepted/s" in why
+    assert "Measured in this run (CPU per delivery" in why  # the CPU profile follows
+
+
+def test_a_floor_over_the_target_says_the_target_is_within_gunicorns_reach() -> None:
+    why = run.explain(run.intake_figures(_with_floor(2860.0, 30.0))[0])
+    assert "reached 2.20x the thin intake's accepted/s, within the target" in why
+    assert "no intake served" not in why
+
+
+def test_the_p99_row_compares_the_floors_tail_with_the_thin_intakes() -> None:
+    # thin p99 57 ms: a floor at 45.6 ms is 0.80x, over 0.7x; at 28.5 ms 0.50x, within.
+    slow = run.explain(run.intake_figures(_with_floor(1950.0, 45.6))[1])
+    assert "reached 0.80x the thin intake's p99, short of 0.7x itself" in slow
+    assert "ours' p99 was 1.32x the floor's" in slow  # 60 / 45.6
+    fast = run.explain(run.intake_figures(_with_floor(1950.0, 28.5))[1])
+    assert "0.50x the thin intake's p99, within the target" in fast
+
+
+def test_the_floor_row_is_shown_and_absent_when_the_floor_was_not_run() -> None:
+    shown = run.intake_figures(_with_floor(1950.0, 30.0))[-1]
+    assert shown.measure == "where the rest goes: our accepted/s vs the gunicorn floor"
+    assert shown.met and "thin intake 1300/s = 67% of it" in shown.note
+    assert not any("gunicorn floor" in f.measure for f in run.intake_figures(
+        _intake(_measured(1.0, 0.3), _measured(1.0, 0.3), None)))
