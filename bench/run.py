@@ -37,8 +37,9 @@ RECORDED_10M = Path(__file__).resolve().parent / "recorded" / "scale_10m.json"
 TEN_M = 10_000_000
 
 MEASURES = ("intake", "sqlite", "worker", "worker-sqlite", "sqlite-worker", "big", "memory",
-            "dlog", "scale", "servers")
-# `make bench` runs these; "servers" (gunicorn vs granian), "worker-sqlite" (the batched
+            "dlog", "scale", "servers", "floors")
+# `make bench` runs these; "servers" (gunicorn vs granian), "floors" (the floor intake under
+# gunicorn and under granian vs the thin intake; both need granian), "worker-sqlite" (the batched
 # worker on SQLite vs batch 1) and "sqlite-worker" (the SQLite intake while a worker drains,
 # at two batch sizes) are asked for by name.
 DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "memory", "dlog", "scale")
@@ -544,6 +545,24 @@ def server_figures(r: dict[str, Any]) -> list[Figure]:
     return figures
 
 
+def floors_figures(r: dict[str, Any]) -> list[Figure]:
+    """The gunicorn floor under gunicorn and under granian against the thin intake: shown.
+
+    Whether the intake's 2.0x and 0.7x p99 are within the server's reach on this machine
+    at all, whatever the ledger does on top (bench/README.md, "The gunicorn floor")."""
+    thin, thin_p99 = r["thin_accepted_per_s"], r["thin_p99_ms"]
+    figures = []
+    for name, label in (("gunicorn_floor", "under gunicorn"), ("granian_floor", "under granian")):
+        rate, p99 = r[f"{name}_accepted_per_s"], r[f"{name}_p99_ms"]
+        verdict = "reaches" if rate >= 2.0 * thin else "falls short of"
+        figures.append(_with_met(at_least(
+            f"the floor intake {label}: accepted/s vs the thin intake (PostgreSQL)", rate, "/s",
+            "thin intake (gunicorn)", thin, 0.0,
+            f"{verdict} the intake's 2.0x; p99 {p99:.1f} ms = {p99 / thin_p99:.2f}x the thin"
+            f" intake's (target 0.7x)"), True, "shown, measured in this run"))
+    return figures
+
+
 def dlog_figures(r: dict[str, Any]) -> list[Figure]:
     """Accepted/s with the delivery log on vs off; a forged flood's rows vs the log's bound."""
     f = r["flood"]
@@ -593,6 +612,7 @@ def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> tuple[list[Figur
         "memory": (lambda: intake.measure_memory(e, shape, args.memory_requests),
                    memory_figures),
         "servers": (lambda: servers.measure(e, shape, args.seconds, args.against), server_figures),
+        "floors": (lambda: servers.floors(e, shape, args.seconds), floors_figures),
         "dlog": (lambda: dlog_bench.measure(e, shape, args.seconds), dlog_figures),
         "scale": (lambda: scale.measure(e, shape, args.scale, args.scale_scopes, args.seconds,
                                         args.rounds), scale_figures),

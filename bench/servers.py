@@ -22,15 +22,18 @@ from sqlalchemy.engine import make_url
 
 from bench import env as benv
 from bench.intake import Target, abba, ours_app, summarize
+from bench.schemas import create_thin_pg
 
 
-def granian(env: dict[str, str], shape: benv.ServerShape, *,
-            log: Path) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
-    """Serve the ledger with granian (WSGI, shape.workers x shape.threads); stop it after."""
+def granian(env: dict[str, str], shape: benv.ServerShape, *, log: Path,
+            app: str = "app:create_app", factory: bool = True,
+            ) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """Serve the ledger (or another WSGI `app`) with granian (shape.workers x
+    shape.threads); stop it after."""
     port = benv.free_port()
     return _served("granian", [
-        "--interface", "wsgi", "--factory", "app:create_app", "--host", "127.0.0.1",
-        "--port", str(port), "--workers", str(shape.workers),
+        "--interface", "wsgi", *(["--factory"] if factory else []), app,
+        "--host", "127.0.0.1", "--port", str(port), "--workers", str(shape.workers),
         "--blocking-threads", str(shape.threads), "--no-ws", "--log-level", "warning"],
         port, env, log)
 
@@ -129,3 +132,42 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float,
                         f"servers-{name}")
         out[name] = summarize(runs)
     return out
+
+
+def floors(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[str, Any]:
+    """The gunicorn floor (bench/floor_intake.py) under gunicorn and under granian against
+    the thin intake, on PostgreSQL: what the server alone allows an intake on this machine.
+
+    Three sides in one ABBA (thin, floor under gunicorn, floor under granian, and back),
+    each on its own thin-schema database, the same shape and pre-signed requests.
+    """
+    urls = {name: e.pg_url(f"floors_{name}") for name in ("thin", "gunicorn", "granian")}
+    for url in urls.values():
+        create_thin_pg(url)
+    env = {name: {"THIN_DATABASE_URL": url.replace("+psycopg", ""), "THIN_SECRET": benv.SECRET}
+           for name, url in urls.items()}
+    path, log = "/hooks/in_floors", e.tmp / "floors.log"
+    with benv.gunicorn("thin_intake:app", env["thin"], shape, cwd=benv.ROOT / "bench",
+                       log=log) as (thin_base, thin), \
+            benv.gunicorn("bench.floor_intake:app", env["gunicorn"], shape, cwd=benv.ROOT,
+                          log=log) as (gunicorn_base, under_gunicorn), \
+            granian(env["granian"], shape, log=log, app="bench.floor_intake:app",
+                    factory=False) as (granian_base, under_granian):
+        runs = abba(e, Target(thin_base, urls["thin"], path, thin.pid),
+                    Target(gunicorn_base, urls["gunicorn"], path, under_gunicorn.pid), seconds,
+                    "floors", floor=Target(granian_base, urls["granian"], path, under_granian.pid))
+    return floor_sides(summarize(runs))
+
+
+FLOOR_SIDES = {"thin": "thin", "ours": "gunicorn_floor", "floor": "granian_floor"}
+
+
+def floor_sides(out: dict[str, Any]) -> dict[str, Any]:
+    """Rename summarize's sides for `floors`: ours is the floor under gunicorn, floor the
+    floor under granian ("ours_p99_ms" -> "gunicorn_floor_p99_ms")."""
+    def renamed(key: str) -> str:
+        name, _, measure = key.partition("_")
+        return f"{FLOOR_SIDES[name]}_{measure}"
+
+    return {"runs": {FLOOR_SIDES[k]: v for k, v in out["runs"].items()}} | {
+        renamed(key): value for key, value in out.items() if key != "runs"}

@@ -138,3 +138,18 @@ def test_cycle_ratios_pair_each_cycles_two_runs_a_side() -> None:
 def test_the_bench_percentile_is_the_nearest_rank(samples: list[float], q: float,
                                                   expected: float) -> None:
     assert report.percentile(samples, q) == expected
+
+
+def test_the_floors_rows_show_each_server_against_the_thin_intake() -> None:
+    from bench.servers import floor_sides
+
+    r = floor_sides({"runs": {"thin": [], "ours": [], "floor": []},
+                     "thin_accepted_per_s": 1000.0, "thin_p99_ms": 60.0,
+                     "ours_accepted_per_s": 1800.0, "ours_p99_ms": 36.0,
+                     "floor_accepted_per_s": 3100.0, "floor_p99_ms": 18.0})
+    assert set(r["runs"]) == {"thin", "gunicorn_floor", "granian_floor"}
+    gunicorn, granian = run.floors_figures(r)
+    assert gunicorn.measure.startswith("the floor intake under gunicorn")
+    assert gunicorn.ratio == 1.8 and gunicorn.met
+    assert "falls short of the intake's 2.0x; p99 36.0 ms = 0.60x" in gunicorn.note
+    assert granian.ratio == 3.1 and "reaches the intake's 2.0x; p99 18.0 ms = 0.30x" in granian.note
