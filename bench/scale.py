@@ -95,8 +95,9 @@ def load(e: benv.BenchEnv, receipts: int, template: tuple[str, list[Integration]
 
 
 def intake(e: benv.BenchEnv, shape: benv.ServerShape, small: str, large: str,
-           seconds: float, cycles: int = 2) -> dict[str, Any]:
-    """Load our server on the small and the large ledger in ABBA order, `cycles` times."""
+           seconds: float, cycles: int = 2, each: float | None = None) -> dict[str, Any]:
+    """Load our server on the small and the large ledger in ABBA order, `cycles` times,
+    `each` seconds a run (default `seconds` / 2, at least 3)."""
     ids = {url: ours_app(e, url) for url in (small, large)}
     runs: dict[str, list[Any]] = {"small": [], "large": []}
     with benv.gunicorn("app:create_app()", e.app_env(small), shape, cwd=benv.ROOT,
@@ -105,7 +106,7 @@ def intake(e: benv.BenchEnv, shape: benv.ServerShape, small: str, large: str,
                           log=e.tmp / "scale-large.log") as (large_base, _):
         targets = {"small": Target(small_base, small, f"/hooks/{ids[small]}"),
                    "large": Target(large_base, large, f"/hooks/{ids[large]}")}
-        each = max(seconds / 2, 3)
+        each = max(each or seconds / 2, 3)
         for side, target in targets.items():  # warm-up
             load_run(target, signed_files(e.tmp, f"scale-warm-{side}",
                                           target.path.rsplit("/", 1)[1], 2), 2)
@@ -219,10 +220,12 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: in
     # A phase that fails (a rollup killed by the 60 s idle-in-transaction timeout at 10M,
     # a full connection table) is recorded as its error; the other phases still run.
     out["rollups"] = _phase("rollups", lambda: rollup_runs(e, largest["url"]))
-    # One ABBA cycle at the default 1M (it keeps `make bench` under 15 minutes), two above.
+    # Two ABBA cycles; at the default 1M of `seconds` / 4 a run (the time of one cycle of
+    # `seconds` / 2, which keeps `make bench` under 15 minutes), so that one slow patch of
+    # the machine lands on both sides; above it `seconds` / 2 a run.
+    each = seconds / 2 if receipts > PURGE_BASELINE else seconds / 4
     out["intake"] = _phase("intake", lambda: intake(e, shape, small["url"], largest["url"],
-                                                    seconds, 2 if receipts > PURGE_BASELINE
-                                                    else 1))
+                                                    seconds, 2, each))
     out["rollups"]["scheduled"] = _phase("rollups scheduled",
                                          lambda: scheduled_run(e, largest["url"]))
     out["dashboard"] = _phase("dashboard", lambda: big.dashboard(e, largest["url"],
