@@ -208,14 +208,14 @@ def floor_verdict(r: dict[str, Any], key: str, target: float) -> str:
         return ""
     floor, thin, ours = r[f"floor_{key}"], r[f"thin_{key}"], r[f"ours_{key}"]
     ratio = floor / thin
-    lower = key.endswith("_ms")  # a latency: the target is a most
+    lower = key.endswith("_ms")  # a latency: the target is an upper bound
     what = "p99" if lower else "accepted/s"
     text = f"In this run {FLOOR} reached {ratio:.2f}x the thin intake's {what}"
     share = (f"ours' p99 was {ours / floor:.2f}x the floor's" if lower
              else f"ours reached {ours / floor:.0%} of the floor's accepted/s")
     if (ratio > target) if lower else (ratio < target):
         text += (f", short of {target}x itself: no intake served by gunicorn onto this"
-                 f" PostgreSQL meets the target on this machine; {share}.")
+                 f" PostgreSQL met the target in this run; {share}.")
     else:
         text += f", within the target: {share}."
     spent, mine = (r.get("floor_cpu") or {}).get("web_ms"), (r.get("ours_cpu") or {}).get("web_ms")
