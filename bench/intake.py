@@ -163,6 +163,11 @@ def signed_files(tmp: Path, tag: str, public_id: str, seconds: float) -> Path:
     return prefix
 
 
+def thin_env(url: str) -> dict[str, str]:
+    """Return the environment of a baseline server (thin, floor) on the database `url`."""
+    return {"THIN_DATABASE_URL": url.replace("+psycopg", ""), "THIN_SECRET": benv.SECRET}
+
+
 def ours_app(e: benv.BenchEnv, url: str) -> str:
     """Prepare the ledger's database on `url`; return the bench integration's public id."""
     settings = e.settings(url)
@@ -233,16 +238,14 @@ def measure_pg(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dic
     ours_url, thin_url = e.migrated_pg("intake"), e.pg_url("thin")
     create_thin_pg(thin_url)
     public_id = ours_app(e, ours_url)
-    thin_env = {"THIN_DATABASE_URL": thin_url.replace("+psycopg", ""), "THIN_SECRET": benv.SECRET}
     floor_url = e.pg_url("floor")
     create_thin_pg(floor_url)
-    floor_env = thin_env | {"THIN_DATABASE_URL": floor_url.replace("+psycopg", "")}
     log = e.tmp / "intake-pg.log"
-    with benv.gunicorn("thin_intake:app", thin_env, shape, cwd=benv.ROOT / "bench",
+    with benv.gunicorn("thin_intake:app", thin_env(thin_url), shape, cwd=benv.ROOT / "bench",
                        log=log) as (thin_base, thin_server), \
             benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
                           log=log) as (ours_base, ours_server), \
-            benv.gunicorn("bench.floor_intake:app", floor_env, shape, cwd=benv.ROOT,
+            benv.gunicorn("bench.floor_intake:app", thin_env(floor_url), shape, cwd=benv.ROOT,
                           log=log) as (floor_base, floor_server):
         thin = Target(thin_base, thin_url, f"/hooks/{public_id}", thin_server.pid)
         ours = Target(ours_base, ours_url, f"/hooks/{public_id}", ours_server.pid)
@@ -258,10 +261,9 @@ def measure_sqlite(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) ->
     thin_path = e.tmp / "thin.sqlite3"
     create_thin_sqlite(str(thin_path))
     public_id = ours_app(e, ours_url)
-    thin_env = {"THIN_DATABASE_URL": f"sqlite:///{thin_path}", "THIN_SECRET": benv.SECRET}
     log = e.tmp / "intake-sqlite.log"
-    with benv.gunicorn("thin_intake:app", thin_env, shape, cwd=benv.ROOT / "bench",
-                       log=log) as (thin_base, thin_server), \
+    with benv.gunicorn("thin_intake:app", thin_env(f"sqlite:///{thin_path}"), shape,
+                       cwd=benv.ROOT / "bench", log=log) as (thin_base, thin_server), \
             benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
                           log=log) as (ours_base, ours_server):
         thin = Target(thin_base, f"sqlite:///{thin_path}", f"/hooks/{public_id}",

@@ -300,7 +300,7 @@ def writer_profile(r: dict[str, Any]) -> str:
     writer = r.get("ours_writer")
     if not writer:
         return ""
-    text = (f" The one writer (ledger_sqlite_writer_* on ours' /metrics, over its runs):"
+    text = (f"The one writer (ledger_sqlite_writer_* on ours' /metrics, over its runs):"
             f" busy {writer['busy_share']:.0%} of the load time, {writer['turns_per_s']:,.0f}"
             f" turns/s, each held {writer['hold_ms']:.2f} ms and waited for"
             f" {writer['wait_ms']:.2f} ms, {writer['claims_per_commit']:.1f} claims per intake"
@@ -316,7 +316,7 @@ def sqlite_figures(r: dict[str, Any]) -> list[Figure]:
     return [replace(at_least("intake accepted/s on the SQLite default",
                              r["ours_accepted_per_s"], "/s", "thin intake on SQLite",
                              r["thin_accepted_per_s"], 1.5),
-                    profile=cpu_budget(r, 1.5, "SQLite") + writer_profile(r))]
+                    profile=_joined(cpu_budget(r, 1.5, "SQLite"), writer_profile(r)))]
 
 
 def worker_figures(r: dict[str, Any]) -> list[Figure]:

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from bench import env as benv
-from bench.intake import Target, abba, ours_app, summarize
+from bench.intake import Target, abba, ours_app, summarize, thin_env
 from bench.schemas import create_thin_pg
 
 
@@ -144,8 +144,7 @@ def floors(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[st
     urls = {name: e.pg_url(f"floors_{name}") for name in ("thin", "gunicorn", "granian")}
     for url in urls.values():
         create_thin_pg(url)
-    env = {name: {"THIN_DATABASE_URL": url.replace("+psycopg", ""), "THIN_SECRET": benv.SECRET}
-           for name, url in urls.items()}
+    env = {name: thin_env(url) for name, url in urls.items()}
     path, log = "/hooks/in_floors", e.tmp / "floors.log"
     with benv.gunicorn("thin_intake:app", env["thin"], shape, cwd=benv.ROOT / "bench",
                        log=log) as (thin_base, thin), \
