@@ -227,6 +227,6 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: in
     out["purge_unloaded"] = purge_unloaded(e, copy)
     with benv.admin_engine().connect() as conn:
         conn.execute(text(f'DROP DATABASE "{make_url(copy).database}" WITH (FORCE)'))
-    e.databases.remove(make_url(copy).database)
+    e.databases.remove(str(make_url(copy).database))
     out["purge"] = purge_under_intake(e, url, shape)
     return out

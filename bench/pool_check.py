@@ -20,6 +20,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from cryptography.fernet import Fernet
 from sqlalchemy import Engine, create_engine, event, text
@@ -42,7 +43,7 @@ def use_variant(engine: Engine, variant: str) -> None:
     """Switch the engine's pool to one variant of the checkout check."""
     if event.contains(engine, "checkout", _refuse_dead_connection):
         event.remove(engine, "checkout", _refuse_dead_connection)
-    engine.pool._pre_ping = variant == "pre_ping"  # type: ignore[attr-defined]
+    engine.pool._pre_ping = variant == "pre_ping"
     if variant == "poll":
         event.listen(engine, "checkout", _refuse_dead_connection)
 
@@ -85,7 +86,7 @@ def main() -> None:
     url = make_url(server).set(database=name).render_as_string(hide_password=False)
     key = Fernet.generate_key().decode()
     try:
-        engine = make_engine(Settings(database_url=url, var_dir=tempfile.gettempdir(),
+        engine = make_engine(Settings(database_url=url, var_dir=Path(tempfile.gettempdir()),
                                       master_key=key))
         upgrade(engine)
         engine.dispose()

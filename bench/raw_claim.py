@@ -44,7 +44,9 @@ def claim_one(conn: psycopg.Connection) -> bool:
             return False
         scope_id, event_id, payload = row
         amount = json.loads(payload)["data"]["amount"]
-        balance = conn.execute(CREDIT, (scope_id, amount)).fetchone()[0]
+        credited = conn.execute(CREDIT, (scope_id, amount)).fetchone()
+        assert credited is not None  # an upsert with RETURNING always returns its row
+        balance = credited[0]
         conn.execute(COMPLETE, (f"credit:{balance}", scope_id, event_id))
         conn.execute(DELETE, (scope_id, event_id))
     return True

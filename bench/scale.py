@@ -189,7 +189,7 @@ def purge_cost(e: benv.BenchEnv, url: str, name: str) -> dict[str, Any]:
     finally:
         with benv.admin_engine().connect() as conn:
             conn.execute(text(f'DROP DATABASE "{database}" WITH (FORCE)'))
-        e.databases.remove(database)
+        e.databases.remove(str(database))
     result["us_per_receipt"] = round(result["purge_seconds"] / max(
         result["expired_receipts"], 1) * 1e6, 3)
     return result

@@ -76,13 +76,18 @@ def _intake_load(engine: Any, stop: threading.Event, latencies: list[float]) -> 
 
 def _measure_intake(engine: Any, seconds: float | None, during: Any = None) -> dict[str, Any]:
     """Run the intake load for `seconds` (or while `during()` runs); return its figures."""
-    stop, lat = threading.Event(), [[], []]
+    stop = threading.Event()
+    lat: list[list[float]] = [[], []]
     threads = [threading.Thread(target=_intake_load, args=(engine, stop, lat[i]))
                for i in range(2)]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
-    result = during() if during else time.sleep(seconds or 0)
+    result = None
+    if during:
+        result = during()
+    else:
+        time.sleep(seconds or 0)
     stop.set()
     for thread in threads:
         thread.join()

@@ -84,8 +84,8 @@ def challenger(e: benv.BenchEnv, url: str, shape: benv.ServerShape, against: str
         return uwsgi(e.app_env(url), shape, log=log)
     if against.startswith("shape:"):
         size, _, klass = against.removeprefix("shape:").partition(":")
-        workers, _, threads = size.partition("x")
-        other = replace(shape, workers=int(workers), threads=int(threads or 1),
+        workers, _, per_process = size.partition("x")
+        other = replace(shape, workers=int(workers), threads=int(per_process or 1),
                         worker_class=klass or shape.worker_class)
         return benv.gunicorn("app:create_app()", e.app_env(url), other, cwd=benv.ROOT, log=log)
     if against == "granian":

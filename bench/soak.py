@@ -79,7 +79,8 @@ class Client(threading.Thread):
     def run(self) -> None:
         """Send until the deadline."""
         session = requests.Session()
-        kinds, weights = zip(*MIX, strict=True)
+        kinds = [kind for kind, _ in MIX]
+        weights = [weight for _, weight in MIX]
         while time.monotonic() < self.stop_at:
             kind = self.rng.choices(kinds, weights)[0]
             public_id, event_id, body, secret = self._request(kind)

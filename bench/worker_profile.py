@@ -48,9 +48,9 @@ COUNTS: Counter[str] = Counter()
 @contextmanager
 def counted_round_trips() -> Iterator[None]:
     """Count psycopg's executes and commits (each one round trip) while the block runs."""
-    originals = {"cursor": psycopg.Cursor.execute, "executemany": psycopg.Cursor.executemany,
-                 "connection": psycopg.Connection.execute,
-                 "commit": psycopg.Connection.commit}
+    originals: dict[str, Callable[..., Any]] = {
+        "cursor": psycopg.Cursor.execute, "executemany": psycopg.Cursor.executemany,
+        "connection": psycopg.Connection.execute, "commit": psycopg.Connection.commit}
 
     def wrap(name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
         def counting(*args: Any, **kwargs: Any) -> Any:
