@@ -194,10 +194,10 @@ def abba(e: benv.BenchEnv, thin: Target, ours: Target, seconds: float,
     for target in sides.values():
         load_run(target, warm, 2)
     runs: dict[str, Any] = {name: [] for name in sides}
+    order = list(sides)  # thin, ours[, floor]: the first half of each cycle
     for cycle in range(cycles):
         a = signed_files(e.tmp, f"{tag}-{cycle}a", public_id, each)
         b = signed_files(e.tmp, f"{tag}-{cycle}b", public_id, each)
-        order = ["thin", "ours", "floor"] if floor else ["thin", "ours"]
         for name, files in [(name, a) for name in order] + [(n, b) for n in reversed(order)]:
             runs[name].append(load_run(sides[name], files, each))
         runs.setdefault("files", []).extend([a, b])
