@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +130,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# The thin baseline is served as `pip install gunicorn` serves it: gunicorn's pure-Python
+# HTTP parser. The ledger's gunicorn.conf.py asks for the C parser (gunicorn_h1c, a
+# dependency of the ledger and so installed in this venv, where gunicorn's default
+# "auto" would pick it for the thin intake too and change the baseline).
+THIN_PARSER = ("--http-parser", "python")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerShape:
     """How gunicorn serves: the same shape for the ledger and the thin baseline."""
@@ -149,12 +156,12 @@ class ServerShape:
 
 @contextmanager
 def gunicorn(app: str, env: dict[str, str], shape: ServerShape, *, cwd: Path,
-             log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+             log: Path, args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
     """Serve `app` with gunicorn on a free port; stop it (TERM, then KILL) afterwards."""
     port = free_port()
     with open(log, "ab") as err:
         process = subprocess.Popen(
-            [str(BIN / "gunicorn"), app, "--bind", f"127.0.0.1:{port}", *shape.args()],
+            [str(BIN / "gunicorn"), app, "--bind", f"127.0.0.1:{port}", *shape.args(), *args],
             cwd=str(cwd), env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -163,6 +170,12 @@ def gunicorn(app: str, env: dict[str, str], shape: ServerShape, *, cwd: Path,
         yield base, process
     finally:
         stop(process)
+
+
+def thin_gunicorn(env: dict[str, str], shape: ServerShape, *,
+                  log: Path) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """Serve the thin intake (bench/thin_intake.py) as a user would: THIN_PARSER, no config."""
+    return gunicorn("thin_intake:app", env, shape, cwd=ROOT / "bench", log=log, args=THIN_PARSER)
 
 
 def wait_up(base: str, process: subprocess.Popen, timeout: float = 60.0) -> None:

@@ -241,8 +241,7 @@ def measure_pg(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dic
     floor_url = e.pg_url("floor")
     create_thin_pg(floor_url)
     log = e.tmp / "intake-pg.log"
-    with benv.gunicorn("thin_intake:app", thin_env(thin_url), shape, cwd=benv.ROOT / "bench",
-                       log=log) as (thin_base, thin_server), \
+    with benv.thin_gunicorn(thin_env(thin_url), shape, log=log) as (thin_base, thin_server), \
             benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
                           log=log) as (ours_base, ours_server), \
             benv.gunicorn("bench.floor_intake:app", thin_env(floor_url), shape, cwd=benv.ROOT,
@@ -262,8 +261,8 @@ def measure_sqlite(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) ->
     create_thin_sqlite(str(thin_path))
     public_id = ours_app(e, ours_url)
     log = e.tmp / "intake-sqlite.log"
-    with benv.gunicorn("thin_intake:app", thin_env(f"sqlite:///{thin_path}"), shape,
-                       cwd=benv.ROOT / "bench", log=log) as (thin_base, thin_server), \
+    with benv.thin_gunicorn(thin_env(f"sqlite:///{thin_path}"), shape,
+                            log=log) as (thin_base, thin_server), \
             benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
                           log=log) as (ours_base, ours_server):
         thin = Target(thin_base, f"sqlite:///{thin_path}", f"/hooks/{public_id}",

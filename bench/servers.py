@@ -146,8 +146,7 @@ def floors(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[st
         create_thin_pg(url)
     env = {name: thin_env(url) for name, url in urls.items()}
     path, log = "/hooks/in_floors", e.tmp / "floors.log"
-    with benv.gunicorn("thin_intake:app", env["thin"], shape, cwd=benv.ROOT / "bench",
-                       log=log) as (thin_base, thin), \
+    with benv.thin_gunicorn(env["thin"], shape, log=log) as (thin_base, thin), \
             benv.gunicorn("bench.floor_intake:app", env["gunicorn"], shape, cwd=benv.ROOT,
                           log=log) as (gunicorn_base, under_gunicorn), \
             granian(env["granian"], shape, log=log, app="bench.floor_intake:app",

@@ -35,6 +35,12 @@ threads = _web.threads  # keep LEDGER_DB_POOL_SIZE > threads
 timeout = 30
 graceful_timeout = 30
 keepalive = 5  # behind a proxy that reuses upstream connections
+# gunicorn's C HTTP parser (gunicorn_h1c, picohttpparser; a dependency of the ledger):
+# the same limits and answers as the pure-Python parser (tests/integration/
+# test_http_parser.py), less CPU per request (bench/README.md, "gunicorn's C parser").
+# "fast" refuses to boot without it rather than fall back silently; `--http-parser
+# python` on the command line (or GUNICORN_CMD_ARGS) serves with the Python parser.
+http_parser = "fast"
 # Senders' headers are small; refuse abuse before the app sees it.
 limit_request_line = 4094
 limit_request_fields = 64

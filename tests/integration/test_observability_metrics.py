@@ -245,5 +245,6 @@ def test_gunicorn_conf_is_valid_and_sets_the_production_limits(tmp_path):
     assert config["worker_class"] == "gthread"
     assert int(config["max_requests"]) > 0 and int(config["max_requests_jitter"]) > 0
     assert int(config["limit_request_line"]) == 4094
+    assert config["http_parser"] == "fast"  # gunicorn_h1c (tests/integration/test_http_parser.py)
     assert int(config["timeout"]) == 30
     assert (tmp_path / "m").is_dir()
