@@ -18,6 +18,8 @@ Two sources make one page:
 
 from __future__ import annotations
 
+import glob
+import os
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
@@ -171,13 +173,49 @@ def _age(now: datetime, moment: datetime | str | None) -> float:
     return max(0.0, round((now - aware).total_seconds(), 3))
 
 
+# A process metrics file begins with its used length (4 bytes, padded to 8).
+FILE_HEADER_BYTES = 8
+
+
+def settled_files(path: str) -> list[str]:
+    """Return the process metrics files in `path` that are past their creation.
+
+    prometheus-client creates a process's file before it sizes it, so for a moment it is
+    empty; MultiProcessCollector then fails the whole scrape on it (struct.error: a 500
+    for every process's metrics, prometheus/client_python#1199), and a process killed in
+    that moment leaves it empty for good. Such a file holds no sample yet: it is skipped.
+    Files only grow, so one found sized stays readable.
+    """
+    files = []
+    for name in glob.glob(os.path.join(path, "*.db")):
+        try:
+            if os.path.getsize(name) >= FILE_HEADER_BYTES:
+                files.append(name)
+        except FileNotFoundError:  # removed since the listing: a dead process's live gauges
+            continue
+    return files
+
+
+class ProcessFiles(Collector):
+    """The process metrics of every process sharing PROMETHEUS_MULTIPROC_DIR, summed."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def collect(self) -> Iterable[Metric]:
+        """Return the merged families of the settled files."""
+        from prometheus_client import multiprocess
+
+        merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(
+            settled_files(self._path), accumulate=True)
+        return merged
+
+
 def process_source() -> Any:
     """Return the collector of this server's process metrics (multiprocess when configured)."""
     path = metrics_multiproc_dir()
     if path:
-        from prometheus_client import multiprocess
-
-        return multiprocess.MultiProcessCollector(None, path=path)
+        return ProcessFiles(path)
     return REGISTRY
 
 

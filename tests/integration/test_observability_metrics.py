@@ -198,6 +198,29 @@ def test_two_gunicorn_processes_a_worker_and_a_scheduler_add_up(test_env, tmp_pa
         assert value(page, "ledger_receipts", state="complete") == sent
 
 
+def test_a_scrape_answers_past_an_empty_metrics_file(test_env, tmp_path):
+    """A process killed while it created its metrics file leaves the file empty for good
+    (prometheus/client_python#1199): every scrape must still answer, with the others' sums."""
+    metrics_dir = tmp_path / "metrics"
+    env = {**os.environ, **test_env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+           "LEDGER_LOG_LEVEL": "WARNING"}
+    setup = create_app(test_env)
+    sender = make_sender(setup)
+    setup.extensions["ledger"].close()
+    with gunicorn_server(env, workers=1) as (base_url, _process):
+        for n in range(3):
+            body = event_body("stripe", f"evt_e{n}")
+            assert requests.post(f"{base_url}/hooks/{sender.public_id}", data=body,
+                                 headers=signed_headers(sender, body, f"evt_e{n}"),
+                                 timeout=10).status_code == 202
+        # Above the kernel's largest pid (4194304): a process that is gone for good.
+        for kind in ("counter", "histogram", "gauge_livesum"):
+            (metrics_dir / f"{kind}_4194999.db").write_bytes(b"")
+        pages = [requests.get(f"{base_url}/metrics", timeout=10) for _ in range(2)]
+    assert [page.status_code for page in pages] == [200, 200]
+    assert value(samples(pages[-1].text), "ledger_deliveries_total", outcome="accepted") == 3
+
+
 def accepted_by_process(metrics_dir: Path) -> dict[int, float]:
     """Return each process's own count of accepted deliveries, read from its file alone."""
     counts: dict[int, float] = {}
