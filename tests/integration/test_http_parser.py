@@ -4,8 +4,9 @@ gunicorn.conf.py serves with gunicorn_h1c (`http_parser = "fast"`) for its lower
 per request; `--http-parser python` is the documented way back. Both must answer a
 sender and an abuser alike, over raw sockets against gunicorn with gunicorn.conf.py:
 a signed event sent chunked is accepted once, a malformed chunked body is refused
-without a receipt, and oversized request lines, header fields and header counts are
-refused before the app sees them.
+without a receipt; oversized request lines, header fields and header counts, malformed
+header lines and the ambiguous framings request smuggling relies on (a length with a
+transfer coding, two lengths, an unknown coding) are refused before the app sees them.
 """
 
 from __future__ import annotations
@@ -77,17 +78,38 @@ def test_a_signed_event_sent_chunked_is_accepted_and_a_malformed_one_is_refused(
     assert ledger_counts(app)["receipts"] == 1
 
 
-ABUSES = {  # gunicorn.conf.py's limits, each passed: the answer gunicorn gives
-    "request line of 5,000 bytes (limit 4094)": ("/healthz?" + "a" * 5000, {}, 414),
-    "header field of 9,000 bytes (limit 8190)": ("/healthz", {"X-Big": "a" * 9000}, 431),
-    "100 header fields (limit 64)": ("/healthz", {f"X-H{i}": "v" for i in range(100)}, 431),
-    "a control character in a header": ("/healthz", {"X-Bad": "a\x01b"}, 400),
+def _get(target: str, headers: dict[str, str]) -> bytes:
+    return (_head("GET", target, headers) + CRLF).encode()
+
+
+def _post(head: str, body: str) -> bytes:
+    """A POST to an unknown integration: only the server's framing decides its answer."""
+    return (f"POST /hooks/in_unknown HTTP/1.1\r\nHost: ledger.test\r\nConnection: close\r\n"
+            f"{head}\r\n{body}").encode()
+
+
+ABUSES = {  # the answer gunicorn gives, each before the app sees the request
+    # gunicorn.conf.py's limits, each passed
+    "request line of 5,000 bytes (limit 4094)": (_get("/healthz?" + "a" * 5000, {}), 414),
+    "header field of 9,000 bytes (limit 8190)": (_get("/healthz", {"X-Big": "a" * 9000}), 431),
+    "100 header fields (limit 64)": (_get("/healthz", {f"X-H{i}": "v" for i in range(100)}), 431),
+    # malformed header fields
+    "a control character in a header": (_get("/healthz", {"X-Bad": "a\x01b"}), 400),
+    "a space before the colon": (_get("/healthz", {"X-Bad ": "a"}), 400),
+    "a folded header line": (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 400),
+    # framing a proxy in front could read another way (request smuggling)
+    "Content-Length and Transfer-Encoding": (
+        _post("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", "0\r\n\r\n"), 400),
+    "two Content-Length values": (_post("Content-Length: 5\r\nContent-Length: 6\r\n", "hello"),
+                                  400),
+    "a signed Content-Length": (_post("Content-Length: +5\r\n", "hello"), 400),
+    "an unknown transfer coding": (_post("Transfer-Encoding: gzip\r\n", ""), 400),
+    "chunked twice": (_post("Transfer-Encoding: chunked, chunked\r\n", "0\r\n\r\n"), 400),
 }
 
 
 def test_oversized_and_malformed_requests_are_refused_before_the_app(served):
-    answers = {name: _status(served, (_head("GET", target, headers) + CRLF).encode())
-               for name, (target, headers, _) in ABUSES.items()}
-    assert answers == {name: status for name, (_, _, status) in ABUSES.items()}
+    answers = {name: _status(served, request) for name, (request, _) in ABUSES.items()}
+    assert answers == {name: status for name, (_, status) in ABUSES.items()}
     within = _head("GET", "/healthz", {f"X-H{i}": "v" for i in range(30)})
     assert _status(served, (within + CRLF).encode()) == 200
