@@ -38,7 +38,9 @@ from sqlalchemy import Connection
 from ledger.db.driver import run_in
 from ledger.errors import error_summary
 from ledger.worker.batch_store import BatchRequest, claim_batch, complete_batch, hold_batch
+from ledger.worker.fence import run_fenced
 from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec
+from ledger.worker.retry import failure_summary
 from ledger.worker.store import (
     Claim,
     ClaimedJob,
@@ -60,7 +62,7 @@ class Entry:
     spec: HandlerSpec | None
     event: Event | None = None
     error: Exception | None = None  # raised before the transaction (payload, prepare)
-    outcome: str = "pending"  # complete, retry, failed, interrupted, fenced
+    outcome: str = "pending"  # complete, retry, failed, interrupted, fenced, handed-off
     result_ref: str | None = None
     summary: str | None = None
     reason: str | None = None
@@ -106,11 +108,15 @@ def process_batch(worker: Worker) -> int:
         started = worker._start(*one)
         if started is not None:
             job, scope = started
-            entries.append(Entry(job=job, scope=scope, spec=worker.registry.get(job.event_type)))
+            entry = Entry(job=job, scope=scope, spec=worker.registry.get(job.event_type))
+            if entry.spec is None and worker.handled_elsewhere(job.event_type):
+                entry.outcome = "handed-off"  # left to the live worker that has the handler
+            entries.append(entry)
     if entries:
         worker._attempt_started = time.perf_counter()
         for entry in entries:
-            _prepare(worker, entry)
+            if entry.outcome == "pending":
+                _prepare(worker, entry)
         _run(worker, entries)
     return len(leased)
 
@@ -154,6 +160,9 @@ def _transaction(worker: Worker, entries: list[Entry]) -> list[Leased]:
             if entry.key not in held:
                 entry.outcome = "fenced"  # taken over before the batch began: never run
                 continue
+            if entry.outcome == "handed-off":
+                _hand_off(worker, conn, entry)
+                continue
             if entry.error is None:
                 _apply(worker, conn, entry)
             if entry.error is not None:
@@ -174,7 +183,7 @@ def _apply(worker: Worker, conn: Connection, entry: Entry) -> None:
     assert entry.event is not None
     _on_driver(conn, SAVEPOINT)
     try:
-        result_ref = (entry.spec.apply(conn, entry.event) if entry.spec is not None
+        result_ref = (run_fenced(entry.spec.apply, conn, entry.event) if entry.spec is not None
                       else NO_HANDLER_RESULT)
         worker._check_result(entry.job, result_ref)
         if worker.hooks.before_commit is not None:
@@ -226,11 +235,14 @@ def _record(worker: Worker, conn: Connection, entry: Entry) -> None:
     """Record a failed (or, for a database error, interrupted) attempt in the transaction."""
     assert entry.error is not None
     job, now = entry.job, worker.services.clock.now()
-    entry.summary = error_summary(entry.error)
+    entry.summary = failure_summary(entry.error)
     interrupted = worker.is_storage_error(entry.error)
-    decide = worker.policy.after_interruption if interrupted else worker.policy.after_failure
-    decision = decide(job.number if interrupted else job.attempt, now=now,
-                      window_start=job.window_start, rng=worker.rng)
+    if interrupted:
+        decision = worker.policy.after_interruption(job.number, now=now,
+                                                    window_start=job.window_start, rng=worker.rng)
+    else:
+        decision = worker.policy.after_error(entry.error, job.attempt, now=now,
+                                             window_start=job.window_start, rng=worker.rng)
     if decision.run_at is None:
         finish_attempt(conn, job, outcome="failed", now=now, error=entry.summary)
         fail_job(conn, job, now=now, error=entry.summary)
@@ -246,6 +258,13 @@ def _record(worker: Worker, conn: Connection, entry: Entry) -> None:
     entry.retry_in = round((decision.run_at - now).total_seconds(), 3)
 
 
+def _hand_off(worker: Worker, conn: Connection, entry: Entry) -> None:
+    """Hand a held job back without spending an attempt, due again shortly."""
+    now = worker.services.clock.now()
+    finish_attempt(conn, entry.job, outcome="handed-off", now=now)
+    hand_back_attempt(conn, entry.job, run_at=worker.handoff_at(now))
+
+
 def _report(worker: Worker, entry: Entry) -> None:
     """Log and count one job's committed outcome (and call the after_commit hook)."""
     job, scope = entry.job, entry.scope
@@ -259,5 +278,8 @@ def _report(worker: Worker, entry: Entry) -> None:
     elif entry.outcome in ("retry", "interrupted"):
         worker._transition(job, scope, "running", "retrying", outcome=entry.outcome,
                            error=entry.summary, retry_in_seconds=entry.retry_in)
+    elif entry.outcome == "handed-off":
+        worker._transition(job, scope, "running", "retrying", outcome="handed-off",
+                           reason="no handler here; a live worker has one")
     else:
         worker._transition(job, scope, "running", "fenced", outcome="fenced")

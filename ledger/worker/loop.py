@@ -55,11 +55,12 @@ from ledger.db import citus
 from ledger.db.engine import connection_is_alive, is_unavailable, make_engine
 from ledger.errors import NotFound, error_summary
 from ledger.logs import event_ref, get_logger
-from ledger.scheduling.instances import new_instance_id
+from ledger.scheduling.instances import live_handled_types, new_instance_id
 from ledger.services import Services
 from ledger.worker import batch
+from ledger.worker.fence import run_fenced
 from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec, Registry, load_registry
-from ledger.worker.retry import RandomSource, RetryPolicy
+from ledger.worker.retry import RandomSource, RetryPolicy, failure_summary
 from ledger.worker.store import (
     Claim,
     ClaimedJob,
@@ -85,6 +86,10 @@ MAX_IDLE_BACKOFF_SECONDS = 30.0
 STORAGE_RETRY_SECONDS = 0.5  # mean wait between retries while the database is away
 BURST_ERROR_LIMIT = 5
 BURST_OUTAGE_LIMIT = 30  # retries (~15 s) a --burst worker gives a database that is away
+# A job of a type another live worker handles comes back after 1-2 s (jittered): soon
+# enough for that worker, which polls every POLL_SECONDS, late enough not to spin on it.
+HANDOFF_SECONDS = 2.0
+LIVE_TYPES_TTL = 1.0  # seconds a worker trusts its read of the live workers' event types
 # result_ref is a small reference kept on the hot receipts table for the whole retention.
 RESULT_REF_LIMIT = 256
 
@@ -140,6 +145,7 @@ class Worker:
         self.alone_types = tuple(t for t in self.registry.types()
                                  if (spec := self.registry.get(t)) and spec.prepare)
         self._next_batch: list[Leased] = []  # the batch the last batch's commit claimed
+        self._live_types: tuple[float, set[str]] | None = None  # (monotonic read, types)
         self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                             if self.engine.dialect.name == "postgresql" else None)
 
@@ -157,6 +163,9 @@ class Worker:
         job, scope = started
         self._attempt_started = time.perf_counter()
         spec = self.registry.get(job.event_type)
+        if spec is None and self.handled_elsewhere(job.event_type):
+            self._hand_off(job, scope)
+            return True
         try:
             event = self._event(job, scope)
             if spec is not None and spec.prepare is not None:
@@ -298,7 +307,8 @@ class Worker:
         attempt is counted and leased before its handler runs, as always.
         """
         with self._transaction() as conn:
-            result_ref = spec.apply(conn, event) if spec is not None else NO_HANDLER_RESULT
+            result_ref = (run_fenced(spec.apply, conn, event) if spec is not None
+                          else NO_HANDLER_RESULT)
             self._check_result(job, result_ref)
             stopping = self._stop is None or self._stop.is_set()  # checked after the handler
             chain = None if stopping else self._request()
@@ -362,14 +372,14 @@ class Worker:
 
     def _record_failure(self, job: ClaimedJob, scope: str, error: Exception) -> None:
         """Record the failed attempt and schedule a retry or end the job (transaction 3)."""
-        summary = error_summary(error)
+        summary = failure_summary(error)
         now = self.services.clock.now()
         with self._transaction() as conn:
             if not hold_lease(conn, job):
                 self._transition(job, scope, "running", "fenced", outcome="fenced")
                 return
-            decision = self.policy.after_failure(job.attempt, now=now,
-                                                 window_start=job.window_start, rng=self.rng)
+            decision = self.policy.after_error(error, job.attempt, now=now,
+                                               window_start=job.window_start, rng=self.rng)
             run_at = decision.run_at
             if run_at is None:
                 finish_attempt(conn, job, outcome="failed", now=now, error=summary)
@@ -383,6 +393,38 @@ class Worker:
         else:
             self._transition(job, scope, "running", "retrying", outcome="retry", error=summary,
                              retry_in_seconds=round((run_at - now).total_seconds(), 3))
+
+    def handled_elsewhere(self, event_type: str) -> bool:
+        """Tell whether a live worker instance has the handler this worker lacks.
+
+        Read at most once per LIVE_TYPES_TTL: only jobs without a handler here ask.
+        """
+        read = self._live_types
+        if read is None or time.monotonic() - read[0] > LIVE_TYPES_TTL:
+            with self._transaction() as conn:
+                types = live_handled_types(
+                    conn, now=self.services.clock.now(),
+                    within_seconds=self.services.settings.revocation_bound_seconds)
+            read = self._live_types = (time.monotonic(), types)
+        return event_type in read[1]
+
+    def handoff_at(self, now: datetime) -> datetime:
+        """Return when a handed-off job is due again (jittered: workers do not lockstep)."""
+        return now + timedelta(seconds=HANDOFF_SECONDS * (0.5 + self.rng.random() / 2))
+
+    def _hand_off(self, job: ClaimedJob, scope: str) -> None:
+        """Leave a job to the live worker that handles its type; spend no attempt."""
+        now = self.services.clock.now()
+        with self._transaction() as conn:
+            held = hold_lease(conn, job)
+            if held:
+                finish_attempt(conn, job, outcome="handed-off", now=now)
+                hand_back_attempt(conn, job, run_at=self.handoff_at(now))
+        if not held:
+            self._transition(job, scope, "running", "fenced", outcome="fenced")
+            return
+        self._transition(job, scope, "running", "retrying", outcome="handed-off",
+                         reason="no handler here; a live worker has one")
 
     def _transition(self, job: ClaimedJob, scope: str, from_state: str, to_state: str, *,
                     outcome: str | None = None, level: int = logging.INFO,
