@@ -325,9 +325,7 @@ class Worker:
     @staticmethod
     def _check_result(job: ClaimedJob, result_ref: object) -> None:
         """Refuse a handler's result_ref that is not a short non-empty str."""
-        if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
-            raise TypeError(f"handler of {job.event_type} must return a str result_ref of "
-                            f"1-{RESULT_REF_LIMIT} characters")
+        check_result_ref(job.event_type, result_ref)
 
     def _record_interruptions(self) -> None:
         """Hand back every attempt a database error cut off, oldest first."""
@@ -517,6 +515,14 @@ class Worker:
             else:
                 stop.wait(poll_seconds * (0.5 + random.random()))  # jitter: no lockstep polls
         return processed
+
+
+def check_result_ref(event_type: str, result_ref: object) -> str:
+    """Return a handler's result_ref, refusing one that is not a short non-empty str."""
+    if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
+        raise TypeError(f"handler of {event_type} must return a str result_ref of "
+                        f"1-{RESULT_REF_LIMIT} characters")
+    return result_ref
 
 
 def _error_backoff(error: BaseException, errors: int, poll_seconds: float) -> float:
