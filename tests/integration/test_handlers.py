@@ -333,3 +333,11 @@ def test_the_event_a_handler_gets_is_typed_and_complete(fixed_app):
     with app.extensions["ledger"].engine.connect() as conn:
         assert get_receipt(conn, sender.scope, "evt_typed").result_ref == "ok"
     assert json.dumps(event.accepted_at.isoformat())
+
+
+def test_worker_help_says_how_handlers_are_registered(runner):
+    result = runner.invoke(args=["ledger", "worker", "--help"])
+    assert result.exit_code == 0
+    for term in ("LEDGER_HANDLER_MODULES", "replay_ledger.handlers", "exit 2",
+                 "ignored:no-handler"):
+        assert term in " ".join(result.output.split()), term
