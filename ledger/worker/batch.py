@@ -40,15 +40,9 @@ from ledger.errors import error_summary
 from ledger.worker.batch_store import BatchRequest, claim_batch, complete_batch, hold_batch
 from ledger.worker.fence import run_fenced
 from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec
+from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
 from ledger.worker.retry import failure_summary
-from ledger.worker.store import (
-    Claim,
-    ClaimedJob,
-    fail_job,
-    finish_attempt,
-    hand_back_attempt,
-    schedule_retry,
-)
+from ledger.worker.store import Claim, ClaimedJob
 
 if TYPE_CHECKING:
     from ledger.worker.loop import Leased, Worker
@@ -62,11 +56,9 @@ class Entry:
     spec: HandlerSpec | None
     event: Event | None = None
     error: Exception | None = None  # raised before the transaction (payload, prepare)
-    outcome: str = "pending"  # complete, retry, failed, interrupted, fenced, handed-off
+    leave: bool = False  # no handler here, a live worker has one: hand it back
     result_ref: str | None = None
-    summary: str | None = None
-    reason: str | None = None
-    retry_in: float | None = None
+    ended: Outcome | None = None  # set inside the transaction; reported after its commit
 
     @property
     def key(self) -> tuple[int, str]:
@@ -109,13 +101,13 @@ def process_batch(worker: Worker) -> int:
         if started is not None:
             job, scope = started
             entry = Entry(job=job, scope=scope, spec=worker.registry.get(job.event_type))
-            if entry.spec is None and worker.handled_elsewhere(job.event_type):
-                entry.outcome = "handed-off"  # left to the live worker that has the handler
+            # A rolling deploy: left to the live worker that has the handler.
+            entry.leave = entry.spec is None and worker.handled_elsewhere(job.event_type)
             entries.append(entry)
     if entries:
         worker._attempt_started = time.perf_counter()
         for entry in entries:
-            if entry.outcome == "pending":
+            if not entry.leave:
                 _prepare(worker, entry)
         _run(worker, entries)
     return len(leased)
@@ -141,15 +133,15 @@ def _run(worker: Worker, entries: list[Entry]) -> None:
             raise
         summary = error_summary(error)  # the whole transaction is lost: nothing committed
         worker._interrupted = [(e.job, e.scope, summary) for e in entries
-                               if e.outcome != "fenced"]
+                               if e.ended is not FENCED]
         for entry in entries:
-            if entry.outcome == "fenced":
-                worker._transition(entry.job, entry.scope, "running", "fenced",
-                                   outcome="fenced")
+            if entry.ended is FENCED:
+                worker.report(entry.job, entry.scope, FENCED)
         worker._record_interruptions()  # raises while the database is still away
         return
     for entry in entries:
-        _report(worker, entry)
+        assert entry.ended is not None
+        worker.report(entry.job, entry.scope, entry.ended, entry.event)
 
 
 def _transaction(worker: Worker, entries: list[Entry]) -> list[Leased]:
@@ -158,17 +150,18 @@ def _transaction(worker: Worker, entries: list[Entry]) -> list[Leased]:
         held = hold_batch(conn, [entry.job for entry in entries])
         for entry in entries:
             if entry.key not in held:
-                entry.outcome = "fenced"  # taken over before the batch began: never run
+                entry.ended = FENCED  # taken over before the batch began: never run
                 continue
-            if entry.outcome == "handed-off":
-                _hand_off(worker, conn, entry)
+            if entry.leave:
+                entry.ended = hand_off(conn, entry.job, rng=worker.rng,
+                                       now=worker.services.clock.now())
                 continue
             if entry.error is None:
                 _apply(worker, conn, entry)
             if entry.error is not None:
-                _record(worker, conn, entry)
+                entry.ended = _record(worker, conn, entry.job, entry.error)
         done = [(e.job, e.result_ref) for e in entries
-                if e.outcome == "complete" and e.result_ref is not None]
+                if e.ended is COMPLETE and e.result_ref is not None]
         stopping = worker._stop is None or worker._stop.is_set()
         chain = None if stopping else batch_request(worker)
         completion = complete_batch(conn, done,
@@ -195,7 +188,7 @@ def _apply(worker: Worker, conn: Connection, entry: Entry) -> None:
             raise (error if worker.is_storage_error(error) else lost) from None
         entry.error = error
         return
-    entry.outcome, entry.result_ref = "complete", result_ref
+    entry.ended, entry.result_ref = COMPLETE, result_ref
 
 
 # One savepoint name for every job, never released: each SAVEPOINT nests inside
@@ -231,55 +224,9 @@ def _execute(driver_connection: Any, statement: str) -> None:
         raise psycopg_errors.error_from_result(result, encoding=driver_connection.info.encoding)
 
 
-def _record(worker: Worker, conn: Connection, entry: Entry) -> None:
+def _record(worker: Worker, conn: Connection, job: ClaimedJob, error: Exception) -> Outcome:
     """Record a failed (or, for a database error, interrupted) attempt in the transaction."""
-    assert entry.error is not None
-    job, now = entry.job, worker.services.clock.now()
-    entry.summary = failure_summary(entry.error)
-    interrupted = worker.is_storage_error(entry.error)
-    if interrupted:
-        decision = worker.policy.after_interruption(job.number, now=now,
-                                                    window_start=job.window_start, rng=worker.rng)
-    else:
-        decision = worker.policy.after_error(entry.error, job.attempt, now=now,
-                                             window_start=job.window_start, rng=worker.rng)
-    if decision.run_at is None:
-        finish_attempt(conn, job, outcome="failed", now=now, error=entry.summary)
-        fail_job(conn, job, now=now, error=entry.summary)
-        entry.outcome, entry.reason = "failed", decision.reason
-        return
-    outcome = "interrupted" if interrupted else "retry"
-    finish_attempt(conn, job, outcome=outcome, now=now, error=entry.summary)
-    if interrupted:
-        hand_back_attempt(conn, job, run_at=decision.run_at)
-    else:
-        schedule_retry(conn, job, run_at=decision.run_at)
-    entry.outcome = outcome
-    entry.retry_in = round((decision.run_at - now).total_seconds(), 3)
-
-
-def _hand_off(worker: Worker, conn: Connection, entry: Entry) -> None:
-    """Hand a held job back without spending an attempt, due again shortly."""
-    now = worker.services.clock.now()
-    finish_attempt(conn, entry.job, outcome="handed-off", now=now)
-    hand_back_attempt(conn, entry.job, run_at=worker.handoff_at(now))
-
-
-def _report(worker: Worker, entry: Entry) -> None:
-    """Log and count one job's committed outcome (and call the after_commit hook)."""
-    job, scope = entry.job, entry.scope
-    if entry.outcome == "complete":
-        worker._transition(job, scope, "running", "complete", outcome="complete")
-        if worker.hooks.after_commit is not None and entry.event is not None:
-            worker.hooks.after_commit(entry.event)
-    elif entry.outcome == "failed":
-        worker._transition(job, scope, "running", "failed", outcome="failed",
-                           error=entry.summary, reason=entry.reason)
-    elif entry.outcome in ("retry", "interrupted"):
-        worker._transition(job, scope, "running", "retrying", outcome=entry.outcome,
-                           error=entry.summary, retry_in_seconds=entry.retry_in)
-    elif entry.outcome == "handed-off":
-        worker._transition(job, scope, "running", "retrying", outcome="handed-off",
-                           reason="no handler here; a live worker has one")
-    else:
-        worker._transition(job, scope, "running", "fenced", outcome="fenced")
+    interrupted = worker.is_storage_error(error)
+    return record_failed_attempt(conn, job, None if interrupted else error,
+                                 failure_summary(error), policy=worker.policy, rng=worker.rng,
+                                 now=worker.services.clock.now())

@@ -60,6 +60,7 @@ from ledger.services import Services
 from ledger.worker import batch
 from ledger.worker.fence import run_fenced
 from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec, Registry, load_registry
+from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
 from ledger.worker.retry import RandomSource, RetryPolicy, failure_summary
 from ledger.worker.store import (
     Claim,
@@ -69,13 +70,9 @@ from ledger.worker.store import (
     DueJob,
     claim_next,
     complete_job,
-    fail_job,
     fail_unstarted,
-    finish_attempt,
-    hand_back_attempt,
     hold_lease,
     relock_due,
-    schedule_retry,
     set_job_failed,
 )
 
@@ -86,9 +83,6 @@ MAX_IDLE_BACKOFF_SECONDS = 30.0
 STORAGE_RETRY_SECONDS = 0.5  # mean wait between retries while the database is away
 BURST_ERROR_LIMIT = 5
 BURST_OUTAGE_LIMIT = 30  # retries (~15 s) a --burst worker gives a database that is away
-# A job of a type another live worker handles comes back after 1-2 s (jittered): soon
-# enough for that worker, which polls every POLL_SECONDS, late enough not to spin on it.
-HANDOFF_SECONDS = 2.0
 LIVE_TYPES_TTL = 1.0  # seconds a worker trusts its read of the live workers' event types
 # result_ref is a small reference kept on the hot receipts table for the whole retention.
 RESULT_REF_LIMIT = 256
@@ -164,7 +158,7 @@ class Worker:
         self._attempt_started = time.perf_counter()
         spec = self.registry.get(job.event_type)
         if spec is None and self.handled_elsewhere(job.event_type):
-            self._hand_off(job, scope)
+            self._hand_off(job, scope)  # a rolling deploy: a live worker has the handler
             return True
         try:
             event = self._event(job, scope)
@@ -172,7 +166,7 @@ class Worker:
                 event = _with_prepared(event, spec.prepare(event))  # no transaction open
             self._complete(job, event, spec)
         except LeaseLost:
-            self._transition(job, scope, "running", "fenced", outcome="fenced")
+            self.report(job, scope, FENCED)
             return True
         except Exception as error:
             if is_storage_error(error):  # the database's fault, not the handler's
@@ -181,9 +175,7 @@ class Worker:
             else:
                 self._record_failure(job, scope, error)
             return True
-        self._transition(job, scope, "running", "complete", outcome="complete")
-        if self.hooks.after_commit is not None:
-            self.hooks.after_commit(event)
+        self.report(job, scope, COMPLETE, event)
         return True
 
     def _claim(self) -> Leased | None:
@@ -347,50 +339,21 @@ class Worker:
         job, scope, summary = interrupted
         now = self.services.clock.now()
         with self._transaction() as conn:
-            if not hold_lease(conn, job):
-                decision = None  # taken over, or the completion did commit after all
-            else:
-                decision = self.policy.after_interruption(
-                    job.number, now=now, window_start=job.window_start, rng=self.rng)
-                if decision.run_at is None:
-                    finish_attempt(conn, job, outcome="failed", now=now, error=summary)
-                    fail_job(conn, job, now=now, error=summary)
-                else:
-                    finish_attempt(conn, job, outcome="interrupted", now=now, error=summary)
-                    hand_back_attempt(conn, job, run_at=decision.run_at)
-        if decision is None:
-            self._transition(job, scope, "running", "fenced", outcome="fenced")
-        elif decision.run_at is None:
-            self._transition(job, scope, "running", "failed", outcome="failed",
-                             error=summary, reason=decision.reason)
-        else:
-            self._transition(job, scope, "running", "retrying", outcome="interrupted",
-                             error=summary,
-                             retry_in_seconds=round((decision.run_at - now).total_seconds(), 3))
+            # Not held: taken over, or the completion did commit after all.
+            outcome = record_failed_attempt(
+                conn, job, None, summary, policy=self.policy, rng=self.rng, now=now,
+            ) if hold_lease(conn, job) else FENCED
+        self.report(job, scope, outcome)
 
     def _record_failure(self, job: ClaimedJob, scope: str, error: Exception) -> None:
         """Record the failed attempt and schedule a retry or end the job (transaction 3)."""
         summary = failure_summary(error)
         now = self.services.clock.now()
         with self._transaction() as conn:
-            if not hold_lease(conn, job):
-                self._transition(job, scope, "running", "fenced", outcome="fenced")
-                return
-            decision = self.policy.after_error(error, job.attempt, now=now,
-                                               window_start=job.window_start, rng=self.rng)
-            run_at = decision.run_at
-            if run_at is None:
-                finish_attempt(conn, job, outcome="failed", now=now, error=summary)
-                fail_job(conn, job, now=now, error=summary)
-            else:
-                finish_attempt(conn, job, outcome="retry", now=now, error=summary)
-                schedule_retry(conn, job, run_at=run_at)
-        if run_at is None:
-            self._transition(job, scope, "running", "failed", outcome="failed",
-                             error=summary, reason=decision.reason)
-        else:
-            self._transition(job, scope, "running", "retrying", outcome="retry", error=summary,
-                             retry_in_seconds=round((run_at - now).total_seconds(), 3))
+            outcome = record_failed_attempt(
+                conn, job, error, summary, policy=self.policy, rng=self.rng, now=now,
+            ) if hold_lease(conn, job) else FENCED
+        self.report(job, scope, outcome)
 
     def handled_elsewhere(self, event_type: str) -> bool:
         """Tell whether a live worker instance has the handler this worker lacks.
@@ -406,23 +369,24 @@ class Worker:
             read = self._live_types = (time.monotonic(), types)
         return event_type in read[1]
 
-    def handoff_at(self, now: datetime) -> datetime:
-        """Return when a handed-off job is due again (jittered: workers do not lockstep)."""
-        return now + timedelta(seconds=HANDOFF_SECONDS * (0.5 + self.rng.random() / 2))
-
     def _hand_off(self, job: ClaimedJob, scope: str) -> None:
         """Leave a job to the live worker that handles its type; spend no attempt."""
         now = self.services.clock.now()
         with self._transaction() as conn:
-            held = hold_lease(conn, job)
-            if held:
-                finish_attempt(conn, job, outcome="handed-off", now=now)
-                hand_back_attempt(conn, job, run_at=self.handoff_at(now))
-        if not held:
-            self._transition(job, scope, "running", "fenced", outcome="fenced")
-            return
-        self._transition(job, scope, "running", "retrying", outcome="handed-off",
-                         reason="no handler here; a live worker has one")
+            outcome = (hand_off(conn, job, rng=self.rng, now=now) if hold_lease(conn, job)
+                       else FENCED)
+        self.report(job, scope, outcome)
+
+    def report(self, job: ClaimedJob, scope: str, outcome: Outcome,
+               event: Event | None = None) -> None:
+        """Log and count how an attempt ended, once its transaction committed (both paths)."""
+        extra: dict[str, Any] = {name: value for name, value in (
+            ("error", outcome.error), ("reason", outcome.reason),
+            ("retry_in_seconds", outcome.retry_in)) if value is not None}
+        self._transition(job, scope, "running", outcome.to_state, outcome=outcome.outcome,
+                         **extra)
+        if outcome is COMPLETE and event is not None and self.hooks.after_commit is not None:
+            self.hooks.after_commit(event)
 
     def _transition(self, job: ClaimedJob, scope: str, from_state: str, to_state: str, *,
                     outcome: str | None = None, level: int = logging.INFO,
