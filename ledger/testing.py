@@ -47,7 +47,6 @@ from ledger.config import Settings
 from ledger.db.engine import make_engine, upgrade
 from ledger.handlers import Declaration, Event, Handler, PermanentFailure, RetryAfter, declarations
 from ledger.worker.fence import run_fenced
-from ledger.worker.loop import check_result_ref
 
 __all__ = ["HandlerRun", "LedgerDatabase", "ledger_database", "run_handler"]
 
@@ -141,8 +140,7 @@ def run_handler(database: LedgerDatabase | Engine, handler: Handler | str, *,
         elif declared.prepare is not None:
             event = replace(event, prepared=declared.prepare(event))
         with engine.begin() as conn:
-            result_ref = check_result_ref(event.event_type,
-                                          run_fenced(declared.apply, conn, event))
+            result_ref = run_fenced(declared.apply, conn, event)
     except PermanentFailure as failure:
         return HandlerRun(event=event, failure=failure)
     except RetryAfter as retry:

@@ -17,6 +17,11 @@ One batch is, like one attempt of the single path (ledger.worker.loop):
    handler succeeded and, inside the loop, claims the next batch. Commit: the
    successful jobs' effects, completions and failures commit together.
 
+The batch shares the single path's pieces: its Worker's claim request, scope
+names and attempt start, the fenced handler run (ledger.worker.fence), and the
+recording and reporting of each attempt's end (ledger.worker.outcome). Only the
+statements differ: several jobs per claim and completion (ledger.worker.batch_store).
+
 A database error (connection lost, server gone, lock or statement timeout)
 spends no attempt: if only the handler's savepoint was hit, that job alone is
 handed back; if the transaction is lost, every job of the batch is handed back
@@ -38,14 +43,15 @@ from sqlalchemy import Connection
 from ledger.db.driver import run_in
 from ledger.errors import error_summary
 from ledger.worker.batch_store import BatchRequest, claim_batch, complete_batch, hold_batch
-from ledger.worker.fence import run_fenced
-from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec
+from ledger.worker.fence import apply_handler
+from ledger.worker.handlers import Event, HandlerSpec
 from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
 from ledger.worker.retry import failure_summary
 from ledger.worker.store import Claim, ClaimedJob
 
 if TYPE_CHECKING:
     from ledger.worker.loop import Leased, Worker
+
 
 @dataclass(slots=True, kw_only=True)
 class Entry:
@@ -68,36 +74,36 @@ class Entry:
 
 def batch_request(worker: Worker) -> BatchRequest:
     """Return the worker's claim of its next batch, now."""
-    return BatchRequest(claim=worker._request(), size=worker.batch_size,
+    return BatchRequest(claim=worker.claim_request(), size=worker.batch_size,
                         alone_types=worker.alone_types)
 
 
 def claim(worker: Worker) -> list[Leased]:
     """Lease the next batch in a transaction of its own; [] when none is due."""
     request = batch_request(worker)
-    with worker._claim_connection() as conn:
+    with worker.claim_connection() as conn:
         return _leased(worker, conn, claim_batch(conn, request), request)
 
 
 def _leased(worker: Worker, conn: Connection, claims: list[Claim], request: BatchRequest
             ) -> list[Leased]:
     """Return the claims with their scope names (those not cached read in one statement)."""
-    worker._cache_scopes(conn, (one[0].scope_id for one in claims))
-    found = (worker._leased(conn, one, request.claim) for one in claims)
+    worker.cache_scopes(conn, (one[0].scope_id for one in claims))
+    found = (worker.leased(conn, one, request.claim) for one in claims)
     return [one for one in found if one is not None]
 
 
 def process_batch(worker: Worker) -> int:
     """Claim and run the next batch; return how many jobs it held (0: none was due)."""
-    if worker._interrupted:
-        worker._record_interruptions()  # before any claim: those jobs are still ours
-    leased = worker._next_batch or claim(worker)
-    worker._next_batch = []
+    if worker.interrupted:
+        worker.record_interruptions()  # before any claim: those jobs are still ours
+    leased = worker.next_batch or claim(worker)
+    worker.next_batch = []
     if not leased:
         return 0
     entries = []
     for one in sorted(leased, key=lambda item: (item[0][0].scope_id, item[0][0].event_id)):
-        started = worker._start(*one)
+        started = worker.start_attempt(*one)
         if started is not None:
             job, scope = started
             entry = Entry(job=job, scope=scope, spec=worker.registry.get(job.event_type))
@@ -105,7 +111,7 @@ def process_batch(worker: Worker) -> int:
             entry.leave = entry.spec is None and worker.handled_elsewhere(job.event_type)
             entries.append(entry)
     if entries:
-        worker._attempt_started = time.perf_counter()
+        worker.attempt_started = time.perf_counter()
         for entry in entries:
             if not entry.leave:
                 _prepare(worker, entry)
@@ -116,7 +122,7 @@ def process_batch(worker: Worker) -> int:
 def _prepare(worker: Worker, entry: Entry) -> None:
     """Build the handler's event and run its prepare step (no transaction open)."""
     try:
-        event = worker._event(entry.job, entry.scope)
+        event = worker.event_of(entry.job, entry.scope)
         if entry.spec is not None and entry.spec.prepare is not None:
             event = replace(event, prepared=entry.spec.prepare(event))
         entry.event = event
@@ -127,17 +133,17 @@ def _prepare(worker: Worker, entry: Entry) -> None:
 def _run(worker: Worker, entries: list[Entry]) -> None:
     """Run the batch's transaction, then report every job's outcome."""
     try:
-        worker._next_batch = _transaction(worker, entries)
+        worker.next_batch = _transaction(worker, entries)
     except Exception as error:
         if not worker.is_storage_error(error):
             raise
         summary = error_summary(error)  # the whole transaction is lost: nothing committed
-        worker._interrupted = [(e.job, e.scope, summary) for e in entries
+        worker.interrupted = [(e.job, e.scope, summary) for e in entries
                                if e.ended is not FENCED]
         for entry in entries:
             if entry.ended is FENCED:
                 worker.report(entry.job, entry.scope, FENCED)
-        worker._record_interruptions()  # raises while the database is still away
+        worker.record_interruptions()  # raises while the database is still away
         return
     for entry in entries:
         assert entry.ended is not None
@@ -146,7 +152,7 @@ def _run(worker: Worker, entries: list[Entry]) -> None:
 
 def _transaction(worker: Worker, entries: list[Entry]) -> list[Leased]:
     """Hold the batch, run its handlers (a savepoint each), complete it; return the next."""
-    with worker._transaction() as conn:
+    with worker.transaction() as conn:
         held = hold_batch(conn, [entry.job for entry in entries])
         for entry in entries:
             if entry.key not in held:
@@ -162,8 +168,7 @@ def _transaction(worker: Worker, entries: list[Entry]) -> list[Leased]:
                 entry.ended = _record(worker, conn, entry.job, entry.error)
         done = [(e.job, e.result_ref) for e in entries
                 if e.ended is COMPLETE and e.result_ref is not None]
-        stopping = worker._stop is None or worker._stop.is_set()
-        chain = None if stopping else batch_request(worker)
+        chain = batch_request(worker) if worker.chaining() else None
         completion = complete_batch(conn, done,
                                     now=worker.services.clock.now(), then_claim=chain)
         if completion.completed != len(done):  # cannot happen while the hold holds
@@ -176,9 +181,7 @@ def _apply(worker: Worker, conn: Connection, entry: Entry) -> None:
     assert entry.event is not None
     _on_driver(conn, SAVEPOINT)
     try:
-        result_ref = (run_fenced(entry.spec.apply, conn, entry.event) if entry.spec is not None
-                      else NO_HANDLER_RESULT)
-        worker._check_result(entry.job, result_ref)
+        result_ref = apply_handler(entry.spec, conn, entry.event)
         if worker.hooks.before_commit is not None:
             worker.hooks.before_commit(conn, entry.event)
     except Exception as error:

@@ -15,7 +15,10 @@ from typing import Any, NoReturn, cast
 from sqlalchemy import Connection
 
 from ledger.handlers import Event, FenceViolation, Handler
+from ledger.worker.handlers import NO_HANDLER_RESULT, HandlerSpec
 
+# result_ref is a small reference kept on the hot receipts table for the whole retention.
+RESULT_REF_LIMIT = 256
 _REFUSED = ("commit", "rollback", "begin", "close", "detach", "invalidate")
 
 
@@ -55,8 +58,24 @@ class FencedConnection:
 
 
 def run_fenced(apply: Handler, conn: Connection, event: Event) -> str:
-    """Run a handler on the fenced view of `conn`; a violation fails it even if caught."""
+    """Run a handler on the fenced view of `conn`; return its checked result_ref.
+
+    A fence violation fails it even if the handler caught it.
+    """
     fence = FencedConnection(conn)
-    result = apply(cast(Connection, fence), event)
+    result_ref: object = apply(cast(Connection, fence), event)
     fence.check()
-    return result
+    return check_result_ref(event.event_type, result_ref)
+
+
+def apply_handler(spec: HandlerSpec | None, conn: Connection, event: Event) -> str:
+    """Run the event's handler in the completion transaction; no handler: ignored."""
+    return NO_HANDLER_RESULT if spec is None else run_fenced(spec.apply, conn, event)
+
+
+def check_result_ref(event_type: str, result_ref: object) -> str:
+    """Return a handler's result_ref, refusing one that is not a short non-empty str."""
+    if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
+        raise TypeError(f"handler of {event_type} must return a str result_ref of "
+                        f"1-{RESULT_REF_LIMIT} characters")
+    return result_ref
