@@ -139,7 +139,7 @@ def _run(worker: Worker, entries: list[Entry]) -> None:
             raise
         summary = error_summary(error)  # the whole transaction is lost: nothing committed
         worker.interrupted = [(e.job, e.scope, summary) for e in entries
-                               if e.ended is not FENCED]
+                              if e.ended is not FENCED]
         for entry in entries:
             if entry.ended is FENCED:
                 worker.report(entry.job, entry.scope, FENCED)

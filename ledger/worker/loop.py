@@ -189,7 +189,7 @@ class Worker:
                             lease_seconds=self.services.settings.lease_seconds)
 
     def leased(self, conn: Connection, claim: Claim | None,
-                request: ClaimRequest) -> Leased | None:
+               request: ClaimRequest) -> Leased | None:
         """Return a claim with its scope name, read while the claim's transaction is open."""
         if claim is None:
             return None
