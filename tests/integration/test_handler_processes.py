@@ -45,12 +45,12 @@ def new(conn, event: Event) -> str:
 '''
 
 
-@pytest.fixture
-def deploy(test_env, tmp_path):
-    """The app on the test database, and the environment of both workers."""
+@pytest.fixture(params=["1", "4"], ids=["single", "batched"])
+def deploy(test_env, tmp_path, request):
+    """The app on the test database, and the environment of both workers (either path)."""
     (tmp_path / "newer_handlers.py").write_text(NEW_HANDLER)
     env = {**os.environ, **test_env, "LEDGER_REVOCATION_BOUND_SECONDS": "60",
-           "LEDGER_LOG_LEVEL": "WARNING", "LEDGER_WORKER_BATCH": "4"}
+           "LEDGER_LOG_LEVEL": "WARNING", "LEDGER_WORKER_BATCH": request.param}
     app = create_app(test_env)
     yield app, env
     app.extensions["ledger"].close()
