@@ -19,7 +19,10 @@ from ledger.worker.handlers import NO_HANDLER_RESULT, HandlerSpec
 
 # result_ref is a small reference kept on the hot receipts table for the whole retention.
 RESULT_REF_LIMIT = 256
-_REFUSED = ("commit", "rollback", "begin", "close", "detach", "invalidate")
+# Everything that ends, replaces or leaves the worker's transaction. Savepoints
+# (begin_nested) stay inside it and are allowed.
+_REFUSED = frozenset({"commit", "rollback", "begin", "close", "detach", "invalidate",
+                      "get_transaction", "begin_twophase"})
 
 
 class FencedConnection:

@@ -89,12 +89,15 @@ def _escape(conn, method):
     elif method == "with":
         with conn:
             pass
+    elif method == "get_transaction":
+        conn.get_transaction().commit()
     else:
         getattr(conn, method)()
 
 
 @PATHS
-@pytest.mark.parametrize("method", ["commit", "rollback", "begin", "close", "with", "caught"])
+@pytest.mark.parametrize("method", ["commit", "rollback", "begin", "close", "with",
+                                    "get_transaction", "caught"])
 def test_a_handler_cannot_commit_past_the_fence(fixed_app, batch_size, method):
     app, clock = fixed_app, fixed_app.extensions["ledger"].clock
     sender = make_sender(app)
