@@ -12,19 +12,22 @@ from werkzeug.serving import run_simple
 from ledger.cli import ledger_cli
 from ledger.cli.common import current_flask_app, services
 from ledger.cli.demo_cmds import password_line, seed_demo
+from ledger.cli.worker_cmds import load_handlers_or_exit
 from ledger.scheduling.instances import InstanceKind, beat_interval, registered
 from ledger.services import Services
+from ledger.worker.handlers import Registry
 
 ANNOUNCE_AFTER_SECONDS = 3.0
 
 
-def _registered_worker(svc: Services, stop: threading.Event) -> None:
+def _registered_worker(svc: Services, registry: Registry, stop: threading.Event) -> None:
     """Run a worker registered as a worker instance until `stop` is set."""
     from ledger.worker.loop import run_worker
 
     interval = beat_interval(svc.settings.revocation_bound_seconds)
-    with registered(svc.engine, svc.clock, InstanceKind.WORKER, interval=interval) as me:
-        run_worker(svc, stop=stop, worker_id=me.instance_id)
+    with registered(svc.engine, svc.clock, InstanceKind.WORKER, interval=interval,
+                    handles=tuple(registry.types())) as me:
+        run_worker(svc, stop=stop, worker_id=me.instance_id, handlers=registry)
 
 
 def _registered_scheduler(svc: Services, stop: threading.Event) -> None:
@@ -36,9 +39,10 @@ def _registered_scheduler(svc: Services, stop: threading.Event) -> None:
         run_scheduler(svc, stop=stop, instance_id=me.instance_id)
 
 
-def _start_worker(svc: Services, stop: threading.Event) -> threading.Thread:
+def _start_worker(svc: Services, registry: Registry, stop: threading.Event
+                  ) -> threading.Thread:
     """Run a worker in a daemon thread until `stop` is set."""
-    thread = threading.Thread(target=_registered_worker, args=(svc, stop),
+    thread = threading.Thread(target=_registered_worker, args=(svc, registry, stop),
                               name="ledger-worker", daemon=True)
     thread.start()
     return thread
@@ -65,9 +69,10 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
 def dev(host: str, port: int, demo: bool) -> None:
     """Serve the dashboard and intake with a worker and the scheduler in one process."""
     svc = services(serving=True)
+    registry = load_handlers_or_exit(svc)  # before anything starts: a bad source exits 2
     password = seed_demo() if demo else None
     stop = threading.Event()
-    threads = [_start_worker(svc, stop), _start_scheduler(svc, stop)]
+    threads = [_start_worker(svc, registry, stop), _start_scheduler(svc, stop)]
     click.echo(f"Replay Ledger on http://{host}:{port}/  (dashboard: /login, "
                f"intake: POST /hooks/<integration id>, health: /healthz)")
     if threading.current_thread() is threading.main_thread():

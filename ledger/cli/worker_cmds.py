@@ -14,6 +14,8 @@ from ledger.cli.common import services
 from ledger.config import MAX_WORKER_BATCH
 from ledger.logs import get_logger
 from ledger.scheduling.instances import InstanceKind, beat_interval, registered
+from ledger.services import Services
+from ledger.worker.handlers import RegistrationError, Registry, load_registry
 from ledger.worker.loop import run_worker
 
 log = get_logger("ledger.worker")
@@ -35,6 +37,15 @@ def _install_stop_signals(stop: threading.Event) -> dict[int, Any]:
     return previous
 
 
+def load_handlers_or_exit(svc: Services) -> Registry:
+    """Return the configured handlers; a bad source ends the command with exit 2."""
+    try:
+        return load_registry(svc.settings)
+    except RegistrationError as error:
+        click.echo(f"Error: {error}", err=True)
+        raise SystemExit(2) from None
+
+
 @ledger_cli.command("worker")
 @click.option("--burst", is_flag=True, help="Exit 0 once no job is due.")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -42,18 +53,29 @@ def _install_stop_signals(stop: threading.Event) -> dict[int, Any]:
 @click.option("--batch", type=click.IntRange(1, MAX_WORKER_BATCH), default=None,
               help="Jobs claimed and committed together (default LEDGER_WORKER_BATCH).")
 def worker(burst: bool, concurrency: int, batch: int | None) -> None:
-    """Claim due jobs and run their handlers; SIGTERM/SIGINT finish the current job first."""
+    """Claim due jobs and run their handlers; SIGTERM/SIGINT finish the current job first.
+
+    Handlers come from the modules named in LEDGER_HANDLER_MODULES (comma-separated
+    import paths; a handler declared by any module they import counts too), from the
+    entry points of the group `replay_ledger.handlers` of installed distributions,
+    and from the demo when LEDGER_DEMO_HANDLERS=1. A module that cannot be imported
+    or registers nothing, or two handlers for one event type, stop the worker at
+    start (exit 2). The worker logs and publishes the event types it handles; an
+    event of a type it lacks is left to a live worker that has the handler, and
+    completes as ignored:no-handler only when none has.
+    """
     svc = services()
+    registry = load_handlers_or_exit(svc)
     stop = threading.Event()
     previous = _install_stop_signals(stop)
     interval = beat_interval(svc.settings.revocation_bound_seconds)
     try:
         # Registered while it runs, under the id its leases carry (leased_by).
-        with registered(svc.engine, svc.clock, InstanceKind.WORKER, interval=interval) as me:
+        with registered(svc.engine, svc.clock, InstanceKind.WORKER, interval=interval,
+                        handles=tuple(registry.types())) as me:
             processed = run_worker(svc, burst=burst, concurrency=concurrency, stop=stop,
-                                   worker_id=me.instance_id, batch_size=batch)
-    except ValueError as error:  # a bad LEDGER_HANDLER_MODULES entry, for instance
-        raise click.UsageError(str(error)) from None
+                                   worker_id=me.instance_id, batch_size=batch,
+                                   handlers=registry)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

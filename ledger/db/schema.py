@@ -330,6 +330,7 @@ instances = Table(
     Column("started_at", UTCDateTime, nullable=False),
     Column("heartbeat_at", UTCDateTime, nullable=False),
     Column("credentials_refreshed_at", UTCDateTime),
+    Column("handles", Text),  # a worker's event types, a JSON array (0020)
 )
 
 scheduler_runs = Table(

@@ -13,7 +13,7 @@ from sqlalchemy import Connection
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.db.schema import demo_balances
-from ledger.worker.handlers import Event, handler
+from ledger.handlers import Event, handler
 
 MAX_SLOW_SECONDS = 3600
 

@@ -22,7 +22,7 @@ from ledger.db.schema import (
 from ledger.domain import JobStatus, ReceiptState
 from ledger.reads.admin import list_integrations
 from ledger.reads.cursor import Page
-from ledger.scheduling.instances import InstanceKind
+from ledger.scheduling.instances import InstanceKind, handled_types
 
 HEADLINE_CAP = 100_000
 SERIES_HOURS = 48
@@ -125,8 +125,10 @@ def instance_rows(conn: Connection, now: datetime, *,
         lag = (now - r.credentials_refreshed_at).total_seconds() \
             if r.credentials_refreshed_at else None
         age = (now - r.heartbeat_at).total_seconds()
+        handles = handled_types(r.handles)
         items.append(dict(r._mapping, heartbeat_age_seconds=age, refresh_lag_seconds=lag,
-                          live=age <= live_within))
+                          live=age <= live_within,
+                          handles=None if handles is None else list(handles)))
     return items
 
 

@@ -15,6 +15,7 @@ retried, never raised. Short-lived CLI processes never register.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -56,6 +57,7 @@ class Instance:
     started_at: datetime
     heartbeat_at: datetime
     credentials_refreshed_at: datetime | None
+    handles: tuple[str, ...] | None = None  # a worker's event types
 
 
 def new_instance_id() -> str:
@@ -68,12 +70,13 @@ def new_instance_id() -> str:
 
 
 def beat(conn: Connection, instance_id: str, *, kind: str, now: datetime,
-         refreshed_at: datetime | None) -> None:
+         refreshed_at: datetime | None, handles: tuple[str, ...] | None = None) -> None:
     """Register the instance or record its heartbeat (an upsert)."""
     hostname, pid = instance_id.split(":")[0], int(instance_id.split(":")[1])
     stmt = conflict_insert(conn, instances).values(
         id=instance_id, kind=kind, hostname=hostname, pid=pid, started_at=now,
-        heartbeat_at=now, credentials_refreshed_at=refreshed_at)
+        heartbeat_at=now, credentials_refreshed_at=refreshed_at,
+        handles=None if handles is None else json.dumps(sorted(handles)))
     conn.execute(stmt.on_conflict_do_update(
         index_elements=["id"],
         set_={"heartbeat_at": now, "credentials_refreshed_at": refreshed_at}))
@@ -99,7 +102,25 @@ def live_instances(conn: Connection, *, now: datetime, within_seconds: float,
     rows = conn.execute(query.order_by(instances.c.id)).all()
     return [Instance(id=r.id, kind=r.kind, hostname=r.hostname, pid=r.pid,
                      started_at=r.started_at, heartbeat_at=r.heartbeat_at,
-                     credentials_refreshed_at=r.credentials_refreshed_at) for r in rows]
+                     credentials_refreshed_at=r.credentials_refreshed_at,
+                     handles=handled_types(r.handles)) for r in rows]
+
+
+def handled_types(stored: str | None) -> tuple[str, ...] | None:
+    """Return the event types of a stored `handles` (None: not a worker, or unreadable)."""
+    try:
+        types = json.loads(stored) if stored else None
+    except ValueError:
+        return None
+    return tuple(str(t) for t in types) if isinstance(types, list) else None
+
+
+def live_handled_types(conn: Connection, *, now: datetime, within_seconds: float) -> set[str]:
+    """Return the event types some live worker instance has a handler for."""
+    rows = conn.execute(select(instances.c.handles).where(
+        instances.c.kind == InstanceKind.WORKER.value,
+        instances.c.heartbeat_at >= now - timedelta(seconds=within_seconds))).all()
+    return {t for (stored,) in rows for t in (handled_types(stored) or ())}
 
 
 def beat_interval(bound_seconds: float) -> float:
@@ -111,8 +132,9 @@ class InstanceHeartbeat:
     """Registers this process and keeps its instance row fresh from a daemon thread."""
 
     def __init__(self, engine: Engine, clock: Clock, *, interval: float,
-                 kind: str = InstanceKind.WEB) -> None:
+                 kind: str = InstanceKind.WEB, handles: tuple[str, ...] | None = None) -> None:
         self._engine = engine
+        self._handles = handles
         self._clock = clock
         self._interval = interval
         self._kind = kind
@@ -174,7 +196,7 @@ class InstanceHeartbeat:
             refreshed_at = self._view.refreshed_at
         with self._engine.begin() as conn:
             beat(conn, self.instance_id or "", kind=self._kind, now=self._clock.now(),
-                 refreshed_at=refreshed_at)
+                 refreshed_at=refreshed_at, handles=self._handles)
 
     def _run(self) -> None:
         """Beat until stopped; a failed beat is logged and tried again next time."""
@@ -191,14 +213,15 @@ class InstanceHeartbeat:
 
 
 @contextmanager
-def registered(engine: Engine, clock: Clock, kind: InstanceKind, *,
-               interval: float) -> Iterator[InstanceHeartbeat]:
+def registered(engine: Engine, clock: Clock, kind: InstanceKind, *, interval: float,
+               handles: tuple[str, ...] | None = None) -> Iterator[InstanceHeartbeat]:
     """Register a worker or scheduler for the duration of the block; deregister on exit.
 
     The first beat is written before the block starts, so the overview sees the
     process at once; the instance id names the process in leases and runs too.
+    A worker publishes the event types it `handles`.
     """
-    heartbeat = InstanceHeartbeat(engine, clock, interval=interval, kind=kind)
+    heartbeat = InstanceHeartbeat(engine, clock, interval=interval, kind=kind, handles=handles)
     heartbeat.ensure_started()
     try:
         heartbeat.beat_once()

@@ -227,7 +227,8 @@ def _api() -> dict[str, Any]:
     verify = _record(closed=True, ok=_BOOL, rows=_INT, first_bad=_OPT_INT)
     instance = _record(id=_STRING, kind=_STRING, hostname=_STRING, pid=_INT,
                        started_at=_STRING, heartbeat_at=_STRING,
-                       heartbeat_age_seconds=_NUMBER)
+                       heartbeat_age_seconds=_NUMBER,
+                       handles={"type": "array", "items": _STRING, "nullable": True})
     overview = _record(
         headline={"type": "object", "properties": {
             "failures_24h": _INT, "conflicts_24h": _INT, "cap": _INT,

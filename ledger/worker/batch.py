@@ -17,6 +17,11 @@ One batch is, like one attempt of the single path (ledger.worker.loop):
    handler succeeded and, inside the loop, claims the next batch. Commit: the
    successful jobs' effects, completions and failures commit together.
 
+The batch shares the single path's pieces: its Worker's claim request, scope
+names and attempt start, the fenced handler run (ledger.worker.fence), and the
+recording and reporting of each attempt's end (ledger.worker.outcome). Only the
+statements differ: several jobs per claim and completion (ledger.worker.batch_store).
+
 A database error (connection lost, server gone, lock or statement timeout)
 spends no attempt: if only the handler's savepoint was hit, that job alone is
 handed back; if the transaction is lost, every job of the batch is handed back
@@ -38,18 +43,15 @@ from sqlalchemy import Connection
 from ledger.db.driver import run_in
 from ledger.errors import error_summary
 from ledger.worker.batch_store import BatchRequest, claim_batch, complete_batch, hold_batch
-from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec
-from ledger.worker.store import (
-    Claim,
-    ClaimedJob,
-    fail_job,
-    finish_attempt,
-    hand_back_attempt,
-    schedule_retry,
-)
+from ledger.worker.fence import apply_handler
+from ledger.worker.handlers import Event, HandlerSpec
+from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
+from ledger.worker.retry import failure_summary
+from ledger.worker.store import Claim, ClaimedJob
 
 if TYPE_CHECKING:
     from ledger.worker.loop import Leased, Worker
+
 
 @dataclass(slots=True, kw_only=True)
 class Entry:
@@ -60,11 +62,9 @@ class Entry:
     spec: HandlerSpec | None
     event: Event | None = None
     error: Exception | None = None  # raised before the transaction (payload, prepare)
-    outcome: str = "pending"  # complete, retry, failed, interrupted, fenced
+    leave: bool = False  # no handler here, a live worker has one: hand it back
     result_ref: str | None = None
-    summary: str | None = None
-    reason: str | None = None
-    retry_in: float | None = None
+    ended: Outcome | None = None  # set inside the transaction; reported after its commit
 
     @property
     def key(self) -> tuple[int, str]:
@@ -74,43 +74,47 @@ class Entry:
 
 def batch_request(worker: Worker) -> BatchRequest:
     """Return the worker's claim of its next batch, now."""
-    return BatchRequest(claim=worker._request(), size=worker.batch_size,
+    return BatchRequest(claim=worker.claim_request(), size=worker.batch_size,
                         alone_types=worker.alone_types)
 
 
 def claim(worker: Worker) -> list[Leased]:
     """Lease the next batch in a transaction of its own; [] when none is due."""
     request = batch_request(worker)
-    with worker._claim_connection() as conn:
+    with worker.claim_connection() as conn:
         return _leased(worker, conn, claim_batch(conn, request), request)
 
 
 def _leased(worker: Worker, conn: Connection, claims: list[Claim], request: BatchRequest
             ) -> list[Leased]:
     """Return the claims with their scope names (those not cached read in one statement)."""
-    worker._cache_scopes(conn, (one[0].scope_id for one in claims))
-    found = (worker._leased(conn, one, request.claim) for one in claims)
+    worker.cache_scopes(conn, (one[0].scope_id for one in claims))
+    found = (worker.leased(conn, one, request.claim) for one in claims)
     return [one for one in found if one is not None]
 
 
 def process_batch(worker: Worker) -> int:
     """Claim and run the next batch; return how many jobs it held (0: none was due)."""
-    if worker._interrupted:
-        worker._record_interruptions()  # before any claim: those jobs are still ours
-    leased = worker._next_batch or claim(worker)
-    worker._next_batch = []
+    if worker.interrupted:
+        worker.record_interruptions()  # before any claim: those jobs are still ours
+    leased = worker.next_batch or claim(worker)
+    worker.next_batch = []
     if not leased:
         return 0
     entries = []
     for one in sorted(leased, key=lambda item: (item[0][0].scope_id, item[0][0].event_id)):
-        started = worker._start(*one)
+        started = worker.start_attempt(*one)
         if started is not None:
             job, scope = started
-            entries.append(Entry(job=job, scope=scope, spec=worker.registry.get(job.event_type)))
+            entry = Entry(job=job, scope=scope, spec=worker.registry.get(job.event_type))
+            # A rolling deploy: left to the live worker that has the handler.
+            entry.leave = entry.spec is None and worker.handled_elsewhere(job.event_type)
+            entries.append(entry)
     if entries:
-        worker._attempt_started = time.perf_counter()
+        worker.attempt_started = time.perf_counter()
         for entry in entries:
-            _prepare(worker, entry)
+            if not entry.leave:
+                _prepare(worker, entry)
         _run(worker, entries)
     return len(leased)
 
@@ -118,7 +122,7 @@ def process_batch(worker: Worker) -> int:
 def _prepare(worker: Worker, entry: Entry) -> None:
     """Build the handler's event and run its prepare step (no transaction open)."""
     try:
-        event = worker._event(entry.job, entry.scope)
+        event = worker.event_of(entry.job, entry.scope)
         if entry.spec is not None and entry.spec.prepare is not None:
             event = replace(event, prepared=entry.spec.prepare(event))
         entry.event = event
@@ -129,39 +133,42 @@ def _prepare(worker: Worker, entry: Entry) -> None:
 def _run(worker: Worker, entries: list[Entry]) -> None:
     """Run the batch's transaction, then report every job's outcome."""
     try:
-        worker._next_batch = _transaction(worker, entries)
+        worker.next_batch = _transaction(worker, entries)
     except Exception as error:
         if not worker.is_storage_error(error):
             raise
         summary = error_summary(error)  # the whole transaction is lost: nothing committed
-        worker._interrupted = [(e.job, e.scope, summary) for e in entries
-                               if e.outcome != "fenced"]
+        worker.interrupted = [(e.job, e.scope, summary) for e in entries
+                              if e.ended is not FENCED]
         for entry in entries:
-            if entry.outcome == "fenced":
-                worker._transition(entry.job, entry.scope, "running", "fenced",
-                                   outcome="fenced")
-        worker._record_interruptions()  # raises while the database is still away
+            if entry.ended is FENCED:
+                worker.report(entry.job, entry.scope, FENCED)
+        worker.record_interruptions()  # raises while the database is still away
         return
     for entry in entries:
-        _report(worker, entry)
+        assert entry.ended is not None
+        worker.report(entry.job, entry.scope, entry.ended, entry.event)
 
 
 def _transaction(worker: Worker, entries: list[Entry]) -> list[Leased]:
     """Hold the batch, run its handlers (a savepoint each), complete it; return the next."""
-    with worker._transaction() as conn:
+    with worker.transaction() as conn:
         held = hold_batch(conn, [entry.job for entry in entries])
         for entry in entries:
             if entry.key not in held:
-                entry.outcome = "fenced"  # taken over before the batch began: never run
+                entry.ended = FENCED  # taken over before the batch began: never run
+                continue
+            if entry.leave:
+                entry.ended = hand_off(conn, entry.job, rng=worker.rng,
+                                       now=worker.services.clock.now())
                 continue
             if entry.error is None:
                 _apply(worker, conn, entry)
             if entry.error is not None:
-                _record(worker, conn, entry)
+                entry.ended = _record(worker, conn, entry.job, entry.error)
         done = [(e.job, e.result_ref) for e in entries
-                if e.outcome == "complete" and e.result_ref is not None]
-        stopping = worker._stop is None or worker._stop.is_set()
-        chain = None if stopping else batch_request(worker)
+                if e.ended is COMPLETE and e.result_ref is not None]
+        chain = batch_request(worker) if worker.chaining() else None
         completion = complete_batch(conn, done,
                                     now=worker.services.clock.now(), then_claim=chain)
         if completion.completed != len(done):  # cannot happen while the hold holds
@@ -174,9 +181,7 @@ def _apply(worker: Worker, conn: Connection, entry: Entry) -> None:
     assert entry.event is not None
     _on_driver(conn, SAVEPOINT)
     try:
-        result_ref = (entry.spec.apply(conn, entry.event) if entry.spec is not None
-                      else NO_HANDLER_RESULT)
-        worker._check_result(entry.job, result_ref)
+        result_ref = apply_handler(entry.spec, conn, entry.event)
         if worker.hooks.before_commit is not None:
             worker.hooks.before_commit(conn, entry.event)
     except Exception as error:
@@ -186,7 +191,7 @@ def _apply(worker: Worker, conn: Connection, entry: Entry) -> None:
             raise (error if worker.is_storage_error(error) else lost) from None
         entry.error = error
         return
-    entry.outcome, entry.result_ref = "complete", result_ref
+    entry.ended, entry.result_ref = COMPLETE, result_ref
 
 
 # One savepoint name for every job, never released: each SAVEPOINT nests inside
@@ -222,42 +227,9 @@ def _execute(driver_connection: Any, statement: str) -> None:
         raise psycopg_errors.error_from_result(result, encoding=driver_connection.info.encoding)
 
 
-def _record(worker: Worker, conn: Connection, entry: Entry) -> None:
+def _record(worker: Worker, conn: Connection, job: ClaimedJob, error: Exception) -> Outcome:
     """Record a failed (or, for a database error, interrupted) attempt in the transaction."""
-    assert entry.error is not None
-    job, now = entry.job, worker.services.clock.now()
-    entry.summary = error_summary(entry.error)
-    interrupted = worker.is_storage_error(entry.error)
-    decide = worker.policy.after_interruption if interrupted else worker.policy.after_failure
-    decision = decide(job.number if interrupted else job.attempt, now=now,
-                      window_start=job.window_start, rng=worker.rng)
-    if decision.run_at is None:
-        finish_attempt(conn, job, outcome="failed", now=now, error=entry.summary)
-        fail_job(conn, job, now=now, error=entry.summary)
-        entry.outcome, entry.reason = "failed", decision.reason
-        return
-    outcome = "interrupted" if interrupted else "retry"
-    finish_attempt(conn, job, outcome=outcome, now=now, error=entry.summary)
-    if interrupted:
-        hand_back_attempt(conn, job, run_at=decision.run_at)
-    else:
-        schedule_retry(conn, job, run_at=decision.run_at)
-    entry.outcome = outcome
-    entry.retry_in = round((decision.run_at - now).total_seconds(), 3)
-
-
-def _report(worker: Worker, entry: Entry) -> None:
-    """Log and count one job's committed outcome (and call the after_commit hook)."""
-    job, scope = entry.job, entry.scope
-    if entry.outcome == "complete":
-        worker._transition(job, scope, "running", "complete", outcome="complete")
-        if worker.hooks.after_commit is not None and entry.event is not None:
-            worker.hooks.after_commit(entry.event)
-    elif entry.outcome == "failed":
-        worker._transition(job, scope, "running", "failed", outcome="failed",
-                           error=entry.summary, reason=entry.reason)
-    elif entry.outcome in ("retry", "interrupted"):
-        worker._transition(job, scope, "running", "retrying", outcome=entry.outcome,
-                           error=entry.summary, retry_in_seconds=entry.retry_in)
-    else:
-        worker._transition(job, scope, "running", "fenced", outcome="fenced")
+    interrupted = worker.is_storage_error(error)
+    return record_failed_attempt(conn, job, None if interrupted else error,
+                                 failure_summary(error), policy=worker.policy, rng=worker.rng,
+                                 now=worker.services.clock.now())

@@ -1,98 +1,48 @@
-"""The handler registry: what a worker runs for each event type.
+"""The handler registry: which handlers one worker runs, found where its configuration says.
 
-A handler is a function `(conn, event) -> result_ref` registered with
-`@handler("invoice.paid")`. It runs inside the worker's completion
-transaction: whatever it writes through `conn` commits together with the
-receipt becoming `complete`, or not at all. So a handler's *local* effects
-happen exactly once per (scope, event id).
+Handlers are declared with the public `ledger.handlers.handler`; this module
+(internal) picks the ones a worker runs:
 
-A handler must not make network calls or sleep inside that transaction (it
-would hold row locks across a slow call). Work that is slow or talks to
-another system goes into an optional `prepare(event)` step, which the worker
-runs after the claim and before the transaction opens; its return value is
-handed to the handler as `event.prepared`. External effects are at-least-once:
-if the worker dies after `prepare` but before the commit, the next attempt runs
-`prepare` again. Pass `event.idempotency_key` ("<scope>:<event_id>") to the
-remote side so that it can recognise the repeat, or reconcile on a stable
-business key (README, "Workers").
+- every module named in LEDGER_HANDLER_MODULES (comma-separated import paths)
+  is imported, and each contributes the handlers declared while it was being
+  imported (by it, or by any module it imported), those of its submodules, and
+  those it references (`import acme_lib`, `from acme_lib import mark_paid`:
+  found even when another import ran the declaration first);
+- every entry point of the group `replay_ledger.handlers` of the installed
+  distributions (its value names a module, or `module:object`) contributes
+  the same way;
+- the demo handlers (ledger.demo.handlers) when LEDGER_DEMO_HANDLERS=1.
 
-User modules named in LEDGER_HANDLER_MODULES (comma-separated) are imported
-by `load_registry`, which takes the handlers defined in them and their
-submodules; the demo handlers (ledger.demo.handlers) only when
-LEDGER_DEMO_HANDLERS=1.
+A source that cannot be imported or contributes no handler, and two handlers
+for one event type, raise `RegistrationError`: `ledger worker` and `ledger dev`
+stop at start with exit 2 and the message.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
-
-from sqlalchemy import Connection
+import sys
+from collections.abc import Iterable, Mapping
+from importlib.metadata import entry_points
+from types import ModuleType
 
 from ledger.config import Settings
+from ledger.errors import error_summary
+from ledger.handlers import Declaration, Event, Handler, Prepare, declarations, handler
+
+__all__ = ["DEMO_MODULE", "ENTRY_POINT_GROUP", "NO_HANDLER_RESULT", "Event", "HandlerSpec",
+           "Prepare", "RegistrationError", "Registry", "handler", "load_registry"]
 
 DEMO_MODULE = "ledger.demo.handlers"
+ENTRY_POINT_GROUP = "replay_ledger.handlers"
 NO_HANDLER_RESULT = "ignored:no-handler"
 
-HandlerFunc = Callable[[Connection, "Event"], str]
-PrepareFunc = Callable[["Event"], Any]
+HandlerSpec = Declaration  # the registry's name for a declared handler
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Event:
-    """One accepted event as a handler sees it (never logged: the payload is private)."""
-
-    scope: str
-    scope_id: int
-    event_id: str
-    event_type: str
-    payload: dict[str, Any] = field(repr=False)
-    attempt: int
-    accepted_at: datetime
-    prepared: Any = field(default=None, repr=False)
-
-    @property
-    def idempotency_key(self) -> str:
-        """Return the key to pass downstream: "<scope>:<event_id>"."""
-        return f"{self.scope}:{self.event_id}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HandlerSpec:
-    """A registered handler and its optional out-of-transaction step."""
-
-    event_type: str
-    apply: HandlerFunc
-    prepare: PrepareFunc | None = None
-
-    @property
-    def module(self) -> str:
-        """Return the module that defined the handler."""
-        return getattr(self.apply, "__module__", "")
-
-
-# Handlers as declared, per defining module: a process may import modules it was
-# not configured with (tests, tools); `load_registry` picks the configured ones.
-_DECLARED: dict[str, dict[str, HandlerSpec]] = {}
-
-
-def handler(event_type: str, *, prepare: PrepareFunc | None = None
-            ) -> Callable[[HandlerFunc], HandlerFunc]:
-    """Register the decorated function as the handler of `event_type`."""
-
-    def register(func: HandlerFunc) -> HandlerFunc:
-        spec = HandlerSpec(event_type=event_type, apply=func, prepare=prepare)
-        declared = _DECLARED.setdefault(spec.module, {})
-        existing = declared.get(event_type)
-        if existing is not None and existing.apply.__qualname__ != func.__qualname__:
-            raise ValueError(f"event type {event_type!r} has two handlers in {spec.module}")
-        declared[event_type] = spec
-        return func
-
-    return register
+class RegistrationError(ValueError):
+    """A configured handler source is missing, empty, or clashes with another."""
 
 
 class Registry:
@@ -102,7 +52,7 @@ class Registry:
         self._specs = dict(specs or {})
 
     @classmethod
-    def of(cls, handlers: Mapping[str, HandlerFunc]) -> Registry:
+    def of(cls, handlers: Mapping[str, Handler]) -> Registry:
         """Build a registry from plain functions (tests, embedding)."""
         return cls({t: HandlerSpec(event_type=t, apply=f) for t, f in handlers.items()})
 
@@ -115,24 +65,65 @@ class Registry:
         return sorted(self._specs)
 
 
-def load_registry(settings: Settings) -> Registry:
-    """Import the configured handler modules and return their handlers."""
+def _referenced_modules(module: ModuleType) -> set[str]:
+    """Return the modules a module's namespace refers to (imported modules, functions)."""
+    names = set()
+    for value in list(vars(module).values()):
+        if isinstance(value, ModuleType):
+            names.add(value.__name__)
+        elif callable(value):
+            names.add(str(getattr(value, "__module__", "") or ""))
+    return names
+
+
+def declared_by(name: str) -> list[HandlerSpec]:
+    """Return the handlers an imported module contributes (see the module's docstring)."""
+    module = sys.modules.get(name)
+    referenced = _referenced_modules(module) if module is not None else set()
+    return [d for d in declarations()
+            if name in d.importers or d.module == name or d.module.startswith(name + ".")
+            or d.module in referenced]
+
+
+def _import(label: str, name: str) -> list[HandlerSpec]:
+    """Import one handler source; refuse one that fails or declares nothing."""
+    try:
+        importlib.import_module(name)
+    except Exception as error:  # any failure of the user's import stops the worker
+        raise RegistrationError(f"{label}: cannot import {name!r}: "
+                                f"{error_summary(error)}") from None
+    found = declared_by(name)
+    if not found:
+        raise RegistrationError(f"{label}: {name!r} registers no handler "
+                                "(no @handler was declared by it or by what it imports)")
+    return found
+
+
+@functools.cache
+def _entry_point_modules() -> tuple[tuple[str, str], ...]:
+    """Return (name, module) of the group's entry points (read once: installs need a restart)."""
+    return tuple((point.name, point.module) for point in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _sources(settings: Settings) -> Iterable[tuple[str, str]]:
+    """Yield (what names it, module) of every handler source the configuration names."""
     for name in settings.handler_modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as error:
-            raise ValueError(f"LEDGER_HANDLER_MODULES: cannot import {name!r}: {error}") from None
-    wanted = [*settings.handler_modules, *([DEMO_MODULE] if settings.demo_handlers else [])]
+        yield "LEDGER_HANDLER_MODULES", name
+    for name, module in _entry_point_modules():
+        yield f"entry point {name!r} ({ENTRY_POINT_GROUP})", module
     if settings.demo_handlers:
-        importlib.import_module(DEMO_MODULE)
-    specs: dict[str, HandlerSpec] = {}
-    # Only handlers of the configured modules and their submodules count.
-    for module, declared in _DECLARED.items():
-        if not any(module == m or module.startswith(m + ".") for m in wanted):
-            continue
-        for event_type, spec in declared.items():
-            if event_type in specs:
-                raise ValueError(f"event type {event_type!r} has two handlers: "
-                                 f"{specs[event_type].module} and {module}")
-            specs[event_type] = spec
-    return Registry(specs)
+        yield "LEDGER_DEMO_HANDLERS", DEMO_MODULE
+
+
+def load_registry(settings: Settings) -> Registry:
+    """Import every configured handler source and return their handlers."""
+    specs: dict[str, tuple[HandlerSpec, str]] = {}
+    for label, name in _sources(settings):
+        for spec in _import(label, name):
+            seen = specs.get(spec.event_type)
+            if seen is not None and seen[0].apply is not spec.apply:
+                raise RegistrationError(
+                    f"event type {spec.event_type!r} has two handlers: {seen[0].name} "
+                    f"(from {seen[1]}) and {spec.name} (from {label} {name!r})")
+            specs[spec.event_type] = (spec, f"{label} {name!r}")
+    return Registry({t: spec for t, (spec, _) in specs.items()})

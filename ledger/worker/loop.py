@@ -55,11 +55,13 @@ from ledger.db import citus
 from ledger.db.engine import connection_is_alive, is_unavailable, make_engine
 from ledger.errors import NotFound, error_summary
 from ledger.logs import event_ref, get_logger
-from ledger.scheduling.instances import new_instance_id
+from ledger.scheduling.instances import live_handled_types, new_instance_id
 from ledger.services import Services
 from ledger.worker import batch
-from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec, Registry, load_registry
-from ledger.worker.retry import RandomSource, RetryPolicy
+from ledger.worker.fence import apply_handler
+from ledger.worker.handlers import Event, HandlerSpec, Registry, load_registry
+from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
+from ledger.worker.retry import RandomSource, RetryPolicy, failure_summary
 from ledger.worker.store import (
     Claim,
     ClaimedJob,
@@ -68,13 +70,9 @@ from ledger.worker.store import (
     DueJob,
     claim_next,
     complete_job,
-    fail_job,
     fail_unstarted,
-    finish_attempt,
-    hand_back_attempt,
     hold_lease,
     relock_due,
-    schedule_retry,
     set_job_failed,
 )
 
@@ -85,8 +83,7 @@ MAX_IDLE_BACKOFF_SECONDS = 30.0
 STORAGE_RETRY_SECONDS = 0.5  # mean wait between retries while the database is away
 BURST_ERROR_LIMIT = 5
 BURST_OUTAGE_LIMIT = 30  # retries (~15 s) a --burst worker gives a database that is away
-# result_ref is a small reference kept on the hot receipts table for the whole retention.
-RESULT_REF_LIMIT = 256
+LIVE_TYPES_TTL = 1.0  # seconds a worker trusts its read of the live workers' event types
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,73 +127,76 @@ class Worker:
         self._stop: threading.Event | None = None  # set inside run(): completions may chain
         self._next: Leased | None = None  # the job the last completion claimed
         self._held: Connection | None = None  # run()'s connection: no pool checkout per job
-        self._attempt_started: float | None = None  # perf_counter at claim: attempt latency
+        self.attempt_started: float | None = None  # perf_counter at claim: attempt latency
         # Attempts a database error cut off, until handed back: (job, scope, error) each.
-        self._interrupted: list[tuple[ClaimedJob, str, str]] = []
+        self.interrupted: list[tuple[ClaimedJob, str, str]] = []
         # Jobs per claim and per commit (ledger.worker.batch). A distributed (Citus)
         # ledger claims one job per statement by key: never batched (see _batched).
         self.batch_size = (batch_size or services.settings.worker_batch
                            or default_worker_batch(self.engine.dialect.name))
         self.alone_types = tuple(t for t in self.registry.types()
                                  if (spec := self.registry.get(t)) and spec.prepare)
-        self._next_batch: list[Leased] = []  # the batch the last batch's commit claimed
+        self.next_batch: list[Leased] = []  # the batch the last batch's commit claimed
+        self._live_types: tuple[float, set[str]] | None = None  # (monotonic read, types)
         self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                             if self.engine.dialect.name == "postgresql" else None)
 
     def process_one(self) -> bool:
         """Claim and run one due job; False when none is due."""
-        if self._interrupted:
-            self._record_interruptions()  # before any claim: that job is still ours
+        if self.interrupted:
+            self.record_interruptions()  # before any claim: that job is still ours
         claimed = self._next if self._next is not None else self._claim()
         self._next = None
         if claimed is None:
             return False
-        started = self._start(*claimed)
+        started = self.start_attempt(*claimed)
         if started is None:
             return True  # ended at claim time (out of attempts or too old)
         job, scope = started
-        self._attempt_started = time.perf_counter()
+        self.attempt_started = time.perf_counter()
         spec = self.registry.get(job.event_type)
         try:
-            event = self._event(job, scope)
+            if spec is None and self.handled_elsewhere(job.event_type):
+                self._hand_off(job, scope)  # a rolling deploy: a live worker has the handler
+                return True
+            event = self.event_of(job, scope)
             if spec is not None and spec.prepare is not None:
                 event = _with_prepared(event, spec.prepare(event))  # no transaction open
             self._complete(job, event, spec)
         except LeaseLost:
-            self._transition(job, scope, "running", "fenced", outcome="fenced")
+            self.report(job, scope, FENCED)
             return True
         except Exception as error:
             if is_storage_error(error):  # the database's fault, not the handler's
-                self._interrupted = [(job, scope, error_summary(error))]
-                self._record_interruptions()  # raises while the database is still away
+                self.interrupted = [(job, scope, error_summary(error))]
+                self.record_interruptions()  # raises while the database is still away
             else:
                 self._record_failure(job, scope, error)
             return True
-        self._transition(job, scope, "running", "complete", outcome="complete")
-        if self.hooks.after_commit is not None:
-            self.hooks.after_commit(event)
+        self.report(job, scope, COMPLETE, event)
         return True
 
     def _claim(self) -> Leased | None:
         """Lease the oldest due job in a transaction of its own; None when none is due."""
-        request = self._request()
-        with self._claim_connection() as conn:
-            return self._leased(conn, claim_next(conn, request), request)
+        request = self.claim_request()
+        with self.claim_connection() as conn:
+            return self.leased(conn, claim_next(conn, request), request)
 
-    def _request(self) -> ClaimRequest:
+    def claim_request(self) -> ClaimRequest:
         """Return this worker's claim of the next due job, now."""
         now = self.services.clock.now()
         return ClaimRequest(worker_id=self.worker_id, now=now, limits=self._limits(now),
                             lease_seconds=self.services.settings.lease_seconds)
 
-    def _leased(self, conn: Connection, claim: Claim | None,
-                request: ClaimRequest) -> Leased | None:
+    def leased(self, conn: Connection, claim: Claim | None,
+               request: ClaimRequest) -> Leased | None:
         """Return a claim with its scope name, read while the claim's transaction is open."""
         if claim is None:
             return None
         return claim, self._scope(conn, claim[0].scope_id), request.now
 
-    def _start(self, claim: Claim, scope: str, now: datetime) -> tuple[ClaimedJob, str] | None:
+    def start_attempt(self, claim: Claim, scope: str, now: datetime
+                      ) -> tuple[ClaimedJob, str] | None:
         """Start a claimed attempt, or end a job that may not start (then None)."""
         due, job = claim
         if job is None:
@@ -218,7 +218,7 @@ class Worker:
                   accepted_at=job.accepted_at)
         self._count(job.event_type, "lost", terminal=False)
 
-    def _claim_connection(self) -> AbstractContextManager[Connection]:
+    def claim_connection(self) -> AbstractContextManager[Connection]:
         """Return the claim's transaction: one statement in autocommit on PostgreSQL.
 
         The PostgreSQL claim is a single statement, hence atomic on its own:
@@ -230,9 +230,9 @@ class Worker:
         if (self._autocommit is not None and self._held is None
                 and not citus.distributed(self.engine)):
             return self._autocommit.connect()
-        return self._transaction()
+        return self.transaction()
 
-    def _transaction(self) -> AbstractContextManager[Connection]:
+    def transaction(self) -> AbstractContextManager[Connection]:
         """Begin a transaction: on the loop's own connection inside `run`, else from the pool."""
         if self._held is not None:
             return _begun(self._held)
@@ -242,7 +242,7 @@ class Worker:
         """End a claimed job that may not start (out of attempts, too old) or has no receipt."""
         refusal = self.policy.refuse_to_start(due.attempts + 1, now=now,
                                               window_start=due.window_start)
-        with self._transaction() as conn:
+        with self.transaction() as conn:
             if not relock_due(conn, due):
                 return  # another worker ended it meanwhile
             if refusal is not None:
@@ -260,7 +260,7 @@ class Worker:
         oldest = now - timedelta(seconds=self.policy.max_event_age_seconds)
         return ClaimLimits(max_attempts=self.policy.max_attempts, oldest_window=oldest)
 
-    def _cache_scopes(self, conn: Connection, scope_ids: Iterable[int]) -> None:
+    def cache_scopes(self, conn: Connection, scope_ids: Iterable[int]) -> None:
         """Read the names of the scopes not cached yet, in one statement (a batch's).
 
         A worker names a job's scope once per scope; with many scopes a batch's jobs
@@ -281,7 +281,7 @@ class Worker:
             self._scopes[scope_id] = scope
         return scope
 
-    def _event(self, job: ClaimedJob, scope: str) -> Event:
+    def event_of(self, job: ClaimedJob, scope: str) -> Event:
         """Build the handler's view of the job."""
         payload = json.loads(job.payload) if job.payload is not None else None
         if not isinstance(payload, dict):
@@ -297,33 +297,28 @@ class Worker:
         the next job (COMPLETE_AND_CLAIM_SQL): one commit per job, and that job's
         attempt is counted and leased before its handler runs, as always.
         """
-        with self._transaction() as conn:
-            result_ref = spec.apply(conn, event) if spec is not None else NO_HANDLER_RESULT
-            self._check_result(job, result_ref)
-            stopping = self._stop is None or self._stop.is_set()  # checked after the handler
-            chain = None if stopping else self._request()
+        with self.transaction() as conn:
+            result_ref = apply_handler(spec, conn, event)
+            chain = self.claim_request() if self.chaining() else None  # after the handler
             done = complete_job(conn, job, result_ref=result_ref,
                                 now=self.services.clock.now(), then_claim=chain)
             if not done.held:
                 raise LeaseLost()  # rolls the handler's writes back too
-            following = None if chain is None else self._leased(conn, done.next, chain)
+            following = None if chain is None else self.leased(conn, done.next, chain)
             if self.hooks.before_commit is not None:
                 self.hooks.before_commit(conn, event)
         self._next = following  # ours only once the commit succeeded
         return result_ref
 
-    @staticmethod
-    def _check_result(job: ClaimedJob, result_ref: object) -> None:
-        """Refuse a handler's result_ref that is not a short non-empty str."""
-        if not isinstance(result_ref, str) or not 0 < len(result_ref) <= RESULT_REF_LIMIT:
-            raise TypeError(f"handler of {job.event_type} must return a str result_ref of "
-                            f"1-{RESULT_REF_LIMIT} characters")
+    def chaining(self) -> bool:
+        """Tell whether a completion claims the next job too (inside `run`, not stopping)."""
+        return self._stop is not None and not self._stop.is_set()
 
-    def _record_interruptions(self) -> None:
+    def record_interruptions(self) -> None:
         """Hand back every attempt a database error cut off, oldest first."""
-        while self._interrupted:
-            self._record_interruption(self._interrupted[0])
-            self._interrupted.pop(0)
+        while self.interrupted:
+            self._record_interruption(self.interrupted[0])
+            self.interrupted.pop(0)
 
     def _record_interruption(self, interrupted: tuple[ClaimedJob, str, str]) -> None:
         """Put back the attempt a database error cut off: it spends time, not an attempt.
@@ -338,51 +333,60 @@ class Worker:
         """
         job, scope, summary = interrupted
         now = self.services.clock.now()
-        with self._transaction() as conn:
-            if not hold_lease(conn, job):
-                decision = None  # taken over, or the completion did commit after all
-            else:
-                decision = self.policy.after_interruption(
-                    job.number, now=now, window_start=job.window_start, rng=self.rng)
-                if decision.run_at is None:
-                    finish_attempt(conn, job, outcome="failed", now=now, error=summary)
-                    fail_job(conn, job, now=now, error=summary)
-                else:
-                    finish_attempt(conn, job, outcome="interrupted", now=now, error=summary)
-                    hand_back_attempt(conn, job, run_at=decision.run_at)
-        if decision is None:
-            self._transition(job, scope, "running", "fenced", outcome="fenced")
-        elif decision.run_at is None:
-            self._transition(job, scope, "running", "failed", outcome="failed",
-                             error=summary, reason=decision.reason)
-        else:
-            self._transition(job, scope, "running", "retrying", outcome="interrupted",
-                             error=summary,
-                             retry_in_seconds=round((decision.run_at - now).total_seconds(), 3))
+        with self.transaction() as conn:
+            # Not held: taken over, or the completion did commit after all.
+            outcome = record_failed_attempt(
+                conn, job, None, summary, policy=self.policy, rng=self.rng, now=now,
+            ) if hold_lease(conn, job) else FENCED
+        self.report(job, scope, outcome)
 
     def _record_failure(self, job: ClaimedJob, scope: str, error: Exception) -> None:
         """Record the failed attempt and schedule a retry or end the job (transaction 3)."""
-        summary = error_summary(error)
+        summary = failure_summary(error)
         now = self.services.clock.now()
-        with self._transaction() as conn:
-            if not hold_lease(conn, job):
-                self._transition(job, scope, "running", "fenced", outcome="fenced")
-                return
-            decision = self.policy.after_failure(job.attempt, now=now,
-                                                 window_start=job.window_start, rng=self.rng)
-            run_at = decision.run_at
-            if run_at is None:
-                finish_attempt(conn, job, outcome="failed", now=now, error=summary)
-                fail_job(conn, job, now=now, error=summary)
-            else:
-                finish_attempt(conn, job, outcome="retry", now=now, error=summary)
-                schedule_retry(conn, job, run_at=run_at)
-        if run_at is None:
-            self._transition(job, scope, "running", "failed", outcome="failed",
-                             error=summary, reason=decision.reason)
-        else:
-            self._transition(job, scope, "running", "retrying", outcome="retry", error=summary,
-                             retry_in_seconds=round((run_at - now).total_seconds(), 3))
+        with self.transaction() as conn:
+            outcome = record_failed_attempt(
+                conn, job, error, summary, policy=self.policy, rng=self.rng, now=now,
+            ) if hold_lease(conn, job) else FENCED
+        self.report(job, scope, outcome)
+
+    def handled_elsewhere(self, event_type: str) -> bool:
+        """Tell whether a live worker instance has the handler this worker lacks.
+
+        Read at most once per LIVE_TYPES_TTL: only jobs without a handler here ask.
+        """
+        read = self._live_types
+        if read is None or time.monotonic() - read[0] > LIVE_TYPES_TTL:
+            try:
+                with self.transaction() as conn:
+                    types = live_handled_types(
+                        conn, now=self.services.clock.now(),
+                        within_seconds=self.services.settings.revocation_bound_seconds)
+            except Exception as error:
+                if not is_storage_error(error):
+                    raise
+                return True  # unsure: never drop an event another worker might handle
+            read = self._live_types = (time.monotonic(), types)
+        return event_type in read[1]
+
+    def _hand_off(self, job: ClaimedJob, scope: str) -> None:
+        """Leave a job to the live worker that handles its type; spend no attempt."""
+        now = self.services.clock.now()
+        with self.transaction() as conn:
+            outcome = (hand_off(conn, job, rng=self.rng, now=now) if hold_lease(conn, job)
+                       else FENCED)
+        self.report(job, scope, outcome)
+
+    def report(self, job: ClaimedJob, scope: str, outcome: Outcome,
+               event: Event | None = None) -> None:
+        """Log and count how an attempt ended, once its transaction committed (both paths)."""
+        extra: dict[str, Any] = {name: value for name, value in (
+            ("error", outcome.error), ("reason", outcome.reason),
+            ("retry_in_seconds", outcome.retry_in)) if value is not None}
+        self._transition(job, scope, "running", outcome.to_state, outcome=outcome.outcome,
+                         **extra)
+        if outcome is COMPLETE and event is not None and self.hooks.after_commit is not None:
+            self.hooks.after_commit(event)
 
     def _transition(self, job: ClaimedJob, scope: str, from_state: str, to_state: str, *,
                     outcome: str | None = None, level: int = logging.INFO,
@@ -390,9 +394,9 @@ class Worker:
         """Log one state transition and count the attempt's outcome."""
         if outcome is not None:
             extra["outcome"] = outcome
-            if self._attempt_started is not None:
+            if self.attempt_started is not None:
                 extra["latency_ms"] = round(
-                    (time.perf_counter() - self._attempt_started) * 1000, 2)
+                    (time.perf_counter() - self.attempt_started) * 1000, 2)
         self._log("job.transition", scope=scope, event_id=job.event_id, level=level,
                   event_type=job.event_type, attempt=job.number, from_state=from_state,
                   to_state=to_state, accepted_at=job.accepted_at, **extra)
@@ -452,7 +456,7 @@ class Worker:
     def _loop(self, *, burst: bool, stop: threading.Event, poll_seconds: float) -> int:
         """Call process_one until told to stop; a job already leased to us runs first."""
         processed = errors = 0
-        while not stop.is_set() or self._next is not None or self._next_batch:
+        while not stop.is_set() or self._next is not None or self.next_batch:
             try:
                 self._hold_live_connection()
                 worked = batch.process_batch(self) if self._batched() else self.process_one()

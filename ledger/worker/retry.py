@@ -6,6 +6,10 @@ that failed together spread out instead of returning in a wave). The event
 becomes terminal (`failed`) when n reaches LEDGER_MAX_ATTEMPTS, or when the
 retry would start after LEDGER_MAX_EVENT_AGE_SECONDS from the start of the
 event's retry window (acceptance, or an operator's requeue).
+
+A handler may decide instead (ledger.handlers): `PermanentFailure` ends the
+event at once; `RetryAfter(s)` sets the next attempt s seconds later, still
+within the same bounds.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from ledger.config import Settings
+from ledger.errors import ERROR_SUMMARY_LIMIT, error_summary
+from ledger.handlers import PermanentFailure, RetryAfter
+
+PERMANENT_REASON = "the handler raised PermanentFailure"
 
 # 2**64 * base is past any cap anyone configures; stop doubling there.
 _MAX_DOUBLINGS = 64
@@ -110,3 +118,29 @@ class RetryPolicy:
                 run_at=None,
                 reason=f"max event age reached ({int(self.max_event_age_seconds)}s)")
         return RetryDecision(run_at=run_at)
+
+    def after_error(self, error: BaseException, failed_attempts: int, *, now: datetime,
+                    window_start: datetime, rng: RandomSource) -> RetryDecision:
+        """Decide what follows a failed attempt, as the handler's exception asks."""
+        if isinstance(error, PermanentFailure):
+            return RetryDecision(run_at=None, reason=PERMANENT_REASON)
+        decision = self.after_failure(failed_attempts, now=now, window_start=window_start,
+                                      rng=rng)
+        if decision.run_at is None or not isinstance(error, RetryAfter):
+            return decision
+        # Exactly the delay asked for (never sooner); past the event's age it ends.
+        run_at = now + timedelta(seconds=min(error.seconds, self.max_event_age_seconds + 1))
+        if run_at > self.deadline(window_start):
+            return RetryDecision(
+                run_at=None,
+                reason=f"max event age reached ({int(self.max_event_age_seconds)}s)")
+        return RetryDecision(run_at=run_at)
+
+
+def failure_summary(error: BaseException) -> str:
+    """Return the attempt's error as stored: a PermanentFailure's own reason, else
+    "Class: message"."""
+    if isinstance(error, PermanentFailure):
+        lines = str(error.reason).strip().splitlines()
+        return (lines[0] if lines else "PermanentFailure")[:ERROR_SUMMARY_LIMIT]
+    return error_summary(error)

@@ -207,13 +207,13 @@ def test_a_stale_batch_cannot_complete_a_job_another_worker_leased(fixed_app):
         _send(app, sender, f"evt_{i}", "demo.credit", amount)
         svc.clock.advance(1)
     stale = Worker(svc, worker_id="w-stale", handlers=handlers.registry())
-    stale._next_batch = batch.claim(stale)  # leased, then the worker stalls past its lease
-    assert len(stale._next_batch) == 3
+    stale.next_batch = batch.claim(stale)  # leased, then the worker stalls past its lease
+    assert len(stale.next_batch) == 3
     svc.clock.advance(61)
     fresh = Worker(svc, worker_id="w-fresh", handlers=handlers.registry())
-    fresh._next_batch = batch.claim(fresh)
+    fresh.next_batch = batch.claim(fresh)
     # An expired lease may have been a crash: that job comes alone.
-    assert [leased[0][1].event_id for leased in fresh._next_batch] == ["evt_0"]
+    assert [leased[0][1].event_id for leased in fresh.next_batch] == ["evt_0"]
     assert batch.process_batch(stale) == 3
     assert "evt_0" not in handlers.runs  # fenced before its handler ran
     assert batch.process_batch(fresh) == 1
@@ -418,7 +418,7 @@ def test_a_job_whose_handler_prepares_is_claimed_alone(test_env):
         claims = []
         while leased := batch.claim(worker):
             claims.append(sorted(one[0][1].event_id for one in leased))
-            worker._next_batch = leased
+            worker.next_batch = leased
             batch.process_batch(worker)
         assert claims == [["evt_1", "evt_3"], ["evt_2"]]
         assert _balance(app, sender) == 3
@@ -448,9 +448,9 @@ def test_a_batch_takes_the_oldest_jobs_scope_first_on_postgresql(test_env):
         claims, leased = [], batch.claim(worker)
         while leased:
             claims.append(sorted(one[0][1].event_id for one in leased))
-            worker._next_batch = leased
+            worker.next_batch = leased
             batch.process_batch(worker)
-            leased, worker._next_batch = worker._next_batch, []
+            leased, worker.next_batch = worker.next_batch, []
         if svc.engine.dialect.name == "postgresql":
             assert claims == [["a1", "a2", "a3"], ["b1", "b2", "b3"], ["b4"]]
         else:
@@ -478,7 +478,7 @@ def test_a_batch_names_the_scopes_of_its_jobs_in_one_statement(test_env):
             leased = batch.claim(worker)
         assert sorted(scope for _, scope, _ in leased) == sorted(s.scope for s in senders)
         assert len([s for s in statements if " from integrations" in s]) == 1, statements
-        worker._next_batch = leased
+        worker.next_batch = leased
         batch.process_batch(worker)
         for i, sender in enumerate(senders):
             assert _balance(app, sender) == 1

@@ -1,0 +1,1 @@
+"""Acme's handlers for Replay Ledger: paid invoices land in the `acme_invoices` table."""
