@@ -1,4 +1,4 @@
-"""Production gunicorn settings for `gunicorn 'app:create_app()'` (README "Production layout").
+"""Production gunicorn settings for `gunicorn 'app:create_app()'` (docs: how-to/deploy.md).
 
 Every value can be overridden on the command line or through the environment
 variables read by ledger.config.WebServerSettings (LEDGER_BIND, WEB_CONCURRENCY,
@@ -29,7 +29,10 @@ _web = WebServerSettings.from_env()
 bind = _web.bind
 workers = _web.workers
 worker_class = "gthread"
-threads = _web.threads  # keep LEDGER_DB_POOL_SIZE > threads
+# More threads than LEDGER_DB_POOL_SIZE on purpose: a thread waiting on a slow sender's body
+# holds no connection; at most the pool's size of them use the database at once, and the
+# others wait for a connection up to LEDGER_DB_POOL_TIMEOUT_MS, then answer 503.
+threads = _web.threads
 # A request is bounded by the pool timeout (2 s) and statement_timeout (5 s);
 # a worker silent for 30 s is stuck and gets replaced.
 timeout = 30
