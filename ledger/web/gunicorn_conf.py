@@ -16,6 +16,7 @@ directory is made and removed at exit.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import re
 import shutil
@@ -38,12 +39,12 @@ threads = _web.threads
 timeout = 30
 graceful_timeout = 30
 keepalive = 5  # behind a proxy that reuses upstream connections
-# gunicorn's C HTTP parser (gunicorn_h1c, picohttpparser; a dependency of the ledger):
-# the same limits and answers as the pure-Python parser (tests/integration/
-# test_http_parser.py), less CPU per request (bench/README.md, "gunicorn's C parser").
-# "fast" refuses to boot without it rather than fall back silently; `--http-parser
-# python` on the command line (or GUNICORN_CMD_ARGS) serves with the Python parser.
-http_parser = "fast"
+# gunicorn's C HTTP parser (gunicorn_h1c, picohttpparser) when it is installed (the `fast`
+# extra), else gunicorn's pure-Python parser: the same limits and answers either way
+# (tests/integration/test_http_parser.py), the C one with less CPU per request
+# (docs: how-to/deploy.md). `--http-parser python` on the command line (or
+# GUNICORN_CMD_ARGS) chooses the Python parser even when the C one is there.
+http_parser = "fast" if importlib.util.find_spec("gunicorn_h1c") is not None else "python"
 # Senders' headers are small; refuse abuse before the app sees it.
 limit_request_line = 4094
 limit_request_fields = 64
