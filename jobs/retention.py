@@ -13,7 +13,7 @@ PostgreSQL.
 
 Every batch is its own short transaction with `lock_timeout` set: intake keeps
 committing between and during batches, and nothing references receipts with a
-foreign key, so a batch costs no per-row FK check (MEASUREMENTS.md: ~7x). On
+foreign key, so a batch costs no per-row FK check (several times the delete). On
 PostgreSQL a batch is a window of heap pages; the Pacer leaves the intake its
 share of the machine (LEDGER_PURGE_DUTY_CYCLE)."""
 
