@@ -1,4 +1,8 @@
-"""Application factory: config, services, blueprints and the CLI. Nothing runs at import."""
+"""Application factory: config, services, blueprints and the CLI. Nothing runs at import.
+
+Installed as `ledger.app` (ledger/app.py links here): code inside `ledger` imports it by
+that name, and `gunicorn 'app:create_app()'` keeps working from the repository.
+"""
 
 from __future__ import annotations
 

@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, bindparam, delete, func, select, text, tuple_, update
 from sqlalchemy import exc as sa_exc
 
-from jobs import retention_scoped as scoped
 from ledger.access import audit
 from ledger.clock import Clock
 from ledger.config import CLOCK_SKEW_SECONDS, DEFAULT_DUTY_CYCLE, Settings, check_duty_cycle
@@ -50,6 +49,8 @@ from ledger.errors import LedgerError
 from ledger.logs import get_logger
 from ledger.metrics import PURGED_ROWS
 from ledger.worker.failure_groups import forget_members, remove_failures
+
+from . import retention_scoped as scoped
 
 log = get_logger("ledger.jobs.retention")
 _T = TypeVar("_T")

@@ -42,7 +42,7 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `ledger` console script."""
-    from app import create_app
+    from ledger.app import create_app
 
     def create_checked_app() -> Flask:
         try:

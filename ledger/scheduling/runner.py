@@ -59,7 +59,7 @@ class ScheduledJob:
 
 def default_jobs(settings: Settings) -> list[ScheduledJob]:
     """Return the ledger's scheduled jobs with their default periods."""
-    from jobs import delivery_log, retention, rollups, sweep
+    from ledger.jobs import delivery_log, retention, rollups, sweep
 
     jobs = [
         ScheduledJob(name="retention", period_seconds=3600, func=retention.run),
@@ -73,11 +73,11 @@ def default_jobs(settings: Settings) -> list[ScheduledJob]:
 def _credential_jobs(settings: Settings) -> list[ScheduledJob]:
     """Return the credential jobs, or none (with a warning) while their module is missing."""
     try:
-        from jobs import credential_jobs
+        from ledger.jobs import credential_jobs
     except ModuleNotFoundError as error:
-        if error.name != "jobs.credential_jobs":
+        if error.name != "ledger.jobs.credential_jobs":
             raise
-        log.warning("jobs.credential_jobs not found: credential expiry and revocation "
+        log.warning("ledger.jobs.credential_jobs not found: credential expiry and revocation "
                     "checks are not scheduled")
         return []
 

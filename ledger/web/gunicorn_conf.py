@@ -4,8 +4,9 @@ Every value can be overridden on the command line or through the environment
 variables read by ledger.config.WebServerSettings (LEDGER_BIND, WEB_CONCURRENCY,
 LEDGER_WEB_THREADS, LEDGER_WEB_PRELOAD, LEDGER_ACCESS_LOG); a bad one stops
 gunicorn before it boots, naming the variable. From an installed package (a wheel),
-pass `-c python:ledger.web.gunicorn_conf`; in the project directory gunicorn reads
-./gunicorn.conf.py by default, which imports this module.
+serve `gunicorn -c python:ledger.web.gunicorn_conf 'ledger.app:create_app()'`; in the
+project directory gunicorn reads ./gunicorn.conf.py by default, which imports this module,
+and `gunicorn 'app:create_app()'` works there.
 
 Metrics: prometheus-client decides at import time whether it writes to shared
 files, so PROMETHEUS_MULTIPROC_DIR is set here, in the master, before any
