@@ -78,8 +78,11 @@ def settings_page() -> str:
 def _commands(group: click.Group, prefix: str) -> list[tuple[str, click.Command]]:
     """Return every command under `group` with its full name, depth first, sorted."""
     found: list[tuple[str, click.Command]] = []
-    for name in sorted(group.commands):
-        command = group.commands[name]
+    context = click.Context(group)
+    for name in group.list_commands(context):  # loads each lazily listed command
+        command = group.get_command(context, name)
+        if command is None:
+            continue
         full = f"{prefix} {name}"
         found.append((full, command))
         if isinstance(command, click.Group):
