@@ -42,6 +42,8 @@ def _package_dir(name: str) -> str:
 def _core_app(test_config: Mapping[str, Any] | None, clock: Clock | None) -> Flask:
     """Return an app holding the settings, the services and the CLI, with no pages yet."""
     from ledger.cli import ledger_cli
+    from ledger.jobs.catalogue import scheduled_jobs
+    from ledger.scheduling.runner import register_jobs
     from ledger.services import build_services
 
     settings = Settings.from_env(overrides=test_config)
@@ -51,6 +53,7 @@ def _core_app(test_config: Mapping[str, Any] | None, clock: Clock | None) -> Fla
     app.config.update(SECRET_KEY=_secret_key(settings), JSON_SORT_KEYS=False)
     app.extensions["ledger"] = build_services(settings, clock=clock)
     app.cli.add_command(ledger_cli)
+    register_jobs(scheduled_jobs)  # the scheduler runs what this outer layer names
     return app
 
 

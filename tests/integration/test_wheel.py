@@ -119,9 +119,10 @@ def test_a_users_own_jobs_package_leaves_the_scheduled_jobs_alone(venv_bin: Path
     (project / "jobs" / "__init__.py").write_text("MINE = True\n")
     (project / "app.py").write_text("MINE = True\n")
     script = ("import app, jobs; assert app.MINE and jobs.MINE\n"
-              "from ledger.config import Settings\n"
+              "from ledger.app import create_cli_app\n"
               "from ledger.scheduling.runner import default_jobs\n"
-              "print(' '.join(sorted(j.name for j in default_jobs(Settings.from_env()))))")
+              "svc = create_cli_app().extensions['ledger']\n"
+              "print(' '.join(sorted(j.name for j in default_jobs(svc.settings))))")
     env = _clean_env(LEDGER_VAR_DIR=str(tmp_path / "var"))
     names = _run([str(venv_bin / "python"), "-c", script], cwd=project, env=env).stdout.split()
     assert names == sorted(["credential_expiry", "delivery_log_retention", "retention",
