@@ -11,7 +11,7 @@ export LEDGER_DEMO_HANDLERS ?= 1
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
-.PHONY: run test test-pgbouncer lint docs screenshots bench clean system-deps js-deps
+.PHONY: run test test-pgbouncer lint docs env-example screenshots bench clean system-deps js-deps
 # Run a second time through a private PgBouncer in transaction mode (LEDGER_DB_PGBOUNCER=1).
 PGBOUNCER_TESTS := tests/integration/test_intake.py tests/integration/test_worker.py \
 	tests/integration/test_scheduler.py tests/integration/test_scheduler_processes.py \
@@ -60,6 +60,10 @@ system-deps:
 ## missing from mkdocs.yml's nav fails); the reference pages are generated from the code
 docs: $(TEST_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+## env-example: rewrite deploy/ledger.env.example from the settings' declarations
+env-example: $(RUN_STAMP)
+	$(BIN)/python -m ledger.config_render env-example > deploy/ledger.env.example
 
 ## screenshots: retake docs/screenshots/*.png from a freshly seeded demo (headless chromium)
 screenshots: $(TEST_STAMP)
