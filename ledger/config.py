@@ -18,7 +18,7 @@ import os
 import secrets
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -498,6 +498,3 @@ class Settings:
     def with_(self, **changes: Any) -> Settings:
         """Return a copy with some fields changed (tests, the drill)."""
         return replace(self, **changes)
-
-
-SETTINGS_FIELDS = frozenset(f.name for f in fields(Settings))
