@@ -217,7 +217,7 @@ DECLARED: tuple[Setting, ...] = (
             parser=Integer(1, MAX_WORKER_BATCH), shown_default="16 on PostgreSQL, 8 on SQLite",
             meaning="jobs a worker claims and commits at once (`ledger worker --batch N`)"),
     Setting(name="LEDGER_HANDLER_MODULES", attribute="handler_modules", section=_WORK,
-            parser=Names(), default=(), shown_default="none",
+            parser=Names("comma-separated import paths"), default=(), shown_default="none",
             meaning="modules whose handlers every worker registers"),
     Setting(name="LEDGER_DEMO_HANDLERS", attribute="demo_handlers", section=_WORK,
             parser=Boolean(), default=False, meaning="register the demo handlers"),

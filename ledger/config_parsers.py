@@ -197,12 +197,14 @@ class Directory:
 
 @dataclass(frozen=True, slots=True)
 class Names:
-    """Comma-separated names (import paths); blanks between commas are ignored."""
+    """Comma-separated names (import paths, host names); blanks between commas are ignored."""
+
+    what: str = "comma-separated names"
 
     @property
     def accepts(self) -> str:
         """Say what is accepted."""
-        return "comma-separated import paths"
+        return self.what
 
     def parse(self, name: str, raw: str) -> tuple[str, ...]:
         """Return the names in order."""
