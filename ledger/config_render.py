@@ -50,7 +50,8 @@ def reference_markdown() -> str:
         "*Production* marks the keys `LEDGER_ENV=production` refuses to start without; in",
         "development each is generated once into `LEDGER_VAR_DIR` (mode 0600).",
         "",
-        "`deploy/ledger.env.example` is written from the same declarations.",
+        "`deploy/ledger.env.example` is written from the same declarations. Link to one",
+        "setting by its name: `settings.md#LEDGER_RETENTION_SECONDS`.",
     ]
     sections: dict[str, list[Setting]] = {}
     for setting in DECLARED:
@@ -60,7 +61,8 @@ def reference_markdown() -> str:
                   "| variable | default | accepts | meaning |", "|---|---|---|---|"]
         for s in settings:
             required = " **Required in production.**" if s.production else ""
-            lines.append(f"| `{s.name}` | {_cell(shown_default(s))} | "
+            lines.append(f"| <span id=\"{s.name}\"></span>`{s.name}` | "
+                         f"{_cell(shown_default(s))} | "
                          f"{_cell(s.parser.accepts)} | {_cell(s.meaning)}.{required} |")
     return "\n".join(lines) + "\n"
 

@@ -85,5 +85,6 @@ def test_the_env_example_is_written_from_the_declarations() -> None:
 def test_the_reference_names_every_variable_and_marks_production_keys() -> None:
     page = reference_markdown()
     for s in DECLARED:
-        row = next(line for line in page.splitlines() if line.startswith(f"| `{s.name}` |"))
+        row = next(line for line in page.splitlines() if f"`{s.name}` |" in line)
+        assert f'id="{s.name}"' in row
         assert ("Required in production" in row) == s.production
