@@ -1,4 +1,4 @@
-"""docs/tutorial.md works as written: its handler, its test and its signed Stripe delivery."""
+"""docs/tutorial.md and the README's demo walk work as written, on both databases."""
 
 from __future__ import annotations
 
@@ -73,3 +73,24 @@ def test_a_signed_stripe_delivery_reaches_the_tutorials_handler_once(  # type: i
     assert [tuple(r) for r in rows] == [("in_1", 4200)]
     tampered = client.post(url, data=BODY.replace("4200", "4201"), headers=headers)
     assert tampered.status_code == 401
+
+
+def test_the_readmes_signed_delivery_credits_the_demo_once(  # type: ignore[no-untyped-def]
+        app) -> None:
+    readme = (ROOT / "README.md").read_text()
+    body = re.search(r"^BODY='(.*)'$", readme, re.M).group(1)  # type: ignore[union-attr]
+    runner, client = app.test_cli_runner(), app.test_client()
+    created = json.loads(runner.invoke(args=[
+        "ledger", "integration", "create", "--account", "acme", "--name", "my-stripe",
+        "--profile", "stripe", "--json"]).output)
+    url = f"/hooks/{created['integration']}"
+    headers = {"Content-Type": "application/json",
+               "Stripe-Signature": _stripe_signature(created["credential"]["secret"], body)}
+    assert client.post(url, data=body, headers=headers).status_code == 202
+    assert runner.invoke(args=["ledger", "worker", "--burst"]).exit_code == 0
+    again = client.post(url, data=body, headers=headers).get_json()
+    assert again == {"status": "duplicate", "event_id": "evt_hello", "state": "complete",
+                     "result_ref": "credit:5"}
+    balance = json.loads(runner.invoke(args=["ledger", "demo", "balance", "--scope",
+                                             "acme/my-stripe", "--json"]).output)
+    assert balance == {"scope": "acme/my-stripe", "balance": 5}
