@@ -11,7 +11,7 @@ export LEDGER_DEMO_HANDLERS ?= 1
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
 
-.PHONY: run test test-pgbouncer lint bench clean system-deps js-deps
+.PHONY: run test test-pgbouncer lint docs env-example screenshots bench clean system-deps js-deps
 # Run a second time through a private PgBouncer in transaction mode (LEDGER_DB_PGBOUNCER=1).
 PGBOUNCER_TESTS := tests/integration/test_intake.py tests/integration/test_worker.py \
 	tests/integration/test_scheduler.py tests/integration/test_scheduler_processes.py \
@@ -39,6 +39,7 @@ run: $(RUN_STAMP)
 test: $(TEST_STAMP) system-deps js-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(MAKE) --no-print-directory docs
 	$(PYTEST)
 	$(MAKE) --no-print-directory test-pgbouncer
 
@@ -54,6 +55,19 @@ js-deps:
 ## system-deps: Debian packages the tests drive (chromium, pgbouncer, pg_auto_failover)
 system-deps:
 	@bash scripts/system-deps.sh
+
+## docs: build the documentation site strictly into var/site (a broken link or a page
+## missing from mkdocs.yml's nav fails); the reference pages are generated from the code
+docs: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+## env-example: rewrite deploy/ledger.env.example from the settings' declarations
+env-example: $(RUN_STAMP)
+	$(BIN)/python -m ledger.config_render env-example > deploy/ledger.env.example
+
+## screenshots: retake docs/screenshots/*.png from a freshly seeded demo (headless chromium)
+screenshots: $(TEST_STAMP)
+	$(BIN)/python scripts/dashboard_screenshots.py
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

@@ -1,4 +1,8 @@
-"""Application factory: config, services, blueprints and the CLI. Nothing runs at import."""
+"""Application factory: config, services, blueprints and the CLI. Nothing runs at import.
+
+Installed as `ledger.app` (ledger/app.py links here): code inside `ledger` imports it by
+that name, and `gunicorn 'app:create_app()'` keeps working from the repository.
+"""
 
 from __future__ import annotations
 
@@ -35,17 +39,12 @@ def _package_dir(name: str) -> str:
     return str(next(iter(spec.submodule_search_locations)))
 
 
-def create_app(test_config: Mapping[str, Any] | None = None, *,
-               clock: Clock | None = None) -> Flask:
-    """Create the web app. `test_config` overrides environment variables by name.
-
-    A malformed or missing setting raises ledger.config.SettingsError naming the variable.
-    """
+def _core_app(test_config: Mapping[str, Any] | None, clock: Clock | None) -> Flask:
+    """Return an app holding the settings, the services and the CLI, with no pages yet."""
     from ledger.cli import ledger_cli
+    from ledger.jobs.catalogue import scheduled_jobs
+    from ledger.scheduling.runner import register_jobs
     from ledger.services import build_services
-    from ledger.web import body_deadline, ingest, ops, read_source, request_log
-    from ledger.web.dashboard import register_dashboard
-    from ledger.web.errors import register_error_handlers
 
     settings = Settings.from_env(overrides=test_config)
     configure_logging(settings.log_level)
@@ -53,6 +52,32 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
                 static_folder=_package_dir("ledger.static"))
     app.config.update(SECRET_KEY=_secret_key(settings), JSON_SORT_KEYS=False)
     app.extensions["ledger"] = build_services(settings, clock=clock)
+    app.cli.add_command(ledger_cli)
+    register_jobs(scheduled_jobs)  # the scheduler runs what this outer layer names
+    return app
+
+
+def create_cli_app(test_config: Mapping[str, Any] | None = None, *,
+                   clock: Clock | None = None) -> Flask:
+    """Create the app a command that serves nothing needs: settings, services, the CLI.
+
+    `ledger receipt show` and its kind skip importing and registering the web pages.
+    """
+    return _core_app(test_config, clock)
+
+
+def create_app(test_config: Mapping[str, Any] | None = None, *,
+               clock: Clock | None = None) -> Flask:
+    """Create the web app. `test_config` overrides environment variables by name.
+
+    A malformed or missing setting raises ledger.config.SettingsError naming the variable.
+    """
+    from ledger.web import body_deadline, ingest, ops, read_source, request_log
+    from ledger.web.dashboard import register_dashboard
+    from ledger.web.errors import register_error_handlers
+
+    app = _core_app(test_config, clock)
+    settings = app.extensions["ledger"].settings
     # A process that serves requests registers itself in `instances` (revocation propagation).
     app.before_request(app.extensions["ledger"].heartbeat.ensure_started)
     request_log.init_app(app)
@@ -68,5 +93,4 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     app.register_blueprint(ops.bp)
     register_dashboard(app)  # sessions, CSRF, dashboard pages, /api/v1
     read_source.init_app(app)  # where the dashboard's and the API's reads ran
-    app.cli.add_command(ledger_cli)
     return app

@@ -28,9 +28,9 @@ from sqlalchemy import (
 
 from ledger.config import CLOCK_SKEW_SECONDS
 from ledger.db.engine import conflict_insert
+from ledger.db.locks import advisory_key
 from ledger.db.schema import rollup_marks
 from ledger.db.timestamps import as_utc
-from ledger.scheduling.runner import advisory_key
 
 HOUR = timedelta(hours=1)
 # Intake stamps accepted_at before it commits: receipts younger than this are

@@ -27,7 +27,17 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, case, delete, func, select
 
-from jobs.rollup_band import (
+from ledger.config import DEFAULT_DELIVERY_LOG_SECONDS
+from ledger.db.engine import conflict_insert
+from ledger.db.schema import (
+    DELIVERY_HOURS_MARK,
+    LATENCY_BOUNDS_US,
+    deliveries,
+    hourly_latency,
+    hourly_refusals,
+)
+
+from .rollup_band import (
     HOUR,
     bucket_index,
     hour_bucket,
@@ -38,16 +48,7 @@ from jobs.rollup_band import (
     settled_band,
     write_mark,
 )
-from jobs.rollup_series import window_start
-from ledger.config import DEFAULT_DELIVERY_LOG_SECONDS
-from ledger.db.engine import conflict_insert
-from ledger.db.schema import (
-    DELIVERY_HOURS_MARK,
-    LATENCY_BOUNDS_US,
-    deliveries,
-    hourly_latency,
-    hourly_refusals,
-)
+from .rollup_series import window_start
 
 DELIVERY_SETTLE_SECONDS = 150
 REFUSED = -1  # a refusal's bucket in this module's grouping (never stored)

@@ -46,7 +46,11 @@ from sqlalchemy import (
     union_all,
 )
 
-from jobs.rollup_band import (
+from ledger.config import DEFAULT_RETENTION_SECONDS
+from ledger.db.schema import SERIES_MARK, hourly_series, receipts
+from ledger.domain import ReceiptState
+
+from .rollup_band import (
     Band,
     bucket_index,
     flag,
@@ -59,9 +63,6 @@ from jobs.rollup_band import (
     upsert,
     write_mark,
 )
-from ledger.config import DEFAULT_RETENTION_SECONDS
-from ledger.db.schema import SERIES_MARK, hourly_series, receipts
-from ledger.domain import ReceiptState
 
 SERIES_HOURS = 7 * 24  # the overview charts 48 h; per-integration health shows 24 h and 7 days
 Cell = tuple[int, int]  # (scope id, hour index)

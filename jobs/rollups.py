@@ -50,7 +50,14 @@ from sqlalchemy import (
 )
 from sqlalchemy import exc as sa_exc
 
-from jobs.rollup_band import (
+from ledger.clock import Clock
+from ledger.config import DEFAULT_DELIVERY_LOG_SECONDS, DEFAULT_RETENTION_SECONDS, Settings
+from ledger.db.schema import ROLLUP_MARK, integrations, receipts, scope_counts, scope_totals
+from ledger.db.timestamps import as_utc
+from ledger.domain import ReceiptState
+from ledger.logs import get_logger
+
+from .rollup_band import (
     FULL_RECOUNT_SECONDS,
     PURGE_MARGIN_SECONDS,
     SETTLE_LAG_SECONDS,
@@ -61,14 +68,8 @@ from jobs.rollup_band import (
     upsert,
     write_mark,
 )
-from jobs.rollup_deliveries import refresh_delivery_hours
-from jobs.rollup_series import SERIES_HOURS, refresh_hourly_series
-from ledger.clock import Clock
-from ledger.config import DEFAULT_DELIVERY_LOG_SECONDS, DEFAULT_RETENTION_SECONDS, Settings
-from ledger.db.schema import ROLLUP_MARK, integrations, receipts, scope_counts, scope_totals
-from ledger.db.timestamps import as_utc
-from ledger.domain import ReceiptState
-from ledger.logs import get_logger
+from .rollup_deliveries import refresh_delivery_hours
+from .rollup_series import SERIES_HOURS, refresh_hourly_series
 
 log = get_logger("ledger.jobs.rollups")
 # Every scope's receipts are recounted whole once in this time and one run (a slice a run).

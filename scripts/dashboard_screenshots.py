@@ -1,6 +1,6 @@
-"""Take the README's dashboard screenshots from `make run`'s demo ledger, freshly seeded.
+"""Take the docs' dashboard screenshots from `make run`'s demo ledger, freshly seeded.
 
-Usage: python scripts/dashboard_screenshots.py  (writes docs/screenshots/*.png)
+Usage: make screenshots, or python scripts/dashboard_screenshots.py (writes docs/screenshots/*.png)
 
 Seeds the demo into a throwaway SQLite ledger exactly as `make run` does (`ledger demo seed`),
 then adds what the demo lacks to show the incident pages: a key that signs one accepted

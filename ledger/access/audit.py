@@ -67,10 +67,12 @@ def load_audit_key(settings: Settings) -> bytes:
         return settings.audit_key.encode()
     if settings.production:
         raise AuditKeyError("LEDGER_AUDIT_KEY must be set in production")
+    created = not (Path(settings.var_dir) / AUDIT_KEY_FILE).exists()
     key = development_key(settings.var_dir, AUDIT_KEY_FILE, lambda: secrets.token_urlsafe(32))
-    get_logger("ledger.audit").warning("audit_key.development",
-                                       path=str(Path(settings.var_dir) / AUDIT_KEY_FILE),
-                                       hint="set LEDGER_AUDIT_KEY outside development")
+    if created:  # warn when generated, not on every command that reads it
+        get_logger("ledger.audit").warning("audit_key.development",
+                                           path=str(Path(settings.var_dir) / AUDIT_KEY_FILE),
+                                           hint="set LEDGER_AUDIT_KEY outside development")
     if not key:
         raise AuditKeyError(f"{Path(settings.var_dir) / AUDIT_KEY_FILE} is empty; delete it "
                             "or set LEDGER_AUDIT_KEY")

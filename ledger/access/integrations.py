@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Collection
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
@@ -114,17 +114,29 @@ def get_integration_by_id(conn: Connection, integration_id: int) -> Integration:
     return Integration.from_row(row)
 
 
-_SCOPE_NAMES = (select(integrations.c.id, integrations.c.account, integrations.c.name)
+class ScopeName(NamedTuple):
+    """How pages and logs name a scope: `account/integration`, and its public id."""
+
+    scope: str
+    integration: str
+
+
+_SCOPE_NAMES = (select(integrations.c.id, integrations.c.account, integrations.c.name,
+                       integrations.c.public_id)
                 .where(integrations.c.id.in_(bindparam("ids", expanding=True))))
 
 
-def scope_names(conn: Connection, integration_ids: Collection[int]) -> dict[int, str]:
-    """Return the scope (`account/integration`) of each of these internal ids that exists.
+def scope_names(conn: Connection, integration_ids: Collection[int]) -> dict[int, ScopeName]:
+    """Return the scope and public id of each of these internal ids that exists.
 
-    One statement for many: a worker's batch names the scopes of all its jobs at once.
+    One statement for many: a worker's batch names the scopes of all its jobs at once,
+    and a page the scopes of all its rows.
     """
+    if not integration_ids:
+        return {}
     rows = conn.execute(_SCOPE_NAMES, {"ids": sorted(integration_ids)})
-    return {int(row.id): scope_name(row.account, row.name) for row in rows}
+    return {int(row.id): ScopeName(scope_name(row.account, row.name), row.public_id)
+            for row in rows}
 
 
 def get_integration_by_scope(conn: Connection, scope: str) -> Integration:

@@ -77,8 +77,10 @@ def load_box(master_key: str | None, var_dir: Path, *, production: bool = False)
         return SecretBox([k.strip() for k in master_key.split(",") if k.strip()])
     if production:
         raise MasterKeyError("LEDGER_MASTER_KEY must be set in production")
+    created = not (Path(var_dir) / MASTER_KEY_FILE).exists()
     key = development_key(var_dir, MASTER_KEY_FILE, lambda: Fernet.generate_key().decode())
-    get_logger("ledger.secrets").warning("master_key.development",
-                                         path=str(Path(var_dir) / MASTER_KEY_FILE),
-                                         hint="set LEDGER_MASTER_KEY outside development")
+    if created:  # warn when generated, not on every command that reads it
+        get_logger("ledger.secrets").warning("master_key.development",
+                                             path=str(Path(var_dir) / MASTER_KEY_FILE),
+                                             hint="set LEDGER_MASTER_KEY outside development")
     return SecretBox([key])

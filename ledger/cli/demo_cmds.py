@@ -55,7 +55,7 @@ def _seed_dashboard() -> str | None:
     with svc.engine.begin() as conn:
         password = seed_admin(conn, svc.clock.now(), svc.settings.demo_admin_password)
     try:
-        from jobs.rollups import refresh
+        from ledger.jobs.rollups import refresh
 
         refresh(svc.engine, svc.clock, full_series=True)
     except ImportError:

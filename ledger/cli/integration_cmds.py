@@ -17,6 +17,7 @@ from ledger.cli.common import (
     services,
 )
 from ledger.intake.signatures import PROFILE_NAMES
+from ledger.reads.admin import integrations_with_live_keys
 
 # `--profile hmac` options (README, "The hmac profile"): flag → stored option.
 HMAC_FLAGS = {
@@ -99,4 +100,15 @@ def integration_create(account: str, name: str, profile: str, tolerance: int,
                  else "public key stored")))
 
 
-
+@integration_group.command("list")
+@click.option("--account", default=None, help="Only this account's integrations.")
+@json_option
+@handles_ledger_errors
+def integration_list(account: str | None, as_json: bool) -> None:
+    """List integrations by scope with their profile and how many keys still verify."""
+    svc = services()
+    with svc.engine.connect() as conn:
+        rows = integrations_with_live_keys(conn, account=account, now=svc.clock.now())
+    emit(as_json, {"integrations": rows},
+         text="\n".join(f"{r['integration']}  {r['scope']:<40}  {r['profile']:<18}  "
+                        f"{r['live_keys']} live" for r in rows))

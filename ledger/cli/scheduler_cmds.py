@@ -33,7 +33,7 @@ def scheduler_command(instance_id: str | None) -> None:
 @handles_ledger_errors
 def purge_command(dry_run: bool, batch_size: int, as_json: bool) -> None:
     """Expire finished receipts older than the retention and drop reviewed failed payloads."""
-    from jobs.retention import purge
+    from ledger.jobs.retention import purge
 
     svc = services()
     with storage_guard():

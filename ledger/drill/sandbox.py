@@ -103,7 +103,7 @@ def _accepted_at(svc: Services, scope_id: int, event_id: str) -> datetime | None
 
 def _replay_across_retention(svc: Services, clock: FixedClock) -> str:
     """Accept and finish an event, replay it (duplicate), pass retention, purge, replay."""
-    from jobs.retention import purge
+    from ledger.jobs.retention import purge
     from ledger.worker.loop import run_worker
 
     with svc.engine.begin() as conn:

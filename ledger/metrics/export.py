@@ -45,13 +45,35 @@ from ledger.db.schema import (
 from ledger.db.timestamps import as_utc
 from ledger.domain import ReceiptState
 
-# Family names the state collector owns; copies from process files are dropped.
-STATE_FAMILIES = frozenset({
-    "ledger_receipts", "ledger_oldest_pending_seconds", "ledger_credential_view_age_seconds",
-    "ledger_findings_open", "ledger_rollup_age_seconds",
-    "ledger_scheduler_last_success_age_seconds", "ledger_metrics_database_up",
-    "ledger_replica_up", "ledger_replica_lag_seconds",
-})
+# The gauges read at scrape time, each declared once: name -> (meaning, labels). The state
+# collector owns these families (copies from process files are dropped); the metrics
+# reference (docs/reference/metrics.md) is written from this table and ledger.metrics.
+STATE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ledger_metrics_database_up": (
+        "1 when /metrics could read the ledger's state from the database", ()),
+    "ledger_receipts": ("Receipts by state (from the latest rollup)", ("state",)),
+    "ledger_rollup_age_seconds": ("Age of the receipt rollup behind ledger_receipts", ()),
+    "ledger_oldest_pending_seconds": ("Age of the oldest pending receipt (0 when none)", ()),
+    "ledger_credential_view_age_seconds": (
+        "Seconds since each live instance last refreshed its credential view "
+        "(must stay under LEDGER_REVOCATION_BOUND_SECONDS)", ("instance",)),
+    "ledger_findings_open": ("Open stuck-work and integrity findings, by kind", ("kind",)),
+    "ledger_scheduler_last_success_age_seconds": (
+        "Seconds since each scheduled job last finished ok", ("job",)),
+    "ledger_replica_up": ("1 when the read replica (LEDGER_READ_DATABASE_URL) answered", ()),
+    "ledger_replica_lag_seconds": (
+        "Read replica lag: 0 when it has replayed all it received, else the age of "
+        "its last replayed commit", ()),
+}
+STATE_FAMILIES = frozenset(STATE_GAUGES)
+
+
+def _gauge(name: str) -> GaugeMetricFamily:
+    """Return an empty family of the declared gauge `name`."""
+    meaning, labels = STATE_GAUGES[name]
+    return GaugeMetricFamily(name, meaning, labels=list(labels))
+
+
 # An instance whose heartbeat is older than this many bounds is gone, not lagging.
 LIVE_INSTANCE_BOUNDS = 2
 
@@ -78,8 +100,7 @@ class LedgerStateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield the state gauges, or only `ledger_metrics_database_up 0` on failure."""
-        up = GaugeMetricFamily("ledger_metrics_database_up",
-                               "1 when /metrics could read the ledger's state from the database")
+        up = _gauge("ledger_metrics_database_up")
         try:
             families = list(self._families(self._clock.now()))
         except Exception:  # a scrape must never fail because the database is away
@@ -114,30 +135,22 @@ class LedgerStateCollector(Collector):
                 select(scheduler_runs.c.job, func.max(scheduler_runs.c.finished_at))
                 .where(scheduler_runs.c.outcome == "ok").group_by(scheduler_runs.c.job)).all()
         yield from _receipt_families(counts, now)
-        pending = GaugeMetricFamily("ledger_oldest_pending_seconds",
-                                    "Age of the oldest pending receipt (0 when none)")
+        pending = _gauge("ledger_oldest_pending_seconds")
         pending.add_metric([], _age(now, oldest) if oldest is not None else 0.0)
         yield pending
         yield self._view_ages(live, now)
-        kinds = GaugeMetricFamily("ledger_findings_open",
-                                  "Open stuck-work and integrity findings, by kind",
-                                  labels=["kind"])
+        kinds = _gauge("ledger_findings_open")
         for kind, count in open_findings:
             kinds.add_metric([kind], float(count))
         yield kinds
-        last = GaugeMetricFamily("ledger_scheduler_last_success_age_seconds",
-                                 "Seconds since each scheduled job last finished ok",
-                                 labels=["job"])
+        last = _gauge("ledger_scheduler_last_success_age_seconds")
         for job, finished in successes:
             last.add_metric([job], _age(now, finished))
         yield last
 
     def _view_ages(self, rows: Iterable[Any], now: datetime) -> Metric:
         """Return each live web instance's credential view age (the revocation lag)."""
-        family = GaugeMetricFamily(
-            "ledger_credential_view_age_seconds",
-            "Seconds since each live instance last refreshed its credential view "
-            "(must stay under LEDGER_REVOCATION_BOUND_SECONDS)", labels=["instance"])
+        family = _gauge("ledger_credential_view_age_seconds")
         for row in rows:
             if _age(now, row.heartbeat_at) > LIVE_INSTANCE_BOUNDS * self._bound:
                 continue  # gone without deregistering; the sweep reports it
@@ -147,8 +160,7 @@ class LedgerStateCollector(Collector):
 
 def _receipt_families(rows: Iterable[Any], now: datetime) -> Iterator[Metric]:
     """Return receipts by state and the age of the rollup they come from."""
-    by_state = GaugeMetricFamily("ledger_receipts",
-                                 "Receipts by state (from the latest rollup)", labels=["state"])
+    by_state = _gauge("ledger_receipts")
     totals = {state: 0.0 for state in ReceiptState}
     refreshed: list[datetime] = []
     for code, total, refreshed_at in rows:
@@ -159,8 +171,7 @@ def _receipt_families(rows: Iterable[Any], now: datetime) -> Iterator[Metric]:
         by_state.add_metric([state.value], total)
     yield by_state
     if refreshed:
-        age = GaugeMetricFamily("ledger_rollup_age_seconds",
-                                "Age of the receipt rollup behind ledger_receipts")
+        age = _gauge("ledger_rollup_age_seconds")
         age.add_metric([], _age(now, min(refreshed)))
         yield age
 
@@ -227,8 +238,7 @@ class ReplicaLagCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield ledger_replica_up and, when the lag is known, ledger_replica_lag_seconds."""
-        up = GaugeMetricFamily("ledger_replica_up",
-                               "1 when the read replica (LEDGER_READ_DATABASE_URL) answered")
+        up = _gauge("ledger_replica_up")
         try:
             with self._replica.connect() as conn:
                 lag, _note = measure_lag(conn)
@@ -239,10 +249,7 @@ class ReplicaLagCollector(Collector):
         up.add_metric([], 1)
         yield up
         if lag is not None:  # unknown (no replay yet): no sample rather than a made-up one
-            family = GaugeMetricFamily(
-                "ledger_replica_lag_seconds",
-                "Read replica lag: 0 when it has replayed all it received, else the age of "
-                "its last replayed commit")
+            family = _gauge("ledger_replica_lag_seconds")
             family.add_metric([], lag)
             yield family
 

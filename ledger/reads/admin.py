@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, select, tuple_
+from sqlalchemy import Connection, func, or_, select, tuple_
 
+from ledger.access.credentials import LIVE_STATES
 from ledger.access.integrations import get_integration
 from ledger.db.schema import audit_log, conflicts, credentials, integrations
 from ledger.domain import Integration
@@ -62,6 +63,30 @@ def list_integrations(conn: Connection, *, account: str | None = None,
     items = [dict(r._mapping, scope=f"{r.account}/{r.name}") for r in rows]
     return Page(items=items, next_cursor=encode_cursor(rows[-1].account, rows[-1].name)
                 if more else None)
+
+
+def integrations_with_live_keys(conn: Connection, *, now: datetime,
+                                account: str | None = None) -> list[dict[str, Any]]:
+    """Return every integration (or one account's) by scope, with its keys that verify now.
+
+    `live_keys` counts active credentials and retiring ones before their `expires_at`:
+    0 means every delivery to the integration is refused with 401.
+    """
+    live = (select(credentials.c.integration_id, func.count().label("live"))
+            .where(credentials.c.state.in_(LIVE_STATES),
+                   or_(credentials.c.expires_at.is_(None), credentials.c.expires_at > now))
+            .group_by(credentials.c.integration_id).subquery())
+    query = (select(integrations.c.public_id, integrations.c.account, integrations.c.name,
+                    integrations.c.profile, integrations.c.created_at,
+                    func.coalesce(live.c.live, 0).label("live_keys"))
+             .select_from(integrations.outerjoin(live, live.c.integration_id
+                                                 == integrations.c.id))
+             .order_by(integrations.c.account, integrations.c.name))
+    if account is not None:
+        query = query.where(integrations.c.account == account)
+    return [{"integration": r.public_id, "scope": f"{r.account}/{r.name}", "profile": r.profile,
+             "created_at": r.created_at.isoformat(), "live_keys": int(r.live_keys)}
+            for r in conn.execute(query)]
 
 
 def read_credentials(conn: Connection, public_id: str, now: datetime | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -11,7 +12,7 @@ from sqlalchemy import Connection, Select, case, select, true, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from ledger import strict_json
-from ledger.access.integrations import get_integration, get_integration_by_scope
+from ledger.access.integrations import get_integration, get_integration_by_scope, scope_names
 from ledger.db.schema import attempts, audit_log, conflicts, integrations, jobs, receipts
 from ledger.domain import Integration, Receipt, ReceiptState
 from ledger.errors import NotFound
@@ -202,17 +203,7 @@ def _list_by_prefix(conn: Connection, f: ReceiptFilter, cursor: str | None,
     return _page(conn, rows, limit, lambda r: encode_cursor(r.scope_id, r.event_id))
 
 
-def scope_names(conn: Connection, scope_ids: set[int]) -> dict[int, tuple[str, str]]:
-    """Return {scope id: (scope, public id)} for the given ids."""
-    if not scope_ids:
-        return {}
-    rows = conn.execute(select(integrations.c.id, integrations.c.account, integrations.c.name,
-                               integrations.c.public_id)
-                        .where(integrations.c.id.in_(sorted(scope_ids))))
-    return {r.id: (f"{r.account}/{r.name}", r.public_id) for r in rows}
-
-
-def receipt_item(row: Any, names: dict[int, tuple[str, str]]) -> dict[str, Any]:
+def receipt_item(row: Any, names: Mapping[int, tuple[str, str]]) -> dict[str, Any]:
     """Turn a receipt row into the dict pages and the API show."""
     item = dict(row._mapping)
     scope, public_id = names.get(row.scope_id, (str(row.scope_id), ""))

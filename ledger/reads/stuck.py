@@ -13,6 +13,7 @@ so a requeued receipt is not aged from its first acceptance.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -51,7 +52,7 @@ def _last_error() -> Label[Any]:
             .limit(1).correlate(jobs).scalar_subquery().label("last_error"))
 
 
-def _item(row: Any, names: dict[int, tuple[str, str]], now: datetime,
+def _item(row: Any, names: Mapping[int, tuple[str, str]], now: datetime,
           max_attempts: int) -> dict[str, Any]:
     """Turn a job row into what the page shows."""
     scope, public_id = names.get(row.scope_id, (str(row.scope_id), ""))

@@ -17,7 +17,6 @@ period_start.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import signal
 import threading
@@ -37,6 +36,7 @@ from sqlalchemy import exc as sa_exc
 
 from ledger.clock import Clock
 from ledger.config import Settings
+from ledger.db.locks import advisory_key
 from ledger.errors import error_summary
 from ledger.logs import get_logger
 from ledger.metrics import SCHEDULER_RUNS
@@ -57,51 +57,29 @@ class ScheduledJob:
     func: JobFunc
 
 
+# The outer layer (the app, through ledger.jobs.catalogue) registers what the scheduler
+# runs: this room never imports the jobs it schedules.
+Catalogue = Callable[[Settings], list[ScheduledJob]]
+_CATALOGUE: list[Catalogue] = []
+
+
+def register_jobs(catalogue: Catalogue) -> None:
+    """Make `catalogue` the source of the scheduled jobs (the app calls this once)."""
+    _CATALOGUE[:] = [catalogue]
+
+
 def default_jobs(settings: Settings) -> list[ScheduledJob]:
-    """Return the ledger's scheduled jobs with their default periods."""
-    from jobs import delivery_log, retention, rollups, sweep
-
-    jobs = [
-        ScheduledJob(name="retention", period_seconds=3600, func=retention.run),
-        ScheduledJob(name="delivery_log_retention", period_seconds=600, func=delivery_log.run),
-        ScheduledJob(name="sweep", period_seconds=60, func=sweep.run),
-        ScheduledJob(name="rollups", period_seconds=60, func=rollups.run),
-    ]
-    return jobs + _credential_jobs(settings)
-
-
-def _credential_jobs(settings: Settings) -> list[ScheduledJob]:
-    """Return the credential jobs, or none (with a warning) while their module is missing."""
-    try:
-        from jobs import credential_jobs
-    except ModuleNotFoundError as error:
-        if error.name != "jobs.credential_jobs":
-            raise
-        log.warning("jobs.credential_jobs not found: credential expiry and revocation "
-                    "checks are not scheduled")
-        return []
-
-    def expire_credentials(engine: Engine, _settings: Settings, clock: Clock) -> int:
-        return credential_jobs.expire_credentials(engine, clock)
-
-    return [
-        ScheduledJob(name="credential_expiry", period_seconds=60, func=expire_credentials),
-        ScheduledJob(name="revocation_propagation",
-                     period_seconds=max(5, settings.revocation_bound_seconds),
-                     func=credential_jobs.check_revocation_propagation),
-    ]
+    """Return the registered scheduled jobs with their default periods."""
+    if not _CATALOGUE:
+        raise RuntimeError("no scheduled jobs registered: build the app first "
+                           "(ledger.app.create_app registers ledger.jobs.catalogue)")
+    return _CATALOGUE[0](settings)
 
 
 def period_start(now: datetime, period_seconds: float) -> datetime:
     """Return the start of the period holding `now`: floor(now / period) * period."""
     floor = math.floor(now.timestamp() / period_seconds) * period_seconds
     return datetime.fromtimestamp(floor, UTC)
-
-
-def advisory_key(job: str) -> int:
-    """Return the job's 64-bit advisory lock key (stable across processes and hosts)."""
-    digest = hashlib.sha256(f"ledger.scheduling.runner:{job}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def claim_period(engine: Engine, job: ScheduledJob, *, instance: str, now: datetime,

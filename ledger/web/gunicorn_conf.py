@@ -1,11 +1,12 @@
-"""Production gunicorn settings for `gunicorn 'app:create_app()'` (README "Production layout").
+"""Production gunicorn settings for `gunicorn 'app:create_app()'` (docs: how-to/deploy.md).
 
 Every value can be overridden on the command line or through the environment
 variables read by ledger.config.WebServerSettings (LEDGER_BIND, WEB_CONCURRENCY,
 LEDGER_WEB_THREADS, LEDGER_WEB_PRELOAD, LEDGER_ACCESS_LOG); a bad one stops
 gunicorn before it boots, naming the variable. From an installed package (a wheel),
-pass `-c python:ledger.web.gunicorn_conf`; in the project directory gunicorn reads
-./gunicorn.conf.py by default, which imports this module.
+serve `gunicorn -c python:ledger.web.gunicorn_conf 'ledger.app:create_app()'`; in the
+project directory gunicorn reads ./gunicorn.conf.py by default, which imports this module,
+and `gunicorn 'app:create_app()'` works there.
 
 Metrics: prometheus-client decides at import time whether it writes to shared
 files, so PROMETHEUS_MULTIPROC_DIR is set here, in the master, before any
@@ -16,6 +17,7 @@ directory is made and removed at exit.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import re
 import shutil
@@ -29,18 +31,21 @@ _web = WebServerSettings.from_env()
 bind = _web.bind
 workers = _web.workers
 worker_class = "gthread"
-threads = _web.threads  # keep LEDGER_DB_POOL_SIZE > threads
+# More threads than LEDGER_DB_POOL_SIZE on purpose: a thread waiting on a slow sender's body
+# holds no connection; at most the pool's size of them use the database at once, and the
+# others wait for a connection up to LEDGER_DB_POOL_TIMEOUT_MS, then answer 503.
+threads = _web.threads
 # A request is bounded by the pool timeout (2 s) and statement_timeout (5 s);
 # a worker silent for 30 s is stuck and gets replaced.
 timeout = 30
 graceful_timeout = 30
 keepalive = 5  # behind a proxy that reuses upstream connections
-# gunicorn's C HTTP parser (gunicorn_h1c, picohttpparser; a dependency of the ledger):
-# the same limits and answers as the pure-Python parser (tests/integration/
-# test_http_parser.py), less CPU per request (bench/README.md, "gunicorn's C parser").
-# "fast" refuses to boot without it rather than fall back silently; `--http-parser
-# python` on the command line (or GUNICORN_CMD_ARGS) serves with the Python parser.
-http_parser = "fast"
+# gunicorn's C HTTP parser (gunicorn_h1c, picohttpparser) when it is installed (the `fast`
+# extra), else gunicorn's pure-Python parser: the same limits and answers either way
+# (tests/integration/test_http_parser.py), the C one with less CPU per request
+# (docs: how-to/deploy.md). `--http-parser python` on the command line (or
+# GUNICORN_CMD_ARGS) chooses the Python parser even when the C one is there.
+http_parser = "fast" if importlib.util.find_spec("gunicorn_h1c") is not None else "python"
 # Senders' headers are small; refuse abuse before the app sees it.
 limit_request_line = 4094
 limit_request_fields = 64

@@ -139,7 +139,7 @@ def _intake() -> dict[str, Any]:
         "description": "Checks in order: body size, integration, signature and freshness, "
                        "scope, event id and type; then one transaction writes the receipt "
                        "and the job. No 2xx before commit. Signature headers depend on the "
-                       "integration's profile (README, \"Sender profiles\"). Handshakes "
+                       "integration's profile (docs: reference/profiles.md). Handshakes "
                        "(Slack, Zoom, Discord) answer 200 with the sender's documented body "
                        "(a Discord Webhook Events PING: 204, no body) and write nothing; "
                        "batch profiles (SendGrid) answer "

@@ -268,7 +268,7 @@ class Worker:
         """
         missing = {scope_id for scope_id in scope_ids if scope_id not in self._scopes}
         if missing:
-            self._scopes.update(scope_names(conn, missing))
+            self._scopes.update({i: n.scope for i, n in scope_names(conn, missing).items()})
 
     def _scope(self, conn: Connection, scope_id: int) -> str:
         """Return `account/integration` of a scope id (cached: it never changes)."""

@@ -79,20 +79,54 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def test_wheel_holds_only_app_jobs_and_ledger_with_every_resource(wheel: Path):
-    """No generic top-level name lands in site-packages, and nothing of the package is left out."""
+def test_wheel_holds_only_ledger_with_every_resource(wheel: Path):
+    """No generic top-level name lands in site-packages, and nothing of the package is left out.
+
+    The repository's app.py, jobs/, templates/ and static/ are installed inside `ledger`.
+    """
     names = set(zipfile.ZipFile(wheel).namelist())
     top = {name.split("/", 1)[0] for name in names}
-    assert top == {"app.py", "jobs", "ledger", "replay_ledger-0.1.0.dist-info"}
-    expected = {p.relative_to(ROOT).as_posix() for base in ("ledger", "jobs")
-                for p in (ROOT / base).rglob("*")
-                if p.is_file() and "__pycache__" not in p.parts}
-    for base in ("templates", "static"):
+    assert top == {"ledger", "replay_ledger-0.1.0.dist-info"}
+    linked = {"app.py", "jobs", "templates", "static"}  # ledger/<name> links to the top's
+    expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "ledger").rglob("*")
+                if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts
+                and p.relative_to(ROOT / "ledger").parts[0] not in linked}
+    for base in ("jobs", "templates", "static"):
         expected |= {f"ledger/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / base).rglob("*")
                      if p.is_file() and "__pycache__" not in p.parts}
+    expected.add("ledger/app.py")
     assert not expected - names, f"missing from the wheel: {sorted(expected - names)}"
     assert {"ledger/db/migrations/script.py.mako", "ledger/db/migrations/env.py",
-            "ledger/templates/login.html", "ledger/static/ledger.css"} <= names
+            "ledger/templates/login.html", "ledger/static/ledger.css",
+            "ledger/jobs/retention.py"} <= names
+
+
+def test_the_wheel_needs_no_compiler_and_offers_the_c_parser_as_an_extra(wheel: Path):
+    """gunicorn_h1c (built from source where no wheel exists) is only in the `fast` extra."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read("replay_ledger-0.1.0.dist-info/METADATA").decode()
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    h1c = [line for line in requires if "gunicorn_h1c" in line or "gunicorn-h1c" in line]
+    assert h1c and all('extra == "fast"' in line for line in h1c), h1c
+    assert "Provides-Extra: fast" in metadata and "Provides-Extra: test" in metadata
+
+
+def test_a_users_own_jobs_package_leaves_the_scheduled_jobs_alone(venv_bin: Path,
+                                                                   tmp_path: Path):
+    """A project with its own `jobs` (and `app`) on sys.path still gets every ledger job."""
+    project = tmp_path / "project"
+    (project / "jobs").mkdir(parents=True)
+    (project / "jobs" / "__init__.py").write_text("MINE = True\n")
+    (project / "app.py").write_text("MINE = True\n")
+    script = ("import app, jobs; assert app.MINE and jobs.MINE\n"
+              "from ledger.app import create_cli_app\n"
+              "from ledger.scheduling.runner import default_jobs\n"
+              "svc = create_cli_app().extensions['ledger']\n"
+              "print(' '.join(sorted(j.name for j in default_jobs(svc.settings))))")
+    env = _clean_env(LEDGER_VAR_DIR=str(tmp_path / "var"))
+    names = _run([str(venv_bin / "python"), "-c", script], cwd=project, env=env).stdout.split()
+    assert names == sorted(["credential_expiry", "delivery_log_retention", "retention",
+                            "revocation_propagation", "rollups", "sweep"]), names
 
 
 @contextmanager
@@ -142,9 +176,14 @@ def test_installed_wheel_migrates_and_serves_from_outside_the_checkout(
                      LEDGER_MASTER_KEY=Fernet.generate_key().decode(),
                      LEDGER_SECRET_KEY="wheel-test-secret", LEDGER_DEMO_HANDLERS="1",
                      PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"))
-    where = _run([str(venv_bin / "python"), "-c", "import app, ledger; print(app.__file__);"
-                  "print(ledger.__file__)"], cwd=cwd, env=env).stdout.split()
+    where = _run([str(venv_bin / "python"), "-c", "import ledger.app, ledger.jobs; "
+                  "print(ledger.app.__file__); print(ledger.jobs.__file__)"],
+                 cwd=cwd, env=env).stdout.split()
     assert all(path.startswith(str(venv_bin.parent)) for path in where), where
+    for generic in ("app", "jobs"):  # the wheel puts no generic name into site-packages
+        missing = subprocess.run([str(venv_bin / "python"), "-c", f"import {generic}"],
+                                 cwd=cwd, env=env, capture_output=True, check=False)
+        assert missing.returncode != 0
     _run([str(venv_bin / "ledger"), "db", "upgrade"], cwd=cwd, env=env)
     created = json.loads(_run([str(venv_bin / "ledger"), "integration", "create", "--account",
                                "acme", "--name", "from-wheel", "--profile", "github", "--json"],
@@ -153,7 +192,7 @@ def test_installed_wheel_migrates_and_serves_from_outside_the_checkout(
                     created["scope"], 0, created["credential"]["key_id"])
     port = free_port()
     gunicorn = [str(venv_bin / "gunicorn"), "-c", "python:ledger.web.gunicorn_conf",
-                "app:create_app()"]
+                "ledger.app:create_app()"]
     with _serving(gunicorn, {**env, "LEDGER_BIND": f"127.0.0.1:{port}", "WEB_CONCURRENCY": "1"},
                   cwd, f"http://127.0.0.1:{port}"):
         _check_pages_and_intake(f"http://127.0.0.1:{port}", sender, "wheel-gunicorn-1", 1)

@@ -10,13 +10,14 @@ Create Date: 2026-12-01
 
 from __future__ import annotations
 
+import secrets
+import string
 from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 from alembic import op
 
 from ledger.db.schema import UTCDateTime
-from ledger.ids import new_token_id
 
 revision = "0002_tokens"
 down_revision = "0001"
@@ -24,6 +25,13 @@ branch_labels = None
 depends_on = None
 
 MIGRATED_TOKEN_DAYS = 90
+# ledger.ids as of this revision: a migration never imports live code.
+_BASE62 = string.digits + string.ascii_uppercase + string.ascii_lowercase
+
+
+def new_token_id() -> str:
+    """Return a fresh public API token id (`tok_` + 22 base62 characters)."""
+    return "tok_" + "".join(secrets.choice(_BASE62) for _ in range(22))
 
 
 def upgrade() -> None:

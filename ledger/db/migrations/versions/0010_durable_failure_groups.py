@@ -5,19 +5,22 @@ Revises: 0009_scope_totals
 Create Date: 2026-12-01
 
 Backfill: every receipt that is failed now gets its group from its last error,
-with the same normaliser the worker uses (ledger.worker.failure_groups), read and
-written BACKFILL_BATCH receipts at a time; the counters are then one GROUP BY.
+with the normaliser the worker used when this revision was written (copied below from
+ledger.worker.failure_groups: a migration never imports live code, which may change
+after it), read and written BACKFILL_BATCH receipts at a time; the counters are then
+one GROUP BY. A group id that later code computes differently is corrected by the sweep.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
 
 from ledger.db.schema import UTCDateTime
-from ledger.worker.failure_groups import EXAMPLE_LIMIT, error_signature, group_id
 
 revision = "0010_durable_failure_groups"
 down_revision = "0009_scope_totals"
@@ -26,6 +29,34 @@ depends_on = None
 
 BACKFILL_BATCH = 5000
 FAILED = 2  # ReceiptState.FAILED.code, as stored
+# ledger.worker.failure_groups as of this revision.
+SIGNATURE_LIMIT = 300
+EXAMPLE_LIMIT = 500
+_CLASS = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)(?::\s*|$)")
+_VARYING = (  # most specific first: a uuid holds hex runs and numbers
+    (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                r"[0-9a-fA-F]{12}\b"), "<uuid>"),
+    (re.compile(r"\b(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{12,}\b"), "<hex>"),
+    (re.compile(r"\b[A-Za-z]{1,12}_(?=[A-Za-z0-9]*\d)[A-Za-z0-9]+\b"), "<id>"),
+    (re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"), "<n>"),
+)
+
+
+def error_signature(error: str | None) -> str:
+    """Return the error's class and normalised message: what failures of one cause share."""
+    text = " ".join((error or "").split())
+    if not text:
+        return "(no error recorded)"
+    match = _CLASS.match(text)
+    cls, message = (match.group(1), text[match.end():]) if match else ("Error", text)
+    for pattern, placeholder in _VARYING:
+        message = pattern.sub(placeholder, message)
+    return f"{cls}: {message}"[:SIGNATURE_LIMIT] if message else cls
+
+
+def group_id(event_type: str, signature: str) -> str:
+    """Return the stable id of the group of (event type, signature)."""
+    return hashlib.sha256(f"{event_type}\x00{signature}".encode()).hexdigest()[:16]
 
 _FAILED_PAGE = sa.text("""
 SELECT r.scope_id, r.event_id, r.event_type,
