@@ -8,6 +8,7 @@ default. An empty value counts as unset.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import multiprocessing
 import os
@@ -17,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from ledger.ids import HOST_NAME
 
 # Retention default, documented in README ("Retention"): the sender's maximum
 # retry window (Stripe retries for up to 3 days; GitHub allows manual
@@ -191,6 +194,20 @@ def _scale(env: Mapping[str, str], name: str) -> float:
     if not value > 0:
         raise SettingsError(name, f"{name} must be > 0, got {env[name]!r}")
     return value
+
+
+def _destination_allow(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """Read LEDGER_DESTINATION_ALLOW: comma-separated CIDRs (or addresses) and host names."""
+    entries: list[str] = []
+    for item in filter(None, (p.strip() for p in (_raw(env, name) or "").split(","))):
+        try:
+            entries.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            if not HOST_NAME.fullmatch(item.lower()):
+                raise SettingsError(name, f"{name} must be CIDRs or host names separated by "
+                                          f"commas, bad entry {item!r}") from None
+            entries.append(item.lower().rstrip("."))
+    return tuple(entries)
 
 
 def database_url_from_env(env: Mapping[str, str] | None = None) -> str:
@@ -379,6 +396,8 @@ class Settings:
     delivery_log: bool = True
     delivery_log_seconds: float = DEFAULT_DELIVERY_LOG_SECONDS
     delivery_log_refusals_per_minute: int = DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE
+    # Internal addresses destinations may reach anyway (CONTRACT section 8).
+    destination_allow: tuple[str, ...] = ()
 
     @property
     def production(self) -> bool:
@@ -454,6 +473,7 @@ class Settings:
             delivery_log_refusals_per_minute=_int(
                 env, "LEDGER_DELIVERY_LOG_REFUSALS_PER_MINUTE",
                 DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE, 1, 100_000),
+            destination_allow=_destination_allow(env, "LEDGER_DESTINATION_ALLOW"),
         )
 
     def with_(self, **changes: Any) -> Settings:

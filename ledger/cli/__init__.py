@@ -26,6 +26,7 @@ def _register() -> None:
         credential_cmds,
         db_cmds,
         demo_cmds,
+        destination_cmds,
         dev_cmds,
         drill_cmds,
         integration_cmds,
