@@ -135,6 +135,21 @@ class AddressPolicy:
             raise AddressRefused(host, str(ip), why)
 
 
+def literal_address(host: str) -> IPAddress:
+    """Return the address a host written as one means, legacy forms too (0x7f.1, 2130706433).
+
+    Raises ValueError for a host name. The system resolver reads those legacy forms as
+    addresses without asking DNS, so they are addresses here as well.
+    """
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            raise ValueError(f"{host!r} is not an address") from None
+
+
 def check_url(url: str, policy: AddressPolicy) -> str:
     """Return the URL if a destination may use it, else raise Refused (no DNS look-up).
 
@@ -156,7 +171,7 @@ def check_url(url: str, policy: AddressPolicy) -> str:
         raise Refused("a destination URL's port is 1-65535")
     literal = host.rstrip(".").lower()
     try:
-        policy.check(literal, str(ipaddress.ip_address(literal)))
+        policy.check(literal, str(literal_address(literal)))
     except ValueError:
         if literal == "localhost" or literal.endswith(".localhost"):
             policy.check(literal, "127.0.0.1")

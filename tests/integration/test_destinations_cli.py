@@ -105,7 +105,8 @@ def test_bad_input_is_refused_and_writes_nothing(app, runner):
     sender = make_sender(app)
     refused_urls = ["ftp://example.com/x", "https://user:pw@example.com/x", "not a url",
                     "http://127.0.0.1:8080/x", "http://169.254.169.254/latest/meta-data",
-                    "http://[::ffff:10.0.0.1]/x", "http://localhost/x", "https:///nohost",
+                    "http://[::ffff:10.0.0.1]/x", "http://localhost/x", "http://0x7f.1/x",
+                    "http://2130706433/x", "https:///nohost",
                     "https://example.com/x#frag"]
     for url in refused_urls:
         result = _create(runner, sender.public_id, "--url", url, "--event-type", "a.b")
