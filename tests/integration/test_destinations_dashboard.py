@@ -123,3 +123,24 @@ def test_pause_and_resume_from_the_page_need_oncall_a_reason_and_are_audited(app
         ("destination.resume", "olga", "vendor back")]
     assert json.loads(rows[1].detail)["previous_state"] == "active"
     assert state == "active"
+
+
+def test_a_receipt_shows_what_the_destination_answered(app):
+    sender, _created = _destination(app, answers=[(502, "retry", 40.0)])
+    add_receipt(app, sender.scope_id, "evt_1", state=0, event_type="order.paid")
+    make_operator(app, "vera", "viewer")
+    make_operator(app, "olga", "oncall")
+    client = app.test_client()
+    path = f"/api/v1/receipts/{sender.public_id}/evt_1"
+    seen = client.get(path, headers=_bearer(make_token(app, "olga"))).get_json()
+    (answer,) = seen["destination_attempts"]
+    assert (answer["attempt"], answer["http_status"], answer["outcome"]) == (1, 502, "retry")
+    assert answer["response_excerpt"] == SECRET_ANSWER
+    hidden = client.get(path, headers=_bearer(make_token(app, "vera"))).get_json()
+    assert hidden["destination_attempts"][0]["response_excerpt"] is None
+    page = logged_in(app, "viewer", "vic").get(f"/receipts/{sender.public_id}/evt_1")
+    html = page.get_data(as_text=True)
+    assert "502" in html and "card 4242" not in html
+    oncall_html = logged_in(app, "oncall", "otto").get(
+        f"/receipts/{sender.public_id}/evt_1").get_data(as_text=True)
+    assert "card 4242" in oncall_html
