@@ -2,7 +2,9 @@
 
 Every function takes the caller's connection and never commits; every change an
 operator makes appends its audit row in that same transaction. Signing secrets are in
-ledger.destinations.secrets; what each attempt got back is written by `record_attempt`.
+ledger.destinations.secrets; what each attempt got back is written by `record_attempt`;
+the backoff, rate and in-flight limits every worker shares are in
+ledger.destinations.admission.
 
 One destination per (integration, event type): a receipt completes with one
 `result_ref`, so two destinations, or a destination and a Python handler, may not
@@ -15,11 +17,11 @@ import json
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, insert, or_, select, update
+from sqlalchemy import Connection, insert, select, update
 
 from ledger.access import audit
 from ledger.access.secrets_box import SecretBox
@@ -250,44 +252,3 @@ def record_attempt(conn: Connection, destination_id: int, *, scope_id: int, even
         destination_id=destination_id, scope_id=scope_id, event_id=event_id, number=number,
         started_at=started_at, latency_ms=latency_ms, http_status=http_status,
         outcome=outcome, error=error, response_excerpt=response_excerpt))
-
-
-def note_outcome(conn: Connection, destination_id: int, *, ok: bool, now: datetime,
-                 ceiling: float, retry_after: float | None = None) -> None:
-    """Move the shared backoff: a success clears it; a failure holds the destination.
-
-    `ceiling` is the hold after this failure (the worker's RetryPolicy.ceiling of the
-    destination's consecutive failures); a Retry-After the destination sent holds it at
-    least that long.
-    """
-    if ok:
-        conn.execute(update(destinations).where(destinations.c.id == destination_id)
-                     .values(consecutive_failures=0, blocked_until=None))
-        return
-    hold = max(ceiling, retry_after or 0.0)
-    conn.execute(update(destinations).where(destinations.c.id == destination_id)
-                 .values(consecutive_failures=destinations.c.consecutive_failures + 1,
-                         blocked_until=now + timedelta(seconds=hold)))
-
-
-def take_send_slot(conn: Connection, destination_id: int, *, now: datetime) -> bool:
-    """Take the next send slot at the destination's rate; False when none is free now.
-
-    One conditional UPDATE (safe across workers on both databases): the destination must
-    be active, not held by its backoff, and its `next_send_at` reached; the slot moves
-    `next_send_at` one interval (1 / rate) on. Without a rate every call succeeds.
-    """
-    rate = destinations.c.rate_per_second
-    step = case((rate.is_(None), 0.0), else_=1.0 / rate)
-    due = or_(destinations.c.next_send_at.is_(None), destinations.c.next_send_at <= now)
-    free = and_(destinations.c.id == destination_id,
-                destinations.c.state == DestinationState.ACTIVE.value,
-                or_(destinations.c.blocked_until.is_(None), destinations.c.blocked_until <= now),
-                due)
-    row = conn.execute(select(step.label("step")).where(free)).first()
-    if row is None:
-        return False
-    changed = conn.execute(
-        update(destinations).where(free)
-        .values(next_send_at=now + timedelta(seconds=float(row.step)))).rowcount
-    return changed == 1

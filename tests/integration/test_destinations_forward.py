@@ -17,6 +17,7 @@ from sqlalchemy import select
 from ledger.access import audit
 from ledger.access.integrations import get_integration
 from ledger.db.schema import destination_attempts, destinations
+from ledger.destinations.admission import admit, note_outcome
 from ledger.destinations.forward import (
     DeliveryError,
     Forwarder,
@@ -28,13 +29,7 @@ from ledger.destinations.forward import (
 from ledger.destinations.guard import AddressPolicy
 from ledger.destinations.outcomes import PermanentFailure, RetryAfter
 from ledger.destinations.secrets import live_secrets, new_signing_secret
-from ledger.destinations.store import (
-    DestinationSettings,
-    create_destination,
-    note_outcome,
-    record_attempt,
-    take_send_slot,
-)
+from ledger.destinations.store import DestinationSettings, create_destination, record_attempt
 from tests.helpers import make_sender
 from tests.receivers import Answer, receiving
 
@@ -216,8 +211,8 @@ def test_attempts_and_backoff_are_kept_on_the_ledger(app, forwarder):
                     held = conn.execute(select(destinations)).one()
                     assert held.consecutive_failures == 2
                     assert held.blocked_until == now + timedelta(seconds=20)
-                    assert not take_send_slot(conn, dst.id, now=now)
-                    assert take_send_slot(conn, dst.id, now=held.blocked_until)
+                    assert admit(conn, dst.id, now=now).reason == "backoff"
+                    assert admit(conn, dst.id, now=held.blocked_until).admitted
     with svc.engine.connect() as conn:
         rows = conn.execute(select(destination_attempts)
                             .order_by(destination_attempts.c.number)).all()
@@ -231,21 +226,3 @@ def test_attempts_and_backoff_are_kept_on_the_ledger(app, forwarder):
         standardwebhooks.Webhook(created.signing_secret).verify(got.body, got.headers)
     assert (after.consecutive_failures, after.blocked_until) == (0, None)
     assert json.loads(after.event_types) == ["order.paid"]
-
-
-def test_the_send_rate_is_shared_through_the_ledger(app):
-    """At 2 per second, a second slot in the same instant is refused, the next one is due."""
-    svc = app.extensions["ledger"]
-    sender = make_sender(app)
-    with svc.engine.begin() as conn:
-        created = create_destination(
-            conn, svc.box, audit.Actor(name="test", role="admin"),
-            get_integration(conn, sender.public_id),
-            DestinationSettings(url="https://example.com/x", event_types=["a.b"],
-                                rate_per_second=2),
-            policy=AddressPolicy(), handled_types=(), now=svc.clock.now())
-    dst_id, now = created.destination.id, svc.clock.now()
-    with svc.engine.begin() as conn:
-        assert take_send_slot(conn, dst_id, now=now)
-        assert not take_send_slot(conn, dst_id, now=now + timedelta(seconds=0.4))
-        assert take_send_slot(conn, dst_id, now=now + timedelta(seconds=0.5))
