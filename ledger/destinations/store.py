@@ -21,7 +21,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 
 from ledger.access import audit
 from ledger.access.secrets_box import SecretBox
@@ -252,3 +252,19 @@ def record_attempt(conn: Connection, destination_id: int, *, scope_id: int, even
         destination_id=destination_id, scope_id=scope_id, event_id=event_id, number=number,
         started_at=started_at, latency_ms=latency_ms, http_status=http_status,
         outcome=outcome, error=error, response_excerpt=response_excerpt))
+
+
+def purge_attempts(conn: Connection, *, before: datetime) -> int:
+    """Delete the answers of attempts started before `before` (the retention purge's cut).
+
+    Per destination, so each delete walks ix_destination_attempts_started. Attempts end
+    within the event's retry window, far inside the receipts' retention, so an answer
+    never outlives its receipt by more than that window.
+    """
+    count = 0
+    for destination_id in conn.execute(select(destinations.c.id)).scalars().all():
+        count += conn.execute(
+            delete(destination_attempts)
+            .where(destination_attempts.c.destination_id == destination_id,
+                   destination_attempts.c.started_at < before)).rowcount
+    return count

@@ -8,13 +8,15 @@ from sqlalchemy import insert, select
 
 from ledger.access import audit
 from ledger.access.integrations import get_integration
-from ledger.db.schema import destinations, jobs
+from ledger.db.schema import destination_attempts, destinations, jobs
 from ledger.destinations.admission import admit, note_outcome
 from ledger.destinations.guard import AddressPolicy
 from ledger.destinations.store import (
     DestinationSettings,
     DestinationState,
     create_destination,
+    purge_attempts,
+    record_attempt,
     set_destination_state,
 )
 from tests.helpers import make_sender
@@ -103,3 +105,18 @@ def test_sends_are_paced_at_the_rate(app):
     assert _admit(app, dst.id, now + timedelta(seconds=0.5)).admitted
     # A backlog drains at the rate: the next slot is one interval after the last.
     assert _admit(app, dst.id, now + timedelta(seconds=0.9)).reason == "rate"
+
+
+def test_the_purge_drops_answers_older_than_the_cut(app):
+    sender, dst = _destination(app)
+    svc = app.extensions["ledger"]
+    now = svc.clock.now()
+    with svc.engine.begin() as conn:
+        for number, age in ((1, 100), (2, 50), (3, 1)):
+            record_attempt(conn, dst.id, scope_id=sender.scope_id, event_id="evt_1",
+                           number=number, started_at=now - timedelta(seconds=age),
+                           latency_ms=1.0, http_status=500, outcome="retry", error=None,
+                           response_excerpt=None)
+        assert purge_attempts(conn, before=now - timedelta(seconds=10)) == 2
+        left = conn.execute(select(destination_attempts.c.number)).scalars().all()
+    assert left == [3]
