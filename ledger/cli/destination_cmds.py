@@ -10,7 +10,7 @@ from ledger.access.integrations import get_integration
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, handles_ledger_errors, json_option, services
 from ledger.config import Settings
-from ledger.destinations.guard import AddressPolicy
+from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.secrets import rotate_secret
 from ledger.destinations.store import (
     DEFAULT_MAX_IN_FLIGHT,

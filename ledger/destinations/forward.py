@@ -25,14 +25,8 @@ import httpcore
 import httpx
 
 from ledger.config import Settings
-from ledger.destinations.guard import (
-    DEADLINE,
-    AddressPolicy,
-    AddressRefused,
-    GuardedBackend,
-    Resolver,
-    system_resolver,
-)
+from ledger.destinations.addresses import AddressPolicy, AddressRefused
+from ledger.destinations.guard import DEADLINE, GuardedBackend, Resolver, system_resolver
 from ledger.destinations.outcomes import PermanentFailure, RetryAfter
 from ledger.errors import error_summary
 from ledger.intake.signatures.presets import STANDARD_WEBHOOKS

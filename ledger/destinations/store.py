@@ -26,7 +26,7 @@ from sqlalchemy import Connection, delete, insert, select, update
 from ledger.access import audit
 from ledger.access.secrets_box import SecretBox
 from ledger.db.schema import destination_attempts, destinations, integrations
-from ledger.destinations.guard import AddressPolicy, check_url
+from ledger.destinations.addresses import AddressPolicy, check_url
 from ledger.destinations.secrets import add_secret
 from ledger.domain import Integration
 from ledger.errors import NotFound, Refused

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.forward import Forwarder, ForwardEvent, ForwardTarget, Outcome
-from ledger.destinations.guard import AddressPolicy
 from ledger.destinations.secrets import new_signing_secret
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from sqlalchemy import insert, select
 from ledger.access import audit
 from ledger.access.integrations import get_integration
 from ledger.db.schema import destination_attempts, destinations, jobs
+from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.admission import admit, note_outcome
-from ledger.destinations.guard import AddressPolicy
 from ledger.destinations.store import (
     DestinationSettings,
     DestinationState,

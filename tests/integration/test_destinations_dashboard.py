@@ -9,7 +9,7 @@ from sqlalchemy import select
 from ledger.access import audit
 from ledger.access.integrations import get_integration
 from ledger.db.schema import audit_log, destinations
-from ledger.destinations.guard import AddressPolicy
+from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.store import DestinationSettings, create_destination, record_attempt
 from tests.a11y import unlabelled_controls
 from tests.dashboard_helpers import (

@@ -17,6 +17,7 @@ from sqlalchemy import select
 from ledger.access import audit
 from ledger.access.integrations import get_integration
 from ledger.db.schema import destination_attempts, destinations
+from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.admission import admit, note_outcome
 from ledger.destinations.forward import (
     DeliveryError,
@@ -26,7 +27,6 @@ from ledger.destinations.forward import (
     Outcome,
     retry_after_seconds,
 )
-from ledger.destinations.guard import AddressPolicy
 from ledger.destinations.outcomes import PermanentFailure, RetryAfter
 from ledger.destinations.secrets import live_secrets, new_signing_secret
 from ledger.destinations.store import DestinationSettings, create_destination, record_attempt

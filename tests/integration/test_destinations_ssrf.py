@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from ledger.destinations.addresses import AddressPolicy, internal_reason
 from ledger.destinations.forward import Forwarder, ForwardEvent, ForwardTarget, Outcome
-from ledger.destinations.guard import AddressPolicy, internal_reason
 from ledger.destinations.secrets import new_signing_secret
 from tests.receivers import Answer, receiving
 

@@ -8,8 +8,8 @@ import pytest
 import standardwebhooks
 
 from ledger.config import Settings, SettingsError
+from ledger.destinations.addresses import AddressPolicy, AddressRefused, check_url
 from ledger.destinations.forward import ForwardEvent, ForwardTarget, request_headers, result_ref_of
-from ledger.destinations.guard import AddressPolicy, AddressRefused, check_url
 from ledger.destinations.secrets import new_signing_secret
 from ledger.errors import Refused
 
