@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from werkzeug.serving import make_server
 
 from tests.servers import thread_server
 
@@ -77,11 +86,54 @@ class Receiver:
 
 
 @contextmanager
-def receiving() -> Iterator[tuple[str, Receiver]]:
-    """Serve a Receiver on a free loopback port; release held answers at the end."""
+def receiving(ssl_context: ssl.SSLContext | None = None) -> Iterator[tuple[str, Receiver]]:
+    """Serve a Receiver on a free loopback port (https with `ssl_context`); release held
+    answers at the end."""
     receiver = Receiver()
-    with thread_server(receiver) as base_url:  # type: ignore[arg-type]
-        try:
-            yield base_url, receiver
-        finally:
-            receiver.released.set()
+    if ssl_context is None:
+        with thread_server(receiver) as base_url:  # type: ignore[arg-type]
+            try:
+                yield base_url, receiver
+            finally:
+                receiver.released.set()
+        return
+    server = make_server("127.0.0.1", 0, receiver, threaded=True, ssl_context=ssl_context)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_port}", receiver
+    finally:
+        receiver.released.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def certificate_authority(host: str, tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """Return (server context with a certificate for `host`, client context trusting its CA)."""
+    ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
+        ec.SECP256R1())
+    now = datetime.now(UTC)
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ledger test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - timedelta(hours=1)).not_valid_after(now + timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+            .issuer_name(ca_name).public_key(leaf_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(hours=1)).not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    cert_path, key_path = tmp / "leaf.pem", tmp / "leaf.key"
+    cert_path.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(leaf_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert_path, key_path)
+    client = ssl.create_default_context(
+        cadata=ca.public_bytes(serialization.Encoding.PEM).decode())
+    return server, client

@@ -14,6 +14,7 @@ process: its httpx client pools connections per destination host.
 from __future__ import annotations
 
 import math
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -157,13 +158,14 @@ class GuardedTransport(httpx.HTTPTransport):
     """httpx's transport on a connection pool whose connections go through GuardedBackend."""
 
     def __init__(self, policy: AddressPolicy, *, resolver: Resolver = system_resolver,
-                 limits: httpx.Limits | None = None) -> None:
+                 limits: httpx.Limits | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         super().__init__(verify=True, trust_env=False)  # no proxy from the environment
         limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20)
         # httpx builds its pool without a network backend option: replace it by one
         # built the same way (verified TLS context) on the guarded backend.
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(verify=True, trust_env=False),
+            ssl_context=ssl_context or httpx.create_ssl_context(verify=True, trust_env=False),
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry, retries=0,
@@ -174,10 +176,13 @@ class Forwarder:
     """Sends events to destinations over one pooled, guarded HTTP client."""
 
     def __init__(self, *, policy: AddressPolicy, retry_cap_seconds: float,
-                 resolver: Resolver = system_resolver) -> None:
+                 resolver: Resolver = system_resolver,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """`ssl_context` replaces the system's trusted certificates (a private CA)."""
         self._cap = retry_cap_seconds
-        self._client = httpx.Client(transport=GuardedTransport(policy, resolver=resolver),
-                                    follow_redirects=False, trust_env=False)
+        transport = GuardedTransport(policy, resolver=resolver, ssl_context=ssl_context)
+        self._client = httpx.Client(transport=transport, follow_redirects=False,
+                                    trust_env=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Forwarder:

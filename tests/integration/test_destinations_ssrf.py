@@ -17,7 +17,7 @@ import pytest
 from ledger.destinations.addresses import AddressPolicy, internal_reason
 from ledger.destinations.forward import Forwarder, ForwardEvent, ForwardTarget, Outcome
 from ledger.destinations.secrets import new_signing_secret
-from tests.receivers import Answer, receiving
+from tests.receivers import Answer, certificate_authority, receiving
 
 EVENT = ForwardEvent(scope="acme/shop", event_id="evt_1", event_type="order.paid", attempt=1)
 STUB_DNS = {
@@ -176,3 +176,33 @@ def test_proxy_settings_of_the_environment_are_ignored(guard, monkeypatch):
     ("::ffff:8.8.8.8", False), ("2002:0808:0808::", False)])
 def test_internal_ranges(address, internal):
     assert (internal_reason(ipaddress.ip_address(address)) is not None) is internal
+
+
+def test_https_verifies_the_certificate_for_the_urls_host(guard, tmp_path):
+    """The connection goes to the checked address; TLS still checks the URL's host name."""
+    guard.allowed.add("127.0.0.1")
+    server_tls, client_tls = certificate_authority("receiver.example", tmp_path)
+    with receiving(server_tls) as (url, receiver):
+        port = url.rsplit(":", 1)[1]
+        trusted = Forwarder(policy=AddressPolicy.from_entries(["receiver.example"]),
+                            retry_cap_seconds=60, ssl_context=client_tls)
+        system_trust = Forwarder(policy=AddressPolicy.from_entries(["receiver.example"]),
+                                 retry_cap_seconds=60)
+        by_cidr = Forwarder(policy=AddressPolicy.from_entries(["127.0.0.0/8"]),
+                            retry_cap_seconds=60, ssl_context=client_tls)
+        target = ForwardTarget(url=f"https://receiver.example:{port}/in", timeout_seconds=5,
+                               secrets=[new_signing_secret()])
+        wrong_name = ForwardTarget(url=f"https://loopback.example:{port}/in",
+                                   timeout_seconds=5, secrets=[new_signing_secret()])
+        try:
+            ok = trusted.forward(target, EVENT, b"{}", "application/json")
+            mismatch = by_cidr.forward(wrong_name, EVENT, b"{}", "application/json")
+            untrusted = system_trust.forward(target, EVENT, b"{}", "application/json")
+        finally:
+            for sender in (trusted, system_trust, by_cidr):
+                sender.close()
+    assert ok.outcome is Outcome.COMPLETE
+    assert receiver.requests[0].headers["host"] == f"receiver.example:{port}"
+    for refused in (mismatch, untrusted):  # a name the certificate lacks; an unknown CA
+        assert refused.outcome is Outcome.RETRY and "certificate" in (refused.error or "").lower()
+    assert len(receiver.requests) == 1
