@@ -218,6 +218,10 @@ class Forwarder:
                 return self._classify(response, head, _ms(started), now)
         except AddressRefused as refused:
             return _no_answer(started, f"refused: {refused}")
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as error:
+            # Only a URL written past `destination create`'s checks gets here: no retry fixes it.
+            return ForwardResult(outcome=Outcome.FAILED, http_status=None, latency_ms=_ms(started),
+                                 response_excerpt=None, error=f"url: {error_summary(error)}")
         except httpx.TimeoutException as error:
             return _no_answer(started, f"timeout: {error_summary(error)}")
         except (httpx.TransportError, httpcore.NetworkError, OSError) as error:

@@ -226,3 +226,9 @@ def test_attempts_and_backoff_are_kept_on_the_ledger(app, forwarder):
         standardwebhooks.Webhook(created.signing_secret).verify(got.body, got.headers)
     assert (after.consecutive_failures, after.blocked_until) == (0, None)
     assert json.loads(after.event_types) == ["order.paid"]
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/x", "http://[::1/"])
+def test_a_url_no_retry_can_fix_fails_at_once(forwarder, url):
+    result = forwarder.forward(_target(url), EVENT, BODY, "application/json")
+    assert (result.outcome, result.http_status) == (Outcome.FAILED, None)
