@@ -31,6 +31,7 @@ from ledger.config_parsers import (
     Boolean,
     Choice,
     Directory,
+    HostsOrNetworks,
     Integer,
     Names,
     Periods,
@@ -240,6 +241,10 @@ DECLARED: tuple[Setting, ...] = (
     Setting(name="LEDGER_DELIVERY_LOG_SECONDS", attribute="delivery_log_seconds",
             section=_KEEP, parser=Seconds(60), default=DEFAULT_DELIVERY_LOG_SECONDS,
             meaning="how long delivery log rows are kept"),
+    Setting(name="LEDGER_DESTINATION_ALLOW", attribute="destination_allow", section=_WORK,
+            parser=HostsOrNetworks(), default=(), shown_default="none",
+            meaning="loopback, private or link-local networks and host names that destinations "
+                    "may reach anyway (public addresses need no entry)"),
     Setting(name="LEDGER_DELIVERY_LOG_REFUSALS_PER_MINUTE",
             attribute="delivery_log_refusals_per_minute", section=_KEEP,
             parser=Integer(1, 100_000), default=DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE,
@@ -475,6 +480,7 @@ class Settings:
     delivery_log: bool = _default("LEDGER_DELIVERY_LOG")
     delivery_log_seconds: float = _default("LEDGER_DELIVERY_LOG_SECONDS")
     delivery_log_refusals_per_minute: int = _default("LEDGER_DELIVERY_LOG_REFUSALS_PER_MINUTE")
+    destination_allow: tuple[str, ...] = _default("LEDGER_DESTINATION_ALLOW")
 
     @property
     def production(self) -> bool:

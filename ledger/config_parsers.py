@@ -7,6 +7,7 @@ SettingsError naming the variable. An empty value never reaches a parser: it cou
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -209,6 +210,31 @@ class Names:
     def parse(self, name: str, raw: str) -> tuple[str, ...]:
         """Return the names in order."""
         return tuple(m.strip() for m in raw.split(",") if m.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class HostsOrNetworks:
+    """Comma-separated CIDRs (or single addresses) and host names, normalised."""
+
+    @property
+    def accepts(self) -> str:
+        """Say what is accepted."""
+        return "comma-separated CIDRs, addresses or host names"
+
+    def parse(self, name: str, raw: str) -> tuple[str, ...]:
+        """Return each entry as a CIDR or a lower-case host name without a trailing dot."""
+        from ledger.ids import HOST_NAME
+
+        entries: list[str] = []
+        for item in filter(None, (p.strip() for p in raw.split(","))):
+            try:
+                entries.append(str(ipaddress.ip_network(item, strict=False)))
+            except ValueError:
+                if not HOST_NAME.fullmatch(item.lower()):
+                    raise SettingsError(name, f"{name} must be CIDRs or host names separated "
+                                              f"by commas, bad entry {item!r}") from None
+                entries.append(item.lower().rstrip("."))
+        return tuple(entries)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     LargeBinary,
@@ -556,3 +557,64 @@ failure_group_scopes = Table(
 )
 # The failures page filtered by a scope or an account reads that scope's counters.
 Index("ix_failure_group_scopes_scope", failure_group_scopes.c.scope_id)
+
+# Destinations (CONTRACT section 8, ledger.destinations): an integration's accepted
+# events forwarded over HTTP. `event_types` is NULL for every type, else a JSON list.
+# The backoff columns are shared by every worker: while `blocked_until` is ahead, none
+# of the destination's events is attempted (one failing endpoint holds its queue, it
+# does not burn each event's attempts); `next_send_at` paces sends at `rate_per_second`.
+destinations = Table(
+    "destinations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("public_id", Text, nullable=False, unique=True),
+    Column("integration_id", Integer, nullable=False, index=True),
+    Column("url", Text, nullable=False),
+    Column("event_types", Text),
+    Column("state", Text, nullable=False),
+    Column("state_reason", Text),
+    Column("state_changed_at", UTCDateTime, nullable=False),
+    Column("timeout_seconds", Float, nullable=False),
+    Column("max_in_flight", Integer, nullable=False),
+    Column("rate_per_second", Float),  # NULL: no rate limit
+    Column("consecutive_failures", Integer, nullable=False, server_default="0"),
+    Column("blocked_until", UTCDateTime),
+    Column("next_send_at", UTCDateTime),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
+# A destination's `whsec_` signing secrets, encrypted like credentials. Several verify at
+# once during a rotation's overlap: the request carries one `v1,` signature per live one.
+destination_secrets = Table(
+    "destination_secrets",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("destination_id", Integer, nullable=False, index=True),
+    Column("secret_enc", Text, nullable=False),
+    Column("fingerprint", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime),
+)
+
+# What the destination answered to each attempt of a receipt (the receipt's attempt
+# `number`): status (NULL when no answer came), latency, the first 1 KiB of the body.
+destination_attempts = Table(
+    "destination_attempts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("destination_id", Integer, nullable=False),
+    Column("scope_id", Integer, nullable=False),
+    Column("event_id", Text, nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("latency_ms", Float, nullable=False),
+    Column("http_status", SmallInteger),
+    Column("outcome", Text, nullable=False),
+    Column("error", Text),
+    Column("response_excerpt", Text),
+)
+Index("ix_destination_attempts_receipt", destination_attempts.c.scope_id,
+      destination_attempts.c.event_id, destination_attempts.c.number)
+Index("ix_destination_attempts_started", destination_attempts.c.destination_id,
+      destination_attempts.c.started_at)

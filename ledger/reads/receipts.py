@@ -17,6 +17,7 @@ from ledger.db.schema import attempts, audit_log, conflicts, integrations, jobs,
 from ledger.domain import Integration, Receipt, ReceiptState
 from ledger.errors import NotFound
 from ledger.reads.cursor import BadCursor, Page, decode_cursor, encode_cursor
+from ledger.reads.destinations import receipt_answers
 
 DEFAULT_LIMIT = 50
 # Deeper stored payloads are shown as text: the pretty-printer recurses per level.
@@ -256,6 +257,7 @@ def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, 
                audit_log.c.target.in_([event_id, f"{item['scope']}:{event_id}"]))
         .order_by(audit_log.c.id.desc()).limit(50))]
     item["deliveries"] = event_deliveries(conn, scope_id, event_id)
+    item["destination_attempts"] = receipt_answers(conn, scope_id, event_id)
     job = conn.execute(select(jobs.c.status, jobs.c.run_at, jobs.c.leased_by,
                               jobs.c.leased_until, jobs.c.payload)
                        .where(jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).first()

@@ -13,11 +13,13 @@ from typing import Any
 from flask import Blueprint, Response, g, jsonify, request
 
 from ledger.access import audit
+from ledger.access.integrations import get_integration
 from ledger.errors import NotFound
 from ledger.reads import BadCursor, Page
 from ledger.reads.admin import list_audit, list_conflicts, list_integrations, read_credentials
 from ledger.reads.capacity import measure_on
 from ledger.reads.deliveries import list_deliveries
+from ledger.reads.destinations import hide_responses, read_destinations
 from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, payload_value, read_receipt
 from ledger.reads.work import read_failures, read_stuck_work
@@ -133,6 +135,8 @@ def receipt(public_id: str, event_id: str) -> Response:
     item["deliveries"] = visible_deliveries(item["deliveries"])
     if not g.operator.can("oncall"):
         item.pop("payload", None)
+        item["destination_attempts"] = [dict(a, response_excerpt=None)
+                                        for a in item["destination_attempts"]]
     elif item.get("payload") is not None:
         item["payload"] = payload_value(item["payload"])
     return jsonify(plain(item))
@@ -196,6 +200,25 @@ def visible_deliveries(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if g.operator.can("security"):
         return items
     return [dict(item, reason=None) for item in items]
+
+
+@bp.get("/destinations")
+def destinations() -> Response:
+    """Destinations with state and health (never a secret); `integration=in_…` filters.
+
+    The response excerpts of failed attempts only for oncall and up (they may hold payload).
+    """
+    svc = services()
+    public_id = request.args.get("integration")
+
+    def read(conn: Any) -> list[dict[str, Any]]:
+        integration_id = get_integration(conn, public_id).id if public_id else None
+        return read_destinations(conn, svc.clock.now(), integration_id=integration_id)
+
+    items = replica_read(read)
+    if not g.operator.can("oncall"):
+        items = hide_responses(items)
+    return jsonify(plain({"destinations": items}))
 
 
 @bp.get("/integrations/<public_id>/credentials")

@@ -84,6 +84,21 @@ _DELIVERY = _record(
                               "pattern": "^key_[0-9A-Za-z]{22}$"},
     event_id=_OPT_STRING, client=_OPT_STRING, reason=_OPT_STRING,
     count={"type": "integer", "minimum": 1})
+# A destination (CONTRACT section 8): never a secret (closed); `response_excerpt` is null
+# for roles below oncall.
+_DESTINATION_FAILURE = _record(
+    closed=True, event_id=_STRING, attempt=_INT, at=_STRING, outcome=_STRING,
+    http_status=_OPT_INT, error=_OPT_STRING, latency_ms=_NUMBER,
+    response_excerpt=_OPT_STRING)
+_DESTINATION = _record(
+    closed=True, destination={"type": "string", "pattern": "^dst_[0-9A-Za-z]{22}$"},
+    integration=_STRING, scope=_OPT_STRING, url=_STRING, event_types=_list(_STRING),
+    state={"type": "string", "enum": ["active", "paused"]}, state_reason=_OPT_STRING,
+    state_changed_at=_STRING, created_at=_STRING, timeout_seconds=_NUMBER,
+    max_in_flight=_INT, rate_per_second=_OPT_NUMBER, consecutive_failures=_INT,
+    blocked_until=_OPT_STRING, attempts_sampled=_INT, success_rate=_OPT_NUMBER,
+    p95_latency_ms=_OPT_NUMBER, window_seconds=_INT, backlog=_INT, backlog_cap=_INT,
+    recent_failures=_list(_DESTINATION_FAILURE))
 _DELIVERY_FILTERS = [
     ("integration", "`account/integration` or an integration id (`in_…`)"),
     ("key_id", "the credential whose signature matched (`key_…`)"),
@@ -300,6 +315,10 @@ def _api() -> dict[str, Any]:
         "/api/v1/deliveries": _read(
             "The delivery log, newest first: every request to /hooks/, refusals included",
             _page_of(_DELIVERY), _DELIVERY_FILTERS),
+        "/api/v1/destinations": _read(
+            "Destinations with state, success rate, p95 latency, backlog, latest failures",
+            _record(closed=True, destinations=_list(_DESTINATION)),
+            [("integration", "an integration id (`in_…`)")]),
         "/api/v1/audit": _read("Audit rows, newest first", _page_of(_AUDIT_ROW), audit_params),
         "/api/v1/audit/verify": _read("Hash-chain verification", verify),
         "/api/v1/capacity": _read("Capacity equation inputs and projection", capacity),

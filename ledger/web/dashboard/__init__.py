@@ -106,6 +106,7 @@ def register_dashboard(app: Flask) -> None:
         admin,
         connect,
         deliveries,
+        destinations,
         drill_page,
         evidence,
         export,

@@ -1,0 +1,7 @@
+"""Destinations: an integration's accepted events forwarded to an HTTP endpoint (CONTRACT 8).
+
+`store` keeps destinations and the answers to each attempt, `secrets` their signing
+secrets, `admission` the backoff, rate and in-flight limits every worker shares;
+`addresses` says which addresses a destination may reach and `guard` checks them at every
+connection; `forward` makes the signed POST and maps the answer to an outcome (`outcomes`).
+"""

@@ -1,0 +1,131 @@
+"""A destination run as a handler: `prepare` sends, `apply` turns the answer into an outcome.
+
+The worker calls `prepare` after its claim, outside the completion transaction: it finds
+the event's destination, asks `admit` (pause, backoff, in flight, rate) in one short
+transaction, makes the HTTP call with no transaction open (STYLE rule 7), then records
+the answer and moves the shared backoff in a second short transaction. The answer is
+recorded there, not in `apply`, because a raising `apply` rolls back everything written
+through its connection, and the request did happen whatever the worker does next.
+
+`apply` runs in the fenced completion transaction and only returns the `result_ref` or
+raises: PermanentFailure, RetryAfter, DeliveryError (the worker's own backoff), or
+NotAdmitted, which asks the worker to put the job back until `not_before` without
+spending an attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Connection, Engine
+
+from ledger.access.secrets_box import SecretBox
+from ledger.clock import Clock
+from ledger.destinations.admission import Admission, admit, note_outcome
+from ledger.destinations.forward import (
+    Forwarder,
+    ForwardEvent,
+    ForwardResult,
+    ForwardTarget,
+    Outcome,
+)
+from ledger.destinations.secrets import live_secrets
+from ledger.destinations.store import Destination, destination_for, record_attempt
+from ledger.worker.retry import RetryPolicy
+
+
+class NotAdmitted(Exception):
+    """The destination may not be sent to now: requeue until `not_before`, no attempt spent.
+
+    `not_before` is None while the destination is paused: resuming it decides.
+    """
+
+    def __init__(self, reason: str, not_before: datetime | None) -> None:
+        super().__init__(f"destination {reason}")
+        self.reason = reason
+        self.not_before = not_before
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliveryJob:
+    """The claimed event as a destination needs it: its stored body travels as bytes."""
+
+    scope: str
+    scope_id: int
+    event_id: str
+    event_type: str
+    attempt: int
+    body: bytes
+    content_type: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    """What `prepare` did: no destination, not admitted, or sent with this result."""
+
+    destination: Destination | None
+    admission: Admission | None = None
+    result: ForwardResult | None = None
+
+
+class DestinationDelivery:
+    """Runs the destinations of one worker process over one pooled forwarder."""
+
+    def __init__(self, engine: Engine, box: SecretBox, forwarder: Forwarder, clock: Clock,
+                 *, retry: RetryPolicy) -> None:
+        self._engine = engine
+        self._box = box
+        self._forwarder = forwarder
+        self._clock = clock
+        self._retry = retry
+
+    def prepare(self, job: DeliveryJob) -> Prepared:
+        """Admit, send and record one attempt; never holds a transaction across the call."""
+        now = self._clock.now()
+        with self._engine.begin() as conn:
+            destination = destination_for(conn, job.scope_id, job.event_type)
+            if destination is None:
+                return Prepared(destination=None)
+            admission = admit(conn, destination.id, now=now, job=(job.scope_id, job.event_id))
+            secrets = live_secrets(conn, self._box, destination.id, now=now) \
+                if admission.admitted else []
+        if not admission.admitted:
+            return Prepared(destination=destination, admission=admission)
+        result = self._forwarder.forward(
+            ForwardTarget(url=destination.url, timeout_seconds=destination.timeout_seconds,
+                          secrets=secrets),
+            ForwardEvent(scope=job.scope, event_id=job.event_id, event_type=job.event_type,
+                         attempt=job.attempt), job.body, job.content_type, now=now)
+        self._record(destination, job, now, result)
+        return Prepared(destination=destination, admission=admission, result=result)
+
+    def _record(self, destination: Destination, job: DeliveryJob, started_at: datetime,
+                result: ForwardResult) -> None:
+        """Keep the answer with the attempt and move the destination's shared backoff.
+
+        The hold after the n-th failure in a row is the worker's retry ceiling for n, with
+        no jitter: one hold for all of the destination's events.
+        """
+        ok = result.outcome is Outcome.COMPLETE
+        with self._engine.begin() as conn:
+            record_attempt(conn, destination.id, scope_id=job.scope_id, event_id=job.event_id,
+                           number=job.attempt, started_at=started_at,
+                           latency_ms=result.latency_ms, http_status=result.http_status,
+                           outcome=result.outcome.value, error=result.error,
+                           response_excerpt=result.response_excerpt)
+            # A 4xx that fails one event says nothing about the destination's health.
+            if result.outcome is not Outcome.FAILED:
+                note_outcome(conn, destination.id, ok=ok, now=self._clock.now(),
+                             ceiling=self._retry.ceiling(destination.consecutive_failures + 1),
+                             retry_after=result.retry_after)
+
+    @staticmethod
+    def apply(_conn: Connection, prepared: Prepared) -> str:
+        """Return the result_ref of a delivered event, or raise what the worker must do."""
+        if prepared.result is not None:
+            return prepared.result.result_ref_or_raise()
+        admission = prepared.admission
+        if admission is not None and not admission.admitted:
+            raise NotAdmitted(admission.reason or "held", admission.not_before)
+        raise LookupError("no destination takes this event")

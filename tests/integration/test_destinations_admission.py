@@ -1,0 +1,122 @@
+"""What every worker shares about a destination: pause, backoff, rate, requests in flight."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import insert, select
+
+from ledger.access import audit
+from ledger.access.integrations import get_integration
+from ledger.db.schema import destination_attempts, destinations, jobs
+from ledger.destinations.addresses import AddressPolicy
+from ledger.destinations.admission import admit, note_outcome
+from ledger.destinations.store import (
+    DestinationSettings,
+    DestinationState,
+    create_destination,
+    purge_attempts,
+    record_attempt,
+    set_destination_state,
+)
+from tests.helpers import make_sender
+
+ADMIN = audit.Actor(name="test", role="admin")
+
+
+def _destination(app, **settings):  # type: ignore[no-untyped-def]
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    with svc.engine.begin() as conn:
+        created = create_destination(
+            conn, svc.box, ADMIN, get_integration(conn, sender.public_id),
+            DestinationSettings(url="https://orders.example.com/in", event_types=["a.b"],
+                                **settings),
+            policy=AddressPolicy(), handled_types=(), now=svc.clock.now())
+    return sender, created.destination
+
+
+def _admit(app, dst_id: int, now: datetime, job: tuple[int, str] | None = None):  # type: ignore[no-untyped-def]
+    with app.extensions["ledger"].engine.begin() as conn:
+        return admit(conn, dst_id, now=now, job=job)
+
+
+def _lease(app, scope_id: int, event_id: str, event_type: str, until: datetime) -> None:
+    with app.extensions["ledger"].engine.begin() as conn:
+        conn.execute(insert(jobs).values(
+            scope_id=scope_id, event_id=event_id, event_type=event_type, accepted_at=until,
+            run_at=until, status=0, attempts=1, lease_token=1, leased_by="w-1",
+            leased_until=until, payload="{}"))
+
+
+def test_a_paused_destination_admits_nothing_until_resumed(app):
+    _sender, dst = _destination(app)
+    svc = app.extensions["ledger"]
+    now = svc.clock.now()
+    with svc.engine.begin() as conn:
+        set_destination_state(conn, ADMIN, dst.public_id, DestinationState.PAUSED,
+                              reason="maintenance", now=now)
+    held = _admit(app, dst.id, now)
+    assert (held.admitted, held.reason, held.not_before) == (False, "paused", None)
+    with svc.engine.begin() as conn:
+        set_destination_state(conn, ADMIN, dst.public_id, DestinationState.ACTIVE,
+                              reason="done", now=now)
+    assert _admit(app, dst.id, now).admitted
+
+
+def test_one_failure_holds_every_event_until_the_backoff_ends(app):
+    _sender, dst = _destination(app)
+    svc = app.extensions["ledger"]
+    now = svc.clock.now()
+    with svc.engine.begin() as conn:
+        note_outcome(conn, dst.id, ok=False, now=now, ceiling=10, retry_after=30)
+    held = _admit(app, dst.id, now + timedelta(seconds=29))
+    assert (held.reason, held.not_before) == ("backoff", now + timedelta(seconds=30))
+    assert _admit(app, dst.id, now + timedelta(seconds=30)).admitted
+    with svc.engine.begin() as conn:
+        note_outcome(conn, dst.id, ok=False, now=now, ceiling=10)
+        assert conn.execute(select(destinations.c.consecutive_failures)).scalar_one() == 2
+        note_outcome(conn, dst.id, ok=True, now=now)
+        row = conn.execute(select(destinations)).one()
+    assert (row.consecutive_failures, row.blocked_until) == (0, None)
+
+
+def test_requests_in_flight_are_capped_across_workers(app):
+    sender, dst = _destination(app, max_in_flight=2)
+    now = app.extensions["ledger"].clock.now()
+    _lease(app, sender.scope_id, "evt_1", "a.b", now + timedelta(seconds=60))
+    _lease(app, sender.scope_id, "evt_other_type", "c.d", now + timedelta(seconds=60))
+    _lease(app, sender.scope_id, "evt_expired", "a.b", now - timedelta(seconds=1))
+    assert _admit(app, dst.id, now, job=(sender.scope_id, "evt_2")).admitted  # 1 in flight
+    _lease(app, sender.scope_id, "evt_2", "a.b", now + timedelta(seconds=60))
+    full = _admit(app, dst.id, now, job=(sender.scope_id, "evt_3"))
+    assert (full.admitted, full.reason) == (False, "in_flight")
+    assert full.not_before is not None and full.not_before > now
+    # The asking job's own lease is not counted against it.
+    assert _admit(app, dst.id, now, job=(sender.scope_id, "evt_2")).admitted
+
+
+def test_sends_are_paced_at_the_rate(app):
+    _sender, dst = _destination(app, rate_per_second=2)
+    now = app.extensions["ledger"].clock.now()
+    assert _admit(app, dst.id, now).admitted
+    early = _admit(app, dst.id, now + timedelta(seconds=0.4))
+    assert (early.reason, early.not_before) == ("rate", now + timedelta(seconds=0.5))
+    assert _admit(app, dst.id, now + timedelta(seconds=0.5)).admitted
+    # A backlog drains at the rate: the next slot is one interval after the last.
+    assert _admit(app, dst.id, now + timedelta(seconds=0.9)).reason == "rate"
+
+
+def test_the_purge_drops_answers_older_than_the_cut(app):
+    sender, dst = _destination(app)
+    svc = app.extensions["ledger"]
+    now = svc.clock.now()
+    with svc.engine.begin() as conn:
+        for number, age in ((1, 100), (2, 50), (3, 1)):
+            record_attempt(conn, dst.id, scope_id=sender.scope_id, event_id="evt_1",
+                           number=number, started_at=now - timedelta(seconds=age),
+                           latency_ms=1.0, http_status=500, outcome="retry", error=None,
+                           response_excerpt=None)
+        assert purge_attempts(conn, before=now - timedelta(seconds=10)) == 2
+        left = conn.execute(select(destination_attempts.c.number)).scalars().all()
+    assert left == [3]
