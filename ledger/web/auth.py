@@ -41,6 +41,7 @@ from ledger.access.sessions import (
 )
 from ledger.services import Services
 from ledger.web.errors import wants_json
+from ledger.web.input_guard import is_unsafe_text
 
 bp = Blueprint("auth", __name__)
 csrf = CSRFProtect()
@@ -232,7 +233,10 @@ def _safe_next(target: str | None) -> str:
     if not target:
         return url_for("dashboard.overview")
     parts = urlsplit(target)
-    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+    # A control character or a backslash would end up in the Location header or be read
+    # as another host by a browser: such a target is not a local path.
+    if (parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//")
+            or "\\" in target or is_unsafe_text(target)):
         return url_for("dashboard.overview")
     return target
 
@@ -268,6 +272,7 @@ def login_submit() -> BaseResponse:
     ok = verify_password(stored, password) and operator is not None and bool(password)
     if not ok or operator is None:  # the failure was recorded with the reservation above
         return _login_error(401, "Wrong username or password.")
+    target = _safe_next(request.form.get("next"))  # before anything is written
     with svc.engine.begin() as conn:
         clear_failures(conn, key)
         if session.get("sid"):  # logging in again replaces the old session
@@ -277,7 +282,7 @@ def login_submit() -> BaseResponse:
     session.clear()
     session.permanent = True
     session["sid"] = session_id
-    return redirect(_safe_next(request.form.get("next")), code=303)
+    return redirect(target, code=303)
 
 
 def _login_error(status: int, message: str, retry_after: int | None = None) -> Response:
