@@ -122,9 +122,15 @@ def child_exit(_server: Any, worker: Any) -> None:
 
 
 def worker_exit(_server: Any, worker: Any) -> None:
-    """Write the delivery log's buffer and counts before a worker exits (recycle or stop)."""
+    """Deregister the worker and write the delivery log's buffer before it exits.
+
+    Without the deregistration a stopped worker's instance row (and its credential view
+    age on /metrics) would linger until its heartbeat went stale.
+    """
     services = getattr(getattr(worker, "wsgi", None), "extensions", {}).get("ledger")
     if services is not None:
+        if services.heartbeat is not None:
+            services.heartbeat.stop()
         services.delivery_log.close()
 
 
