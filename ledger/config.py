@@ -440,7 +440,7 @@ class Settings:
             log_level=log_level(env),
             session_idle_seconds=_seconds(env, "LEDGER_SESSION_IDLE_SECONDS", 1800, 60),
             session_absolute_seconds=_seconds(env, "LEDGER_SESSION_ABSOLUTE_SECONDS", 43200, 60),
-            cookie_secure=_bool(env, "LEDGER_COOKIE_SECURE", False),
+            cookie_secure=_bool(env, "LEDGER_COOKIE_SECURE", environment == "production"),
             login_max_failures=_int(env, "LEDGER_LOGIN_MAX_FAILURES", 5, 1),
             login_window_seconds=_seconds(env, "LEDGER_LOGIN_WINDOW_SECONDS", 900, 1),
             stuck_pending_seconds=_seconds(env, "LEDGER_STUCK_PENDING_SECONDS", 900, 1),
