@@ -177,6 +177,9 @@ class Template:
         return {"{" + name + "}" for name in self._names}
 
 
+# Far more parameters than any Twilio webhook sends (a few dozen); a form with more is not
+# Twilio's and is refused before it costs a parse.
+MAX_FORM_FIELDS = 1000
 # What Twilio's JSON mode appends to the URL; a form whose parameters spell it would
 # make a captured JSON-mode signature verify a forged form (the content has no separators).
 JSON_MODE_MARKERS = ("?bodySHA256=", "&bodySHA256=")
@@ -190,7 +193,10 @@ def form_signed_params(body: bytes) -> bytes:
     intake's body digest is taken over it (SenderProfile.signed_digest), not the bytes.
     """
     try:
-        params = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+        # Bounded before any work: parse_qsl counts the separators first, so a body of
+        # 349,000 empty pairs is refused in microseconds instead of parsed in a second.
+        params = parse_qsl(body.decode("utf-8"), keep_blank_values=True,
+                           max_num_fields=MAX_FORM_FIELDS)
     except (UnicodeDecodeError, ValueError):
         raise AuthenticationFailed("malformed_body") from None
     names: dict[str, set[str]] = {}
