@@ -28,7 +28,9 @@ from ledger.config import WebServerSettings, metrics_multiproc_dir
 _web = WebServerSettings.from_env()
 bind = _web.bind
 workers = _web.workers
-worker_class = "gthread"
+# gthread, but the event loop reads each request's head and small body before a thread
+# takes it: slow senders hold buffers, not threads (web/buffering_worker.py).
+worker_class = "ledger.web.buffering_worker.BufferingThreadWorker"
 threads = _web.threads  # keep LEDGER_DB_POOL_SIZE > threads
 # A request is bounded by the pool timeout (2 s) and statement_timeout (5 s);
 # a worker silent for 30 s is stuck and gets replaced.
