@@ -130,7 +130,8 @@ class BufferingThreadWorker(ThreadWorker):
 
     def _buffer(self, conn: Any) -> None:
         """Watch the connection until its request is ready for a thread."""
-        if not isinstance(conn, BufferedConn):
+        if not isinstance(conn, BufferedConn):  # TLS or HTTP/2: gthread's own way
+            conn.data_ready = True
             self.enqueue_req(conn)
             return
         conn.sock.setblocking(False)
