@@ -72,7 +72,15 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
 
     A malformed or missing setting raises ledger.config.SettingsError naming the variable.
     """
-    from ledger.web import body_deadline, ingest, ops, read_source, request_log
+    from ledger.web import (
+        body_deadline,
+        ingest,
+        input_guard,
+        ops,
+        read_source,
+        request_log,
+        security_headers,
+    )
     from ledger.web.dashboard import register_dashboard
     from ledger.web.errors import register_error_handlers
 
@@ -81,6 +89,8 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
     # A process that serves requests registers itself in `instances` (revocation propagation).
     app.before_request(app.extensions["ledger"].heartbeat.ensure_started)
     request_log.init_app(app)
+    input_guard.init_app(app)  # before the routes: it bounds their `<int:…>` ids
+    security_headers.init_app(app)
     register_error_handlers(app)
     ingest.init_app(app)  # the intake's WSGI fast path goes in front of Flask
     body_deadline.init_app(app, settings.body_read_timeout_seconds)  # in front of both

@@ -107,6 +107,11 @@ def _review_window(env: Mapping[str, str]) -> float:
     return min(REVIEW_WINDOW_CAP_SECONDS, retention)
 
 
+def _in_production(env: Mapping[str, str]) -> bool:
+    """Return whether LEDGER_ENV says production (the cookie's `Secure` default)."""
+    return bool(declared("LEDGER_ENV").read(env) == "production")
+
+
 def _web_processes(_env: Mapping[str, str]) -> int:
     """Return WEB_CONCURRENCY's default: two processes per core, at least two."""
     # CPU, not the database, bounds a Python intake: a few processes per core.
@@ -258,7 +263,8 @@ DECLARED: tuple[Setting, ...] = (
             section=_DASH, parser=Seconds(60), default=43200,
             meaning="a session ends this long after login, however busy"),
     Setting(name="LEDGER_COOKIE_SECURE", attribute="cookie_secure", section=_DASH,
-            parser=Boolean(), default=False, example="1",
+            parser=Boolean(), default=False, default_from=_in_production,
+            shown_default="on when LEDGER_ENV=production, else off", example="1",
             meaning="behind TLS: the session cookie carries `Secure`"),
     Setting(name="LEDGER_LOGIN_MAX_FAILURES", attribute="login_max_failures", section=_DASH,
             parser=Integer(1), default=5,

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 
 from ledger.access.audit import keyed, load_audit_key
-from ledger.access.secrets_box import SecretBox, load_box
+from ledger.access.secrets_box import MasterKeyError, SecretBox, load_box
 from ledger.clock import Clock, SystemClock
-from ledger.config import Settings, log_hash_key
+from ledger.config import Settings, SettingsError, log_hash_key
 from ledger.db.engine import make_engine
 from ledger.db.replica import ReplicaReads
 from ledger.intake.credential_view import CredentialView, ttl_for_bound
@@ -52,7 +52,10 @@ def build_services(settings: Settings, clock: Clock | None = None,
                    engine: Engine | None = None) -> Services:
     """Wire the process's services; opens no connection yet."""
     clock = clock or SystemClock()
-    box = load_box(settings.master_key, settings.var_dir, production=settings.production)
+    try:
+        box = load_box(settings.master_key, settings.var_dir, production=settings.production)
+    except MasterKeyError as error:  # a setting's fault: stop with its name, no traceback
+        raise SettingsError("LEDGER_MASTER_KEY", str(error)) from None
     use_event_ref_key(log_hash_key(settings))
     engine = (keyed(engine, load_audit_key(settings)) if engine is not None
               else ledger_engine(settings))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 
@@ -58,6 +59,18 @@ def nesting(value: Any, limit: int) -> int:
     return depth
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _encodable(value: Any) -> bool:
+    """Tell whether every string of a decoded value can be written as UTF-8."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def loads(text: str, max_depth: int) -> Any:
     """Decode strict JSON nested at most `max_depth` deep, or raise StrictJsonError."""
     try:
@@ -72,4 +85,9 @@ def loads(text: str, max_depth: int) -> Any:
     if (text.count("{") + text.count("[") > max_depth
             and nesting(value, max_depth) > max_depth):
         raise StrictJsonError(f"body nests deeper than {max_depth} levels")
+    # A `\ud800` escape decodes to a lone surrogate, which no UTF-8 page, log or driver can
+    # write: strict JSON (RFC 8259 section 8.2, I-JSON) refuses it. Only a text with such
+    # an escape pays for the check.
+    if _SURROGATE_ESCAPE.search(text) and not _encodable(value):
+        raise StrictJsonError("body has a lone surrogate (\\ud800-\\udfff unpaired)")
     return value

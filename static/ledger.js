@@ -4,6 +4,10 @@
 // - "/" focuses the header search box when there is one, else the page's first filter input.
 // - Export links and self-refreshing lists use the filter the page shows now (htmx pushes it
 //   into the URL).
+// - A button with data-dismiss="<selector>" removes its closest match (a "Cancel").
+// - Polling (hx-trigger="every …" on a [data-poll] element) pauses while the tab is hidden,
+//   while focus is inside data-poll-idle, or while data-poll-hold matches something. These
+//   were htmx trigger filters, which htmx evaluates as strings: the CSP forbids that.
 (function () {
   "use strict";
   var KEY = "ledger.tz";
@@ -54,6 +58,26 @@
     link.href = link.href.split("?")[0] + "?" + params.toString();
   }
 
+  // "Cancel" removes the question it belongs to (no inline handlers: the CSP forbids them).
+  function dismiss(event) {
+    var button = event.target.closest && event.target.closest("button[data-dismiss]");
+    var box = button && button.closest(button.getAttribute("data-dismiss"));
+    if (box) { box.remove(); }
+  }
+
+  function pausePoll(event) {
+    var elt = event.detail && event.detail.elt;
+    if (!elt || !elt.hasAttribute || !elt.hasAttribute("data-poll")) { return; }
+    var idle = elt.getAttribute("data-poll-idle");
+    var hold = elt.getAttribute("data-poll-hold");
+    var focused = document.activeElement;
+    if (document.visibilityState !== "visible" ||
+        (idle && focused && focused.closest && focused.closest(idle)) ||
+        (hold && document.querySelector(hold))) {
+      event.preventDefault();
+    }
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     applyZone(document);
     var button = document.getElementById("tz-toggle");
@@ -74,4 +98,6 @@
     }
   });
   document.addEventListener("click", freshExportLink);
+  document.addEventListener("click", dismiss);
+  document.addEventListener("htmx:beforeRequest", pausePoll);
 })();

@@ -4,9 +4,11 @@ Each row's `row_hash` is an HMAC, keyed by LEDGER_AUDIT_KEY, over the row and
 its predecessor's hash: someone who can write to the database but does not
 hold the key cannot edit a row and recompute the chain so that it verifies.
 Rows written before the chain was keyed carry a plain SHA-256 (`legacy`);
-they may only form the start of the log, and the first keyed row after them
-commits to their head, so that a rewrite of any of them breaks that link
-(README "Audit log").
+they may only form the start of the log, the first keyed row after them
+commits to their head, and they verify only once `ledger audit rechain` sealed
+them, once, on the operator's word or an anchored head: a database writer who
+rewrites the whole log unkeyed gets it neither sealed nor verified
+(docs/how-to/audit-anchor.md).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ GENESIS = "0" * 64
 # Any constant works; it only has to be the same in every process.
 AUDIT_LOCK_KEY = 0x4C454447  # "LEDG"
 KEYED_PREFIX = "hmac-sha256:"
+# The one row that vouches for unkeyed rows: written by `ledger audit rechain`, always keyed.
+SEAL_ACTION = "audit.rechain"
 # Reasons and notes land in a log nobody can delete: keep them to a few sentences.
 MAX_REASON_LENGTH = 500
 # The key travels with the engine (an execution option), so every transaction that
@@ -169,46 +173,85 @@ class _Walk:
     first_bad: int | None
     first_id: int | None
     legacy_rows: int
+    legacy_head: Any  # the last unkeyed row (they may only open the log)
+    sealed: bool  # an `audit.rechain` row names that head
     head: Any  # the last row, when the chain holds
+
+
+def _seals(row: Any, legacy_head: Any) -> bool:
+    """Tell whether a keyed row is the rechain seal naming this unkeyed head."""
+    if row.action != SEAL_ACTION or legacy_head is None:
+        return False
+    named = json.loads(row.detail or "{}").get("legacy_head")
+    return bool(named == {"id": legacy_head.id, "hash": legacy_head.row_hash})
 
 
 def _walk(conn: Connection, key: bytes, batch: int) -> _Walk:
     """Check every link in id order; stop at the first row that does not hold."""
-    expected_prev, legacy, keyed_seen = GENESIS, 0, False
-    first_id, head = None, None
+    expected_prev, legacy, keyed_seen, sealed = GENESIS, 0, False, False
+    first_id, head, legacy_head = None, None, None
     for row in _rows(conn, batch):
         first_id = row.id if first_id is None else first_id
         if row.row_hash.startswith(KEYED_PREFIX):
             good = row.row_hash == _row_hash(row.prev_hash, _fields(row), key)
+            sealed = sealed or (good and _seals(row, legacy_head))
             keyed_seen = True
         else:
-            # Unkeyed rows may only open the log: none may follow a keyed one.
-            good = not keyed_seen and row.row_hash == _legacy_hash(row.prev_hash, _fields(row))
-            legacy += 1
+            # Unkeyed rows may only open the log (none may follow a keyed one), and a
+            # seal is always keyed: an unkeyed `audit.rechain` is a forgery.
+            good = (not keyed_seen and row.action != SEAL_ACTION
+                    and row.row_hash == _legacy_hash(row.prev_hash, _fields(row)))
+            legacy, legacy_head = legacy + 1, row
         if row.prev_hash != expected_prev or not good:
-            return _Walk(first_bad=row.id, first_id=first_id, legacy_rows=legacy, head=None)
+            return _Walk(first_bad=row.id, first_id=first_id, legacy_rows=legacy,
+                         legacy_head=None, sealed=False, head=None)
         expected_prev, head = row.row_hash, row
-    return _Walk(first_bad=None, first_id=first_id, legacy_rows=legacy, head=head)
+    return _Walk(first_bad=None, first_id=first_id, legacy_rows=legacy,
+                 legacy_head=legacy_head, sealed=sealed, head=head)
 
 
-def _unsealed(walk: _Walk) -> bool:
-    """Tell whether the log ends in unkeyed rows (nothing keyed commits to them yet)."""
-    return walk.head is not None and not walk.head.row_hash.startswith(KEYED_PREFIX)
+def parse_anchor(text: str) -> tuple[int, str]:
+    """Parse an anchored head `ID:HASH` (as `ledger audit head` prints it); ValueError if not."""
+    raw_id, _, digest = text.partition(":")
+    if not raw_id.isdigit() or not digest.startswith(KEYED_PREFIX):
+        raise ValueError("an anchored head is ID:HASH, the hash starting with "
+                         f"{KEYED_PREFIX!r} (as `ledger audit head` prints them)")
+    return int(raw_id), digest
+
+
+def _anchor_holds(conn: Connection, anchor: tuple[int, str]) -> bool:
+    """Tell whether the anchored row is still in the log with the anchored keyed hash."""
+    found = conn.execute(select(audit_log.c.row_hash)
+                         .where(audit_log.c.id == anchor[0])).scalar()
+    return found == anchor[1]
+
+
+def check_chain(conn: Connection, anchor: tuple[int, str] | None = None,
+                batch: int = 5000) -> tuple[dict[str, Any], str | None]:
+    """Return verify's answer and, when it is not ok, why (for people, not for JSON).
+
+    Unkeyed rows verify only once sealed by `ledger audit rechain`: an ordinary row
+    chaining onto them does not vouch for them, or a database writer could rewrite the
+    whole log unkeyed and wait for the next action to bless it.
+    """
+    total = int(conn.execute(select(func.count()).select_from(audit_log)).scalar_one())
+    walk = _walk(conn, key_of(conn), batch)
+    if walk.first_bad is not None:
+        return {"ok": False, "rows": total, "first_bad": walk.first_bad}, "broken"
+    if anchor is not None and not _anchor_holds(conn, anchor):
+        return {"ok": False, "rows": total, "first_bad": anchor[0]}, "anchor"
+    if walk.legacy_rows and not walk.sealed:
+        return {"ok": False, "rows": total, "first_bad": walk.first_id}, "unsealed"
+    return {"ok": True, "rows": total, "first_bad": None}, None
 
 
 def verify_chain(conn: Connection, batch: int = 5000) -> dict[str, Any]:
     """Walk the chain in id order; report the first row whose links do not hold.
 
-    A log that ends in unkeyed rows does not verify either: anyone could have
-    rewritten them (`ledger audit rechain` seals them).
+    A log that opens with unkeyed rows does not verify until they are sealed: anyone
+    could have rewritten them (`ledger audit rechain`).
     """
-    total = int(conn.execute(select(func.count()).select_from(audit_log)).scalar_one())
-    walk = _walk(conn, key_of(conn), batch)
-    if walk.first_bad is not None:
-        return {"ok": False, "rows": total, "first_bad": walk.first_bad}
-    if _unsealed(walk):
-        return {"ok": False, "rows": total, "first_bad": walk.first_id}
-    return {"ok": True, "rows": total, "first_bad": None}
+    return check_chain(conn, batch=batch)[0]
 
 
 def head(conn: Connection) -> dict[str, Any]:
@@ -220,18 +263,35 @@ def head(conn: Connection) -> dict[str, Any]:
     return {"id": row.id, "hash": row.row_hash, "at": row.at.astimezone(UTC).isoformat()}
 
 
+NEEDS_BASIS = ("{n} audit rows were never keyed. Seal them only if this deployment never "
+               "ran with LEDGER_AUDIT_KEY (--never-keyed), or give an anchored head "
+               "(--head ID:HASH). If it ever ran keyed, the log was rewritten: do not seal it.")
+
+
 def rechain(conn: Connection, actor: Actor, *, at: datetime, fingerprints: int = 0,
+            never_keyed: bool = False, anchor: tuple[int, str] | None = None,
             batch: int = 5000) -> dict[str, Any]:
-    """Seal unkeyed rows under the key with one recorded row; refuse a broken chain."""
+    """Seal the unkeyed rows that open the log, once, with one recorded row.
+
+    Refuses a broken chain, an anchored head that is gone, and unkeyed rows without
+    the operator's word that they were never keyed (or an anchor that vouches for them).
+    """
     walk = _walk(conn, key_of(conn), batch)
     if walk.first_bad is not None:
         raise Refused(f"the audit chain is broken at row {walk.first_bad}; "
                       "re-chaining would hide that")
-    sealed = walk.legacy_rows if _unsealed(walk) else 0
+    if anchor is not None and not _anchor_holds(conn, anchor):
+        raise Refused(f"the anchored head (row {anchor[0]}) is not in the log as anchored: "
+                      "the log was rewritten; nothing was sealed")
+    sealed = walk.legacy_rows if walk.legacy_rows and not walk.sealed else 0
+    if sealed and not never_keyed and anchor is None:
+        raise Refused(NEEDS_BASIS.format(n=sealed))
     if not sealed and not fingerprints:
         return {"rechained": 0, "fingerprints": 0, "audit_id": None}
     detail: dict[str, Any] = {"legacy_rows": sealed, "fingerprints": fingerprints}
     if sealed:
-        detail["legacy_head"] = {"id": walk.head.id, "hash": walk.head.row_hash}
-    audit_id = record(conn, actor, "audit.rechain", "audit_log", at=at, detail=detail)
+        detail["legacy_head"] = {"id": walk.legacy_head.id, "hash": walk.legacy_head.row_hash}
+        detail["started_from"] = {"id": walk.head.id, "hash": walk.head.row_hash}
+        detail["basis"] = "anchor" if anchor is not None else "never-keyed"
+    audit_id = record(conn, actor, SEAL_ACTION, "audit_log", at=at, detail=detail)
     return {"rechained": sealed, "fingerprints": fingerprints, "audit_id": audit_id}

@@ -6,6 +6,7 @@ import functools
 import hashlib
 import re
 import secrets
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ledger.access import audit
 from ledger.db.schema import api_tokens, operator_sessions, operators
-from ledger.errors import NotFound, Refused
+from ledger.errors import LedgerError, NotFound, Refused
 from ledger.ids import new_token_id
 
 # Each role includes every power of the roles before it.
@@ -130,6 +131,32 @@ def password_hash_of(conn: Connection, username: str) -> tuple[Operator | None, 
     if row is None or not row.password_hash:
         return None, _dummy_hash()
     return Operator.from_row(row), row.password_hash
+
+
+# Each Argon2 check takes 64 MiB and ~0.3 s of CPU: at most this many run at once in a
+# process, so a flood of sign-ins with random usernames cannot grow a web worker without
+# bound. A sign-in that finds every slot taken for HASH_WAIT_SECONDS is refused at once.
+MAX_CONCURRENT_HASHES = 2
+HASH_WAIT_SECONDS = 0.5
+_hash_slots = threading.BoundedSemaphore(MAX_CONCURRENT_HASHES)
+
+
+class HashingBusy(LedgerError):
+    """Every password-hashing slot of this process stayed taken: try again shortly."""
+
+
+def verify_login_password(stored_hash: str, password: str) -> bool:
+    """Check a sign-in's password within the process's hashing slots, or raise HashingBusy.
+
+    Only the login form goes through the slots: a logged-in operator re-entering the
+    password to revoke a key must never wait behind an attacker's flood.
+    """
+    if not _hash_slots.acquire(timeout=HASH_WAIT_SECONDS):
+        raise HashingBusy("too many sign-ins are being checked")
+    try:
+        return verify_password(stored_hash, password)
+    finally:
+        _hash_slots.release()
 
 
 def verify_password(stored_hash: str, password: str) -> bool:

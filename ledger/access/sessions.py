@@ -87,6 +87,38 @@ def login_key(username: str, address: str) -> str:
     return f"{username.strip().lower()[:64]}|{address}"
 
 
+# Failures of one username from every address together may reach this many times the
+# per-address limit: rotating addresses (or a proxy count set wrong) buys an attacker
+# only that many more guesses, while one noisy address cannot lock the operator out.
+USERNAME_LIMIT_FACTOR = 4
+
+
+def username_key(username: str) -> str:
+    """Return the rate-limit key of a username from any address."""
+    return f"{username.strip().lower()[:64]}|*"
+
+
+def reserve_login(conn: Connection, username: str, address: str, now: datetime,
+                  window_seconds: float, max_failures: int) -> int:
+    """Reserve a login attempt against both limits; return the seconds to wait (0: go on).
+
+    Per (username, address) at `max_failures`, and per username from any address at
+    USERNAME_LIMIT_FACTOR times that; the keys are always locked in this order.
+    """
+    for key, limit in ((login_key(username, address), max_failures),
+                       (username_key(username), max_failures * USERNAME_LIMIT_FACTOR)):
+        wait = reserve_login_attempt(conn, key, now, window_seconds, limit)
+        if wait:
+            return wait
+    return 0
+
+
+def clear_login(conn: Connection, username: str, address: str) -> None:
+    """Forget both limits' failures of this username after it signed in."""
+    clear_failures(conn, login_key(username, address))
+    clear_failures(conn, username_key(username))
+
+
 def recent_failures(conn: Connection, key: str, now: datetime, window_seconds: float) -> int:
     """Count failed logins for the key within the window."""
     since = now - timedelta(seconds=window_seconds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import getpass
 import json
 import sys
 from collections.abc import Callable
@@ -47,8 +48,15 @@ def emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> Non
 
 
 def read_stdin_secret(label: str) -> str:
-    """Read one secret line from stdin (never echoed, never logged)."""
-    value = sys.stdin.readline().rstrip("\r\n")
+    """Read one secret line from stdin (never echoed, never logged).
+
+    On a terminal the line is read with echo off (getpass), so the secret never shows
+    on the screen or in a screen recording; from a pipe it is read as it comes.
+    """
+    if sys.stdin.isatty():
+        value = getpass.getpass(f"{label}: ", stream=sys.stderr)
+    else:
+        value = sys.stdin.readline().rstrip("\r\n")
     if not value:
         raise click.UsageError(f"--{label}-stdin given but stdin held no {label}")
     return value

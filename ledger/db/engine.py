@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import select
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -100,19 +101,33 @@ def _refuse_dead_connection(dbapi_connection: Any, _record: Any, _proxy: Any) ->
         raise sa_exc.DisconnectionError("the server closed this pooled connection")
 
 
+def _private_file(database: str) -> None:
+    """Create the SQLite file readable by its owner only, and tighten one that is not.
+
+    The file holds encrypted secrets, payloads and operator hashes. SQLite gives the
+    WAL and shared-memory files the database file's mode, so 0600 here covers them.
+    """
+    path = Path(database)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    for name in (path, Path(f"{database}-wal"), Path(f"{database}-shm")):
+        try:
+            if name.exists() and name.stat().st_mode & 0o077:
+                name.chmod(0o600)
+        except OSError:  # not ours to change (a shared file set up by hand): leave it
+            continue
+
+
 def _sqlite_engine(url: str, settings: Settings, **overrides: Any) -> Engine:
     """Create a SQLite engine in WAL mode whose transactions take the write lock up front."""
     if sqlite3.sqlite_version_info < MIN_SQLITE:
         raise UnsupportedDatabase(
             f"SQLite {sqlite3.sqlite_version} is too old for the ledger: it needs SQLite "
             f"{'.'.join(map(str, MIN_SQLITE))} or later (README, Limits)")
-    path = url.split("///", 1)[-1]
     connect_args: dict[str, Any] = {"timeout": 10, "check_same_thread": False}
-    if path and path != ":memory:":
-        from pathlib import Path
-
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
     database = make_url(url).database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        _private_file(database)
     if database and database != ":memory:" and not database.startswith("file:"):
         # Each transaction waits for its writer turn before BEGIN IMMEDIATE
         # (ledger.db.writer_turns): the kernel's queue, not the busy handler's sleeps.

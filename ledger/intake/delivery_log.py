@@ -16,14 +16,18 @@ without bound, so:
   exact rows at `refusals_per_minute` per process for each (integration,
   matched dead key) pair, a token bucket that starts with STARTING_TOKENS;
   beyond it they are only counted, and the count is written once per minute as
-  one row with `count` = N.
+  one row with `count` = N;
+- refusals that no key signed at all also share one bucket per process of
+  TOTAL_REFUSAL_FACTOR x `refusals_per_minute`: a flood spread over every public
+  integration id gets no more exact rows than a flood on one.
 
-So one process writes at most `refusals_per_minute` exact refusal rows plus one
-count row per refusal reason per minute for each integration and dead key,
-whatever the flood's rate, and STARTING_TOKENS more per bucket in each new
-process life (gunicorn's max_requests recycling). If the database is away, the
-buffer stops growing at MAX_BUFFERED rows and further rows are dropped (and
-counted in metrics).
+So one process writes at most TOTAL_REFUSAL_FACTOR x `refusals_per_minute` exact
+rows for unsigned refusals in all, `refusals_per_minute` for each dead key, plus
+one count row per refusal reason per minute for each integration and dead key,
+whatever the flood's rate or how many integration ids it uses, and STARTING_TOKENS
+more per bucket in each new process life (gunicorn's max_requests recycling). If
+the database is away, the buffer stops growing at MAX_BUFFERED rows and further
+rows are dropped (and counted in metrics).
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ FLUSH_SECONDS = 0.5
 MAX_BUFFERED = 20_000
 MAX_REASON = 300
 STARTING_TOKENS = 5
+TOTAL_REFUSAL_FACTOR = 2
+# The bucket every refusal that no key signed also draws from.
+_UNSIGNED: BucketKey = (-1, None)
 # Key of a token bucket: (integration id, matched key id); (None, None) for unknown paths.
 BucketKey = tuple[int | None, str | None]
 # The COPY's columns: every one of the table's but its id, which Delivery.row fills.
@@ -154,15 +161,22 @@ class DeliveryLog:
         self._ensure_started()
 
     def _take(self, delivery: Delivery) -> bool:
-        """Take a token from the delivery's bucket (called under the lock)."""
-        key: BucketKey = (delivery.integration_id, delivery.key_id)
+        """Take a token from the delivery's bucket, and the shared unsigned one (under the lock)."""
         now = time.monotonic()
+        if not self._bucket((delivery.integration_id, delivery.key_id), self._rate, now):
+            return False
+        # A dead key's refusals are a leak to investigate: only their own bucket bounds them.
+        return delivery.key_id is not None or self._bucket(
+            _UNSIGNED, TOTAL_REFUSAL_FACTOR * self._rate, now)
+
+    def _bucket(self, key: BucketKey, rate: int, now: float) -> bool:
+        """Take a token from one bucket, made on first use."""
         bucket = self._buckets.get(key)
         if bucket is None:
             if len(self._buckets) > 100_000:  # forget idle buckets rather than grow
                 self._buckets.clear()
-            bucket = self._buckets[key] = _Bucket(self._rate, now)
-        return bucket.take(self._rate, now)
+            bucket = self._buckets[key] = _Bucket(rate, now)
+        return bucket.take(rate, now)
 
     def flush(self, *, everything: bool = False) -> int:
         """Write the buffered rows, and the counts of minutes that ended (all if `everything`)."""

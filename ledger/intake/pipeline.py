@@ -7,7 +7,6 @@ written before the claim transaction, and the answer exists only after commit.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -121,15 +120,15 @@ class Intake:
         # The fields directly (SenderProfile.identity, minus a call on the hot path).
         event_id = validate_event_id(profile.event_id.read(headers, payload, body))
         event_type = validate_event_type(profile.event_type.read(headers, payload, body))
+        # The digest covers what the signature covers (Twilio: the sorted decoded pairs,
+        # so `b=2&a=1`, `a=1&a=1&=` and `a=1` are one body): a signature-equivalent
+        # replay is a duplicate, never new work.
+        digest = profile.signed_digest(body)
         if form:
-            decoded = profile.signs_decoded_form
-            text = json.dumps(payload, sort_keys=decoded, separators=(",", ":"))
-            # Twilio's signature covers the decoded fields, not the bytes (`a=1&b=2`
-            # and `b=2&a=1` verify alike): the digest must too, or a reordered replay
-            # would pass the body-digest guard as a new body. Slack signs the bytes.
-            digest = hashlib.sha256(text.encode() if decoded else body).digest()
+            text = json.dumps(payload, sort_keys=profile.signs_decoded_form,
+                              separators=(",", ":"))
         else:
-            text, digest = body.decode("utf-8"), hashlib.sha256(body).digest()
+            text = body.decode("utf-8")
         return NewEvent(scope_id=scope_id, event_id=event_id, event_type=event_type,
                         body_sha256=digest, payload=text, accepted_at=now)
 

@@ -44,6 +44,7 @@ from ledger.db.schema import (
 )
 from ledger.db.timestamps import as_utc
 from ledger.domain import ReceiptState
+from ledger.scheduling.instances import InstanceKind
 
 # The gauges read at scrape time, each declared once: name -> (meaning, labels). The state
 # collector owns these families (copies from process files are dropped); the metrics
@@ -125,9 +126,12 @@ class LedgerStateCollector(Collector):
             # ix_receipts_open (state, accepted_at) answers this from its first entry.
             oldest = conn.execute(select(func.min(receipts.c.accepted_at))
                                   .where(receipts.c.state == ReceiptState.PENDING.code)).scalar()
+            # Only web processes verify signatures and refresh a credential view: a
+            # worker's or scheduler's "age" would grow forever and fire the lag alert.
             live = conn.execute(select(instances.c.id, instances.c.started_at,
                                        instances.c.credentials_refreshed_at,
-                                       instances.c.heartbeat_at)).all()
+                                       instances.c.heartbeat_at)
+                                .where(instances.c.kind == InstanceKind.WEB.value)).all()
             open_findings = conn.execute(
                 select(findings.c.kind, func.count()).where(findings.c.resolved_at.is_(None))
                 .group_by(findings.c.kind)).all()

@@ -30,10 +30,12 @@ from ledger.config import WebServerSettings, metrics_multiproc_dir
 _web = WebServerSettings.from_env()
 bind = _web.bind
 workers = _web.workers
-worker_class = "gthread"
-# More threads than LEDGER_DB_POOL_SIZE on purpose: a thread waiting on a slow sender's body
-# holds no connection; at most the pool's size of them use the database at once, and the
-# others wait for a connection up to LEDGER_DB_POOL_TIMEOUT_MS, then answer 503.
+# gthread, but the event loop reads each request's head and small body before a thread
+# takes it: slow senders hold buffers, not threads (web/buffering_worker.py).
+worker_class = "ledger.web.buffering_worker.BufferingThreadWorker"
+# More threads than LEDGER_DB_POOL_SIZE on purpose: a thread waiting on the database holds
+# no connection until it gets one; at most the pool's size of them use the database at once,
+# and the others wait for a connection up to LEDGER_DB_POOL_TIMEOUT_MS, then answer 503.
 threads = _web.threads
 # A request is bounded by the pool timeout (2 s) and statement_timeout (5 s);
 # a worker silent for 30 s is stuck and gets replaced.
@@ -127,9 +129,15 @@ def child_exit(_server: Any, worker: Any) -> None:
 
 
 def worker_exit(_server: Any, worker: Any) -> None:
-    """Write the delivery log's buffer and counts before a worker exits (recycle or stop)."""
+    """Deregister the worker and write the delivery log's buffer before it exits.
+
+    Without the deregistration a stopped worker's instance row (and its credential view
+    age on /metrics) would linger until its heartbeat went stale.
+    """
     services = getattr(getattr(worker, "wsgi", None), "extensions", {}).get("ledger")
     if services is not None:
+        if services.heartbeat is not None:
+            services.heartbeat.stop()
         services.delivery_log.close()
 
 

@@ -131,7 +131,9 @@ def test_rechain_seals_a_log_written_before_the_key_with_a_recorded_row(app, run
     code, result = _cli(runner, "verify")
     assert (code, result) == (1, {"ok": False, "rows": 3, "first_bad": ids[0]})
 
-    code, result = _cli(runner, "rechain")
+    code, result = _cli(runner, "rechain")  # unkeyed rows are sealed on the operator's word
+    assert code == 1 and "never keyed" in result["detail"]
+    code, result = _cli(runner, "rechain", "--never-keyed")
     assert code == 0 and result["rechained"] == 3 and result["fingerprints"] == 1
     with app.extensions["ledger"].engine.connect() as conn:
         seal = conn.execute(select(audit_log).where(audit_log.c.id == result["audit_id"])).one()
@@ -162,15 +164,19 @@ def test_rechain_seals_a_log_written_before_the_key_with_a_recorded_row(app, run
     assert (code, result) == (1, {"ok": False, "rows": 4, "first_bad": seal.id})
 
 
-def test_the_first_action_after_the_upgrade_seals_the_old_rows_too(app, runner):
+def test_an_ordinary_action_after_the_upgrade_commits_to_the_old_rows_but_does_not_seal(
+        app, runner):
+    """Only `rechain` vouches for unkeyed rows: a dashboard action chaining onto them does not."""
     ids = _legacy_log(app, 2)
     assert _cli(runner, "verify")[0] == 1
     new = _append(app, 1)[0]
-    assert _cli(runner, "verify") == (0, {"ok": True, "rows": 3, "first_bad": None})
+    assert _cli(runner, "verify") == (1, {"ok": False, "rows": 3, "first_bad": ids[0]})
     with app.extensions["ledger"].engine.connect() as conn:
         assert conn.execute(select(audit_log.c.prev_hash).where(audit_log.c.id == new)
                             ).scalar_one() == conn.execute(
             select(audit_log.c.row_hash).where(audit_log.c.id == ids[-1])).scalar_one()
+    assert _cli(runner, "rechain", "--never-keyed")[1]["rechained"] == 2
+    assert _cli(runner, "verify") == (0, {"ok": True, "rows": 4, "first_bad": None})
 
 
 def test_an_unkeyed_row_after_a_keyed_one_fails(app, runner):

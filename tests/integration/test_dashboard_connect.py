@@ -6,6 +6,7 @@ from sqlalchemy import func, select
 
 from ledger.db.schema import integrations
 from tests.dashboard_helpers import (
+    PASSWORD,
     fast_hashes,  # noqa: F401  (autouse fixture)
     logged_in,
     post,
@@ -30,7 +31,7 @@ def test_security_connects_a_sender_whose_deliveries_then_verify(app, client) ->
     assert "Connect a sender" in security.get("/credentials").get_data(as_text=True)
     answer = post(security, "/credentials/connect",
                   {"account": "acme", "name": "slack-app", "profile": "slack",
-                   "secret": KEYS["slack"].stored})
+                   "secret": KEYS["slack"].stored, "password": PASSWORD})
     page = answer.get_data(as_text=True)
     assert answer.status_code == 200, page
     assert "Connected acme/slack-app (slack)" in page and KEYS["slack"].stored in page
@@ -51,7 +52,8 @@ def test_viewer_cannot_connect_and_bad_settings_are_explained(app) -> None:  # t
                         ({"profile": "twilio"}, "--url"),
                         ({"profile": "discord"}, "public key"),
                         ({"profile": "stripe", "tolerance": "soon"}, "whole seconds")):
-        answer = post(security, "/credentials/connect", {"account": "acme", "name": "x", **form})
+        answer = post(security, "/credentials/connect",
+                      {"account": "acme", "name": "x", "password": PASSWORD, **form})
         assert answer.status_code == 400
         assert words in answer.get_data(as_text=True), form
     assert _count(app) == 0
@@ -61,7 +63,7 @@ def test_a_public_key_sender_shows_no_secret(app) -> None:  # type: ignore[no-un
     security = logged_in(app, "security")
     answer = post(security, "/credentials/connect",
                   {"account": "acme", "name": "bot", "profile": "discord",
-                   "secret": KEYS["discord"].stored})
+                   "secret": KEYS["discord"].stored, "password": PASSWORD})
     page = answer.get_data(as_text=True)
     assert answer.status_code == 200 and "Connected acme/bot (discord)" in page
     assert "shown once" not in page

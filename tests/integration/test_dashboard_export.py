@@ -61,3 +61,27 @@ def test_conflicts_and_audit_export_and_bad_input(app) -> None:  # type: ignore[
     assert app.test_client().get("/export/receipts.csv").status_code == 302
     page = client.get("/failures").get_data(as_text=True)
     assert "/export/failures.csv" in page and "/export/failures.json" in page
+
+
+def test_csv_cells_that_look_like_formulas_stay_text(app) -> None:  # type: ignore[no-untyped-def]
+    """A reason typed as `=HYPERLINK(...)` must not run in the spreadsheet that opens it."""
+    from ledger.access import audit as audit_log
+    from tests.servers import thread_server
+
+    svc = app.extensions["ledger"]
+    hostile = ['=HYPERLINK("http://evil.example","x")', "+1+1", "-2+3", "@SUM(A1)",
+               "\tcmd", "\rcmd"]
+    with svc.engine.begin() as conn:
+        for n, reason in enumerate(hostile):
+            audit_log.record(conn, audit_log.Actor(name="mallory", role="cli"), "test.csv",
+                             f"t{n}", at=svc.clock.now(), reason=reason)
+    client = logged_in(app, "viewer")
+    cookie = client.get_cookie("ledger_session")
+    assert cookie is not None
+    import requests
+
+    with thread_server(app) as base:
+        text = requests.get(f"{base}/export/audit.csv?action=test.csv", timeout=30,
+                            cookies={"ledger_session": cookie.value}).text
+    reasons = {row["reason"] for row in csv.DictReader(io.StringIO(text))}
+    assert reasons == {"'" + reason for reason in hostile}

@@ -421,3 +421,26 @@ def test_a_refused_flush_drops_only_its_rows_and_the_next_one_writes(test_env) -
         log.close()
         svc.close()
     assert events and set(events) == {"evt_after"}
+
+
+def test_a_flood_over_many_integration_ids_shares_one_bound(test_env) -> None:  # type: ignore[no-untyped-def]
+    """Every public id had its own bucket: a flood over 33 of them wrote 33 times the rows."""
+    app = create_app({**test_env, "LEDGER_DELIVERY_LOG_REFUSALS_PER_MINUTE": "10"})
+    try:
+        senders = [make_sender(app, name=f"tenant-{n}") for n in range(8)]
+        body = event_body(senders[0].profile, "evt_f")
+        with thread_server(app) as base_url:
+            for n in range(240):
+                sender = senders[n % len(senders)]
+                forged = signed_headers(sender, body, "evt_f", secret=f"whsec_forged{n}")
+                assert _post(base_url, f"/hooks/{sender.public_id}", body, forged)[0] == 401
+            for n in range(20):  # unknown ids as well
+                assert _post(base_url, f"/hooks/in_{n:022d}", body, {})[0] == 404
+        rows = _rows(app)
+    finally:
+        app.extensions["ledger"].close()
+    refused = [r for r in rows if r["outcome"] in ("unauthenticated", "unknown_integration")]
+    exact = [r for r in refused if r["count"] == 1]
+    assert sum(r["count"] for r in refused) == 260  # every refusal is counted...
+    assert len(exact) <= 12  # ...but exact rows share one bucket (5, refilling 20/min)
+    assert len(refused) - len(exact) <= 2 * (len(senders) + 1)  # a count row per id and minute

@@ -165,6 +165,8 @@ STORED = {  # bodies the intake accepted before it was strict
     "evt_deep": "[" * 979 + "]" * 979,
     "evt_inf": '{"x": 1e400}',
     "evt_dup": '{"a": 1, "a": 2}',
+    # Stored before the intake refused lone surrogates: the pages must still render it.
+    "evt_surrogate": '{"note": "\\ud800", "\\udfff": 1}',
 }
 
 

@@ -265,7 +265,8 @@ def test_gunicorn_conf_is_valid_and_sets_the_production_limits(tmp_path):
     assert done.returncode == 0, done.stderr
     config = {name.strip(): value.strip() for name, _, value in
               (line.partition("=") for line in done.stdout.splitlines()) if value}
-    assert config["worker_class"] == "gthread"
+    # gthread whose event loop buffers request heads (ledger/web/buffering_worker.py).
+    assert config["worker_class"] == "ledger.web.buffering_worker.BufferingThreadWorker"
     assert int(config["max_requests"]) > 0 and int(config["max_requests_jitter"]) > 0
     assert int(config["limit_request_line"]) == 4094
     assert config["http_parser"] == "fast"  # gunicorn_h1c (tests/integration/test_http_parser.py)

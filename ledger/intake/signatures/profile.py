@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import secrets as random
@@ -14,7 +15,7 @@ from ledger.ids import random_base62
 from ledger.intake.signatures import _common as common
 from ledger.intake.signatures.base import EventIdentity, HeaderMap, Verified
 from ledger.intake.signatures.fields import BodyPath, Field, Fixed
-from ledger.intake.signatures.schemes import SharedToken, SignedContent
+from ledger.intake.signatures.schemes import SharedToken, SignedContent, form_signed_params
 
 MAX_SECRET_LENGTH = 512
 
@@ -106,6 +107,16 @@ class SenderProfile:
                now: int, tolerance: int) -> Verified:
         """Return which secret signed `body`, or raise AuthenticationFailed."""
         return self.scheme.verify(headers, body, secrets, now=now, tolerance=tolerance)
+
+    def signed_digest(self, body: bytes) -> bytes:
+        """Return the SHA-256 of what the signature covers of `body` (the dedup digest).
+
+        Bodies the signature cannot tell apart get one digest, so a captured delivery
+        re-sent in another signature-equivalent shape is a duplicate, never new work.
+        """
+        if self.signs_decoded_form:
+            return hashlib.sha256(form_signed_params(body)).digest()
+        return hashlib.sha256(body).digest()
 
     def identity(self, headers: HeaderMap, payload: Any, body: bytes = b"") -> EventIdentity:
         """Find the event id and type in the headers or the parsed body, unvalidated."""

@@ -7,7 +7,7 @@ from flask import Response, request
 from ledger.access.integrations import create_integration, profile_settings
 from ledger.errors import LedgerError
 from ledger.intake.signatures.configurable import OPTION_NAMES
-from ledger.web.auth import actor, requires, services
+from ledger.web.auth import actor, confirm_password, requires, services
 from ledger.web.dashboard import bp
 from ledger.web.dashboard.actions import credentials_answer
 from ledger.web.dashboard.pages import integrations_answer
@@ -19,10 +19,17 @@ def _field(name: str) -> str | None:
 
 
 @bp.post("/credentials/connect")
-@requires("security")
+@requires("security", session_only=True)
 def integration_connect() -> Response:
-    """Create an integration and its first credential; the secret is shown once."""
+    """Create an integration and its first credential after re-entering the password.
+
+    A new credential is a way in for whoever chose its secret, so it needs what adding a
+    key needs (CONTRACT section 7): a session and the password, never a token.
+    """
     svc = services()
+    refused = confirm_password(request.form.get("password", ""))
+    if refused:
+        return integrations_answer(status=403, error=refused)
     profile = _field("profile") or ""
     options = {name: _field("hmac_" + name) for name in OPTION_NAMES}
     options = {name: value for name, value in options.items() if value}

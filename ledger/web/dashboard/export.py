@@ -68,6 +68,20 @@ def _rows(fetch: Fetch, first: Page) -> Iterator[tuple[dict[str, Any] | None, bo
             page = fetch(conn, page.next_cursor)
 
 
+# A cell a spreadsheet would read as a formula (OWASP "CSV injection"): reasons, errors and
+# client addresses come from people and senders, and `=HYPERLINK(...)` must stay text.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """Return a value as a CSV cell: JSON for structures, a leading quote before a formula."""
+    if isinstance(value, dict | list):
+        value = json.dumps(value)
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
 def _csv(rows: Iterator[tuple[dict[str, Any] | None, bool]]) -> Iterator[str]:
     """Stream rows as CSV; a capped export ends with a note row."""
     buffer = io.StringIO()
@@ -81,8 +95,7 @@ def _csv(rows: Iterator[tuple[dict[str, Any] | None, bool]]) -> Iterator[str]:
         if writer is None:
             writer = csv.DictWriter(buffer, fieldnames=list(row), extrasaction="ignore")
             writer.writeheader()
-        writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v
-                         for k, v in row.items()})
+        writer.writerow({k: csv_cell(v) for k, v in row.items()})
         if buffer.tell() > 64 * 1024:
             yield buffer.getvalue()
             buffer.seek(0)
