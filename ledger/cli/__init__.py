@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("ledger.cli.db_cmds", "Database schema."),
     "demo": ("ledger.cli.demo_cmds", "The demo ledger used by `make run`."),
     "destination": ("ledger.cli.destination_cmds",
-                    "Destinations: forward an integration's events to an HTTP endpoint."),
+                    "Destinations: an integration's events forwarded to an HTTP endpoint."),
     "dev": ("ledger.cli.dev_cmds", "Serve the dashboard and intake with a worker and the "
                                    "scheduler in one process."),
     "drill": ("ledger.cli.drill_cmds", "Run the leaked-key drill on two fresh sandbox "
