@@ -74,4 +74,13 @@
     }
   });
   document.addEventListener("click", freshExportLink);
+  // A 401 means the session ended: the server sends HX-Redirect to the login page; should a
+  // 401 come without it, keep the page as it is and stop asking rather than blank it.
+  var sessionEnded = false;
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    if (event.detail.xhr.status === 401) { event.detail.shouldSwap = false; sessionEnded = true; }
+  });
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    if (sessionEnded) { event.preventDefault(); }
+  });
 })();
