@@ -265,6 +265,7 @@ audit_log = Table(
     Column("row_hash", Text, nullable=False),
 )
 Index("ix_audit_at", audit_log.c.at)
+Index("ix_audit_action", audit_log.c.action, audit_log.c.id)
 
 operators = Table(
     "operators",

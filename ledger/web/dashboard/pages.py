@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Response, abort, request
+from flask import Response, abort, g, request
 from sqlalchemy import Connection
 
 from ledger.access import audit
@@ -21,7 +21,7 @@ from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, read_receipt
 from ledger.reads.work import read_failures, read_stuck_work
 from ledger.web.auth import requires, services
-from ledger.web.dashboard import bp, render
+from ledger.web.dashboard import bp, drill_page, render
 from ledger.web.dashboard.svg import human_bytes, projection_chart, series_chart
 from ledger.web.filters import (
     BadFilter,
@@ -170,9 +170,12 @@ def integrations_answer(*, status: int = 200, error: str | None = None) -> Respo
                                      cursor=_cursor())
         except (BadCursor, BadFilter):
             abort(400)
+    # The newest drill run stays on the page after a reload (security only runs it).
+    last_drill = drill_page.last_run() if g.operator.can("security") else None
     return render("integrations.html", "partials/_integrations.html", page=page,
                   args=request.args, profiles=PROFILE_NAMES, error=error, status=status,
-                  form=request.form)
+                  form=request.form, last_drill=last_drill,
+                  poll_seconds=drill_page.POLL_SECONDS)
 
 
 @bp.get("/credentials/<public_id>")
