@@ -340,6 +340,9 @@ class Settings:
     revocation_bound_seconds: float = 30
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
     review_window_seconds: float = DEFAULT_REVIEW_WINDOW_SECONDS
+    # The forensic window: how long a completed receipt's original body is kept so that a
+    # conflict on its event id can be diffed (0: off; at most the retention).
+    conflict_body_seconds: float = 0
     purge_duty_cycle: float = DEFAULT_DUTY_CYCLE
     max_body_bytes: int = 1024 * 1024
     max_json_depth: int = 64
@@ -414,6 +417,7 @@ class Settings:
             review_window_seconds=min(
                 _seconds(env, "LEDGER_REVIEW_WINDOW_SECONDS", DEFAULT_REVIEW_WINDOW_SECONDS, 1),
                 retention),
+            conflict_body_seconds=min(_seconds(env, "LEDGER_CONFLICT_BODY_SECONDS", 0), retention),
             purge_duty_cycle=_duty_cycle(env, "LEDGER_PURGE_DUTY_CYCLE"),
             max_body_bytes=_int(env, "LEDGER_MAX_BODY_BYTES", 1024 * 1024, 1),
             max_json_depth=_int(env, "LEDGER_MAX_JSON_DEPTH", 64, 1),

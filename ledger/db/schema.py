@@ -222,6 +222,20 @@ conflicts = Table(
 )
 Index("ix_conflicts_last_seen", conflicts.c.last_seen)
 
+# The forensic window (LEDGER_CONFLICT_BODY_SECONDS, off by default): the original body of
+# a completed receipt, kept apart from the job (which leaves when it completes) so that a
+# later conflict on its event id can be diffed; the retention purge drops expired rows.
+conflict_bodies = Table(
+    "conflict_bodies",
+    metadata,
+    Column("scope_id", Integer, primary_key=True),
+    Column("event_id", Text, primary_key=True),
+    Column("body", Text, nullable=False),
+    Column("kept_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+)
+Index("ix_conflict_bodies_expires", conflict_bodies.c.expires_at)
+
 attempts = Table(
     "attempts",
     metadata,

@@ -38,6 +38,7 @@ from sqlalchemy import Connection
 from ledger.db.driver import run_in
 from ledger.errors import error_summary
 from ledger.worker.batch_store import BatchRequest, claim_batch, complete_batch, hold_batch
+from ledger.worker.conflict_bodies import keep_original_bodies
 from ledger.worker.handlers import NO_HANDLER_RESULT, Event, HandlerSpec
 from ledger.worker.store import (
     Claim,
@@ -166,6 +167,8 @@ def _transaction(worker: Worker, entries: list[Entry]) -> list[Leased]:
                                     now=worker.services.clock.now(), then_claim=chain)
         if completion.completed != len(done):  # cannot happen while the hold holds
             raise RuntimeError("a held job of the batch was not completed")
+        keep_original_bodies(conn, (job for job, _ in done), now=worker.services.clock.now(),
+                             seconds=worker.services.settings.conflict_body_seconds)
         return [] if chain is None else _leased(worker, conn, completion.next, chain)
 
 

@@ -21,7 +21,7 @@ from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, read_receipt
 from ledger.reads.work import read_failures, read_stuck_work
 from ledger.web.auth import requires, services
-from ledger.web.dashboard import bp, drill_page, render
+from ledger.web.dashboard import bp, deliveries, drill_page, render
 from ledger.web.dashboard.svg import human_bytes, projection_chart, series_chart
 from ledger.web.filters import (
     BadFilter,
@@ -97,6 +97,7 @@ def receipt_page(public_id: str, event_id: str) -> Response:
         integration, item = replica_read(lambda conn: read_receipt(conn, public_id, event_id))
     except NotFound:
         abort(404)
+    item["deliveries"] = deliveries.visible_rows(item["deliveries"])
     return render("receipt.html", receipt=item, integration=integration, now=svc.clock.now())
 
 

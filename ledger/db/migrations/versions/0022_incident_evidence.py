@@ -2,6 +2,8 @@
 
 - ix_audit_action: the newest row of one action (the last drill run, a page's latest
   revocations) without scanning the whole audit log.
+- conflict_bodies: the opt-in forensic window (LEDGER_CONFLICT_BODY_SECONDS) keeps the
+  original body of completed receipts apart from their jobs, purged when it expires.
 
 Revision ID: 0022_incident_evidence
 Revises: 0019_jobs_scope_due
@@ -10,7 +12,11 @@ Create Date: 2026-12-04
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from alembic import op
+
+# schema.UTCDateTime's DDL (the migration never imports live code).
+UTC_DATETIME = sa.DateTime(timezone=True)
 
 revision = "0022_incident_evidence"
 down_revision = "0019_jobs_scope_due"
@@ -19,10 +25,21 @@ depends_on = None
 
 
 def upgrade() -> None:
-    """Add the index."""
+    """Add the index and the table."""
     op.create_index("ix_audit_action", "audit_log", ["action", "id"])
+    op.create_table(
+        "conflict_bodies",
+        sa.Column("scope_id", sa.Integer, primary_key=True),
+        sa.Column("event_id", sa.Text, primary_key=True),
+        sa.Column("body", sa.Text, nullable=False),
+        sa.Column("kept_at", UTC_DATETIME, nullable=False),
+        sa.Column("expires_at", UTC_DATETIME, nullable=False),
+    )
+    op.create_index("ix_conflict_bodies_expires", "conflict_bodies", ["expires_at"])
 
 
 def downgrade() -> None:
-    """Drop the index."""
+    """Drop them."""
+    op.drop_index("ix_conflict_bodies_expires", table_name="conflict_bodies")
+    op.drop_table("conflict_bodies")
     op.drop_index("ix_audit_action", table_name="audit_log")
