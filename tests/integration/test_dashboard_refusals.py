@@ -60,7 +60,7 @@ def test_search_falls_back_to_the_delivery_log(app) -> None:  # type: ignore[no-
 
 
 def test_event_id_filter_and_scope_prefix(app) -> None:  # type: ignore[no-untyped-def]
-    sender, other = _seed(app)
+    _sender, _other = _seed(app)
     oncall = logged_in(app, "oncall")
     page = oncall.get("/deliveries?event_id=evt_stale").get_data(as_text=True)
     assert "evt_stale" in page and "evt_fine" not in page

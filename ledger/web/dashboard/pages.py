@@ -152,7 +152,8 @@ def conflicts_page() -> Response:
     except (BadFilter, BadCursor) as problem:
         page, error = None, str(problem)
     return render("conflicts.html", "partials/_conflicts.html", page=page, error=error,
-                  open_only=open_only, args=request.args, status=400 if error else 200)
+                  open_only=open_only, args=request.args, status=400 if error else 200,
+                  conflict_body_seconds=services().settings.conflict_body_seconds)
 
 
 @bp.get("/credentials")
@@ -234,5 +235,19 @@ def capacity_page() -> Response:
                                  bytes_per_receipt=numbers["bytes_per_receipt_measured"],
                                  retention_days=numbers["retention_days"])
     return render("capacity.html", numbers=numbers, chart=chart, human_bytes=human_bytes,
-                  retention_seconds=svc.settings.retention_seconds)
+                  retention_seconds=svc.settings.retention_seconds, **_purge_context())
+
+
+def _purge_context() -> dict[str, Any]:
+    """The next purge's preview and the forensic window's cost, for the Capacity page."""
+    from jobs.retention_preview import PAGE_CAP, forensic_cost, preview
+
+    svc = services()
+
+    def read(conn: Connection) -> dict[str, Any]:
+        return {"purge": preview(conn, svc.settings, svc.clock.now(), cap=PAGE_CAP),
+                "forensic": forensic_cost(conn)}
+
+    return {**replica_read(read), "page_cap": PAGE_CAP, "now": svc.clock.now(),
+            "conflict_body_seconds": svc.settings.conflict_body_seconds}
 

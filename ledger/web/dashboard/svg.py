@@ -87,7 +87,7 @@ def projection_chart(*, events_per_day: float, bytes_per_receipt: float,
         f'<text x="-6" y="{plot_h}" text-anchor="end" class="axis">0</text>'
         f'<text x="0" y="{plot_h + 16}" class="axis">day 0</text>'
         f'<text x="{retention_x:.1f}" y="{plot_h + 16}" text-anchor="middle" class="axis">'
-        f'retention {retention_days:g} d</text>'
+        f'retention {round(retention_days, 1):g} d</text>'
         f'<text x="{plot_w}" y="{plot_h + 16}" text-anchor="end" class="axis">day {horizon}'
         f'</text></g></svg>')
 
