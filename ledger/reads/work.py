@@ -141,6 +141,7 @@ class StuckWork:
     stuck: list[dict[str, Any]]  # each with `reason` (ledger.reads.stuck)
     retrying: list[dict[str, Any]]  # attempt n of N, next attempt, last error
     live_workers: int
+    running: list[dict[str, Any]]  # held now: worker, running for, lease left
     pending: list[dict[str, Any]]
     overdue_jobs: list[dict[str, Any]]
     findings: list[dict[str, Any]]
@@ -153,15 +154,16 @@ def read_stuck_work(conn: Connection, now: datetime, *, threshold_seconds: float
     """Return what on-call looks at first: stuck work and why, retrying work, findings."""
     from ledger.reads import stuck
 
-    workers = stuck.live_workers(conn, now, within_seconds=live_within)
+    live = stuck.live_workers(conn, now, within_seconds=live_within)
     grace = STUCK_GRACE_SECONDS
     stuck_items = (stuck.stuck_jobs(conn, now, grace_seconds=grace, max_attempts=max_attempts,
-                                    worker_alive=workers > 0)
+                                    live=live)
                    + stuck.pending_without_job(conn, now, grace_seconds=grace))
     return StuckWork(stuck=stuck_items,
                      retrying=stuck.retrying_jobs(conn, now, grace_seconds=grace,
                                                   max_attempts=max_attempts),
-                     live_workers=workers,
+                     live_workers=len(live),
+                     running=stuck.running_jobs(conn, now, live=live),
                      pending=stuck_pending(conn, now, threshold_seconds),
                      overdue_jobs=overdue_jobs(conn, now, grace),
                      findings=open_findings(conn), threshold_seconds=threshold_seconds,

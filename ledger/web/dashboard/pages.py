@@ -19,10 +19,12 @@ from ledger.reads.admin import list_audit, list_conflicts, list_integrations, re
 from ledger.reads.capacity import measure_on
 from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, read_receipt
+from ledger.reads.stuck import live_workers
+from ledger.reads.throughput import read_throughput
 from ledger.reads.work import read_failures, read_stuck_work
 from ledger.web.auth import requires, services
 from ledger.web.dashboard import bp, deliveries, drill_page, render
-from ledger.web.dashboard.svg import human_bytes, projection_chart, series_chart
+from ledger.web.dashboard.svg import human_bytes, projection_chart, rate_chart, series_chart
 from ledger.web.filters import (
     BadFilter,
     account_of,
@@ -55,7 +57,11 @@ def overview() -> Response:
         abort(400)
     for item in view.scopes.items:
         item["chart"] = series_chart(item["series"], label=item["scope"])
-    return render("overview.html", "partials/_overview.html", now=now,
+    work = replica_read(lambda conn: read_throughput(conn, now))
+    work_chart = rate_chart(work.per_minute, unit="completed",
+                            label=f"Completions per minute, {work.per_minute_now:.1f} on average")
+    return render("overview.html", "partials/_overview.html", now=now, work=work,
+                  work_chart=work_chart,
                   refresh_seconds=OVERVIEW_REFRESH_SECONDS,
                   bound=svc.settings.revocation_bound_seconds, head=view.headline,
                   scopes=view.scopes, refreshed_at=view.rollups_refreshed_at,
@@ -98,7 +104,11 @@ def receipt_page(public_id: str, event_id: str) -> Response:
     except NotFound:
         abort(404)
     item["deliveries"] = deliveries.visible_rows(item["deliveries"])
-    return render("receipt.html", receipt=item, integration=integration, now=svc.clock.now())
+    now = svc.clock.now()
+    live = replica_read(lambda conn: live_workers(
+        conn, now, within_seconds=svc.settings.revocation_bound_seconds))
+    return render("receipt.html", receipt=item, integration=integration, now=now,
+                  live_workers=live)
 
 
 @bp.get("/stuck")
@@ -115,6 +125,7 @@ def stuck_page() -> Response:
                   refresh_seconds=LIST_REFRESH_SECONDS,
                   threshold=view.threshold_seconds, grace=view.grace_seconds,
                   stuck=view.stuck, retrying=view.retrying, live_workers=view.live_workers,
+                  running=view.running,
                   findings=view.findings)
 
 

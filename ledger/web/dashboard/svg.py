@@ -145,3 +145,37 @@ def value_bars(values: Sequence[tuple[datetime, float | None, str]], *, label: s
         f'<svg class="bars" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}"><title>{escape(label)}</title>{"".join(bars)}'
         f'<text x="0" y="{height - 1}">{escape(label)}</text></svg>')
+
+
+def rate_chart(points: Sequence[tuple[datetime, int | None]], *, label: str, unit: str,
+               width: int = 336, height: int = 96) -> Markup:
+    """Return bars per bucket with a y axis (0 and the peak) and an x axis (start, now).
+
+    A bucket whose value is unknown (None) is drawn as a gap with its own tooltip.
+    """
+    left, bottom = 34, 16
+    plot_w, plot_h = width - left - 2, height - bottom - 4
+    top = max([v for _, v in points if v is not None] + [1])
+    slot = plot_w / max(1, len(points))
+    bars = []
+    for i, (start, value) in enumerate(points):
+        x = left + i * slot + 1
+        tip = escape(f"{start:%H:%M} UTC: " + (f"{value} {unit}" if value is not None
+                                               else "not read (older than the sample)"))
+        tall = plot_h * (value or 0) / top
+        bars.append(f'<g><title>{tip}</title><rect x="{x:.1f}" y="{4 + plot_h - tall:.1f}" '
+                    f'width="{max(slot - 2, 1):.1f}" height="{tall:.1f}" '
+                    f'fill="{ACCEPTED_COLOUR if value is not None else "none"}"/></g>')
+    first = f"{points[0][0]:%H:%M}" if points else ""
+    return Markup(
+        f'<svg class="rate" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}"><title>{escape(label)}</title>'
+        f'<line x1="{left}" y1="4" x2="{left}" y2="{4 + plot_h}" class="axis-line"/>'
+        f'<line x1="{left}" y1="{4 + plot_h}" x2="{width - 2}" y2="{4 + plot_h}" '
+        f'class="axis-line"/>'
+        f'<text x="{left - 4}" y="12" text-anchor="end" class="axis">{top}</text>'
+        f'<text x="{left - 4}" y="{4 + plot_h}" text-anchor="end" class="axis">0</text>'
+        f'{"".join(bars)}'
+        f'<text x="{left}" y="{height - 2}" class="axis">{escape(first)}</text>'
+        f'<text x="{width - 2}" y="{height - 2}" text-anchor="end" class="axis">now (UTC)</text>'
+        f'</svg>')
