@@ -65,7 +65,7 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
 def dev(host: str, port: int, demo: bool) -> None:
     """Serve the dashboard and intake with a worker and the scheduler in one process."""
     svc = services(serving=True)
-    password = seed_demo() if demo else None
+    password = seed_demo(serving=True) if demo else None
     stop = threading.Event()
     threads = [_start_worker(svc, stop), _start_scheduler(svc, stop)]
     click.echo(f"Replay Ledger on http://{host}:{port}/  (dashboard: /login, "

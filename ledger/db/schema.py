@@ -236,6 +236,18 @@ conflict_bodies = Table(
 )
 Index("ix_conflict_bodies_expires", conflict_bodies.c.expires_at)
 
+# Revocation evidence (jobs/credential_jobs.py): the first refresh of each live web
+# instance seen at or after a revocation, so the Credentials page can say "refreshed on
+# N of N web instances, slowest X s" after the fact.
+revocation_refreshes = Table(
+    "revocation_refreshes",
+    metadata,
+    Column("key_id", Text, primary_key=True),
+    Column("instance_id", Text, primary_key=True),
+    Column("refreshed_at", UTCDateTime, nullable=False),
+    Column("seen_at", UTCDateTime, nullable=False),
+)
+
 attempts = Table(
     "attempts",
     metadata,

@@ -19,6 +19,7 @@ from ledger.reads.admin import list_audit, list_conflicts, list_integrations, re
 from ledger.reads.capacity import measure_on
 from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, read_receipt
+from ledger.reads.revocations import revocation_evidence
 from ledger.reads.stuck import live_workers
 from ledger.reads.throughput import read_throughput
 from ledger.reads.work import read_failures, read_stuck_work
@@ -196,13 +197,15 @@ def integrations_answer(*, status: int = 200, error: str | None = None) -> Respo
 def credentials_page(public_id: str) -> Response:
     """An integration's credentials: states, fingerprints, dates; actions for security."""
     svc = services()
+    now, bound = svc.clock.now(), svc.settings.revocation_bound_seconds
     try:
         with svc.engine.connect() as conn:
-            integration, rows = read_credentials(conn, public_id, svc.clock.now())
+            integration, rows = read_credentials(conn, public_id, now)
+            evidence = revocation_evidence(conn, rows, now=now, live_within=bound)
     except NotFound:
         abort(404)
     return render("credentials.html", "partials/_credentials.html", integration=integration,
-                  refresh_seconds=LIST_REFRESH_SECONDS,
+                  refresh_seconds=LIST_REFRESH_SECONDS, evidence=evidence, bound=bound,
                   credentials=rows, secret=None, message=None)
 
 

@@ -4,6 +4,8 @@
   revocations) without scanning the whole audit log.
 - conflict_bodies: the opt-in forensic window (LEDGER_CONFLICT_BODY_SECONDS) keeps the
   original body of completed receipts apart from their jobs, purged when it expires.
+- revocation_refreshes: each live web instance's first credential refresh seen after a
+  revocation (the per-revocation propagation evidence).
 
 Revision ID: 0022_incident_evidence
 Revises: 0019_jobs_scope_due
@@ -36,10 +38,18 @@ def upgrade() -> None:
         sa.Column("expires_at", UTC_DATETIME, nullable=False),
     )
     op.create_index("ix_conflict_bodies_expires", "conflict_bodies", ["expires_at"])
+    op.create_table(
+        "revocation_refreshes",
+        sa.Column("key_id", sa.Text, primary_key=True),
+        sa.Column("instance_id", sa.Text, primary_key=True),
+        sa.Column("refreshed_at", UTC_DATETIME, nullable=False),
+        sa.Column("seen_at", UTC_DATETIME, nullable=False),
+    )
 
 
 def downgrade() -> None:
     """Drop them."""
+    op.drop_table("revocation_refreshes")
     op.drop_index("ix_conflict_bodies_expires", table_name="conflict_bodies")
     op.drop_table("conflict_bodies")
     op.drop_index("ix_audit_action", table_name="audit_log")
