@@ -18,7 +18,13 @@ from sqlalchemy import Connection, Engine, delete, func, select, text, tuple_
 
 from jobs.retention import FINISHED, count_expired_payloads
 from ledger.config import Settings
-from ledger.db.schema import conflict_bodies, conflicts, receipts, scheduler_runs
+from ledger.db.schema import (
+    conflict_bodies,
+    conflicts,
+    receipts,
+    requeue_members,
+    scheduler_runs,
+)
 from ledger.reads.receipts import scope_names
 from ledger.scheduling.runner import default_jobs, period_start
 
@@ -128,3 +134,10 @@ def drop_expired_forensic_bodies(engine: Engine, now: datetime, batch_size: int)
         total += count
         if count < batch_size:
             return total
+
+
+def drop_old_requeue_members(engine: Engine, cutoff: datetime) -> int:
+    """Forget the bulk requeues older than the retention (their receipts are gone too)."""
+    with engine.begin() as conn:
+        return int(conn.execute(delete(requeue_members)
+                                .where(requeue_members.c.requeued_at < cutoff)).rowcount)

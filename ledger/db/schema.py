@@ -236,6 +236,18 @@ conflict_bodies = Table(
 )
 Index("ix_conflict_bodies_expires", conflict_bodies.c.expires_at)
 
+# The receipts one bulk requeue ("Requeue group…", "Requeue all") requeued, so that its
+# follow-through (complete / pending / failed again) can be counted; purged with retention.
+requeue_members = Table(
+    "requeue_members",
+    metadata,
+    Column("batch_id", Text, primary_key=True),
+    Column("scope_id", Integer, primary_key=True),
+    Column("event_id", Text, primary_key=True),
+    Column("requeued_at", UTCDateTime, nullable=False),
+)
+Index("ix_requeue_members_at", requeue_members.c.requeued_at)
+
 # Revocation evidence (jobs/credential_jobs.py): the first refresh of each live web
 # instance seen at or after a revocation, so the Credentials page can say "refreshed on
 # N of N web instances, slowest X s" after the fact.

@@ -6,6 +6,7 @@ credential pages and the audit chain's verification, which show the primary's tr
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from flask import Response, abort, g, request
@@ -37,6 +38,7 @@ from ledger.web.filters import (
 from ledger.web.read_source import replica_read
 
 OVERVIEW_REFRESH_SECONDS = 10
+GROUP_ID = re.compile(r"[0-9a-f]{16}")
 LIST_REFRESH_SECONDS = 15  # Failures, Stuck work and an integration's credentials
 
 
@@ -133,9 +135,12 @@ def stuck_page() -> Response:
 def failures_context(args: Any) -> dict[str, Any]:
     """Run the failure list for the request's filters."""
     try:
+        group = (args.get("group") or "").strip() or None
+        if group is not None and not GROUP_ID.fullmatch(group):
+            raise BadFilter("group must be a failure group's id (16 hex digits)")
         view = replica_read(lambda conn: read_failures(
             conn, receipt_filter(conn, args), cursor=args.get("cursor") or None,
-            limit=page_size(args)))
+            limit=page_size(args), group=group))
     except (BadFilter, BadCursor) as error:
         return {"error": str(error), "page": None, "total": 0, "capped": False}
     return {"error": None, "page": view.page, "total": view.total, "capped": view.capped}

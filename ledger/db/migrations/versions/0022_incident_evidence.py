@@ -4,6 +4,7 @@
   revocations) without scanning the whole audit log.
 - conflict_bodies: the opt-in forensic window (LEDGER_CONFLICT_BODY_SECONDS) keeps the
   original body of completed receipts apart from their jobs, purged when it expires.
+- requeue_members: the receipts of each bulk requeue, for its follow-through counts.
 - revocation_refreshes: each live web instance's first credential refresh seen after a
   revocation (the per-revocation propagation evidence).
 
@@ -39,6 +40,14 @@ def upgrade() -> None:
     )
     op.create_index("ix_conflict_bodies_expires", "conflict_bodies", ["expires_at"])
     op.create_table(
+        "requeue_members",
+        sa.Column("batch_id", sa.Text, primary_key=True),
+        sa.Column("scope_id", sa.Integer, primary_key=True),
+        sa.Column("event_id", sa.Text, primary_key=True),
+        sa.Column("requeued_at", UTC_DATETIME, nullable=False),
+    )
+    op.create_index("ix_requeue_members_at", "requeue_members", ["requeued_at"])
+    op.create_table(
         "revocation_refreshes",
         sa.Column("key_id", sa.Text, primary_key=True),
         sa.Column("instance_id", sa.Text, primary_key=True),
@@ -50,6 +59,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     """Drop them."""
     op.drop_table("revocation_refreshes")
+    op.drop_index("ix_requeue_members_at", table_name="requeue_members")
+    op.drop_table("requeue_members")
     op.drop_index("ix_conflict_bodies_expires", table_name="conflict_bodies")
     op.drop_table("conflict_bodies")
     op.drop_index("ix_audit_action", table_name="audit_log")
