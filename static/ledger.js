@@ -64,7 +64,17 @@
       });
     }
   });
-  document.addEventListener("htmx:afterSettle", function (event) { applyZone(event.target); });
+  // After a bulk action, focus goes to its confirmation or result (marked data-focus, once)
+  // so that keyboard and screen-reader users land on it; its aria-live region announces it.
+  function focusResult() {
+    var box = document.querySelector("[data-focus]:not([data-focused])");
+    if (box) { box.setAttribute("data-focused", ""); box.focus(); }
+  }
+
+  document.addEventListener("htmx:afterSettle", function (event) {
+    applyZone(event.target);
+    focusResult();
+  });
   document.addEventListener("keydown", focusSearch);
   // A self-refreshing list asks for the URL the page shows now (filters push it), not the
   // one it was rendered with.
@@ -74,6 +84,11 @@
     }
   });
   document.addEventListener("click", freshExportLink);
+  // A Cancel button removes the box it names (no inline script: the page's CSP forbids it).
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("[data-dismiss]");
+    if (button) { var box = button.closest(button.getAttribute("data-dismiss")); if (box) { box.remove(); } }
+  });
   // A 401 means the session ended: the server sends HX-Redirect to the login page; should a
   // 401 come without it, keep the page as it is and stop asking rather than blank it.
   var sessionEnded = false;
