@@ -128,6 +128,8 @@ credentials = Table(
     Column("expires_at", UTCDateTime),
     Column("revoked_at", UTCDateTime),
     Column("revoked_reason", Text),
+    # An operator's name for the key ("CI deploy key", "Stripe dashboard, Dec"): optional.
+    Column("label", Text),
 )
 
 receipts = Table(

@@ -111,6 +111,7 @@ def register_dashboard(app: Flask) -> None:
         export,
         groups,
         health,
+        keys,
         pages,
         search,
     )

@@ -232,7 +232,8 @@ def credential_add(public_id: str) -> Response:
         with svc.engine.begin() as conn:
             integration = get_integration(conn, public_id)
             created = add_credential(conn, svc.box, actor(), integration, now=svc.clock.now(),
-                                     reason=request.form.get("reason", "").strip() or None)
+                                     reason=request.form.get("reason", "").strip() or None,
+                                     label=request.form.get("label"))
     except LedgerError as error:
         return _credentials_or_404(public_id, error)
     svc.view.invalidate()
@@ -258,7 +259,7 @@ def credential_rotate(public_id: str) -> Response:
             integration = get_integration(conn, public_id)
             rotation = rotate_credential(conn, svc.box, actor(), integration,
                                          now=svc.clock.now(), overlap_seconds=overlap,
-                                         reason=reason)
+                                         reason=reason, label=request.form.get("label"))
     except ValueError:
         return credentials_answer(public_id, status=400, error="overlap must be seconds")
     except LedgerError as error:

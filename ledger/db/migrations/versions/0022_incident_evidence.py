@@ -1,5 +1,6 @@
 """Incident evidence: what the dashboard needs to answer an on-call engineer's questions.
 
+- credentials.label: an operator's optional name for a key.
 - ix_audit_action: the newest row of one action (the last drill run, a page's latest
   revocations) without scanning the whole audit log.
 - conflict_bodies: the opt-in forensic window (LEDGER_CONFLICT_BODY_SECONDS) keeps the
@@ -28,7 +29,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    """Add the index and the table."""
+    """Add the column, the indexes and the tables."""
+    op.add_column("credentials", sa.Column("label", sa.Text))
     op.create_index("ix_audit_action", "audit_log", ["action", "id"])
     op.create_table(
         "conflict_bodies",
@@ -64,3 +66,5 @@ def downgrade() -> None:
     op.drop_index("ix_conflict_bodies_expires", table_name="conflict_bodies")
     op.drop_table("conflict_bodies")
     op.drop_index("ix_audit_action", table_name="audit_log")
+    with op.batch_alter_table("credentials") as batch:
+        batch.drop_column("label")
