@@ -1,12 +1,11 @@
 // Replay Ledger dashboard: small, dependency-free behaviours on top of server-rendered pages.
-// - Times: the server renders UTC in <time datetime="…">; a header toggle shows them in the
-//   browser's zone instead (remembered in localStorage), re-applied after every htmx swap.
+// - Times: the server renders UTC in <time datetime="…"> (filters take UTC too); the
+//   browser's local time is in each time's tooltip, re-applied after every htmx swap.
 // - "/" focuses the header search box when there is one, else the page's first filter input.
 // - Export links and self-refreshing lists use the filter the page shows now (htmx pushes it
 //   into the URL).
 (function () {
   "use strict";
-  var KEY = "ledger.tz";
 
   function pad(n) { return (n < 10 ? "0" : "") + n; }
 
@@ -20,19 +19,10 @@
   }
 
   function applyZone(root) {
-    var local = localStorage.getItem(KEY) === "local";
     (root || document).querySelectorAll("time[datetime]").forEach(function (el) {
-      if (!el.dataset.utc) { el.dataset.utc = el.textContent; }
       var date = new Date(el.getAttribute("datetime"));
-      if (isNaN(date.getTime())) { return; }
-      el.textContent = local ? localText(date) : el.dataset.utc;
-      el.title = local ? el.dataset.utc : localText(date);
+      if (!isNaN(date.getTime())) { el.title = "your local time: " + localText(date); }
     });
-    var button = document.getElementById("tz-toggle");
-    if (button) {
-      button.textContent = local ? "Times: local" : "Times: UTC";
-      button.setAttribute("aria-pressed", local ? "true" : "false");
-    }
   }
 
   function focusSearch(event) {
@@ -54,16 +44,7 @@
     link.href = link.href.split("?")[0] + "?" + params.toString();
   }
 
-  document.addEventListener("DOMContentLoaded", function () {
-    applyZone(document);
-    var button = document.getElementById("tz-toggle");
-    if (button) {
-      button.addEventListener("click", function () {
-        localStorage.setItem(KEY, localStorage.getItem(KEY) === "local" ? "utc" : "local");
-        applyZone(document);
-      });
-    }
-  });
+  document.addEventListener("DOMContentLoaded", function () { applyZone(document); });
   // After a bulk action, focus goes to its confirmation or result (marked data-focus, once)
   // so that keyboard and screen-reader users land on it; its aria-live region announces it.
   function focusResult() {

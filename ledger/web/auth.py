@@ -212,7 +212,8 @@ def actor() -> audit.Actor:
     """Return the audit actor of the current operator."""
     operator: Operator = g.operator
     # The request id request_log bound for this request: sanitised, the one in the logs.
-    return audit.Actor(name=operator.username, role=operator.role, request_id=g.request_id)
+    return audit.Actor(name=operator.username, role=operator.role, request_id=g.request_id,
+                       client=client_address())
 
 
 def client_address() -> str:

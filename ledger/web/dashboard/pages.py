@@ -25,7 +25,7 @@ from ledger.reads.stuck import live_workers
 from ledger.reads.throughput import read_throughput
 from ledger.reads.work import read_failures, read_stuck_work
 from ledger.web.auth import requires, services
-from ledger.web.dashboard import bp, deliveries, drill_page, render
+from ledger.web.dashboard import audit_rows, bp, deliveries, drill_page, render
 from ledger.web.dashboard.svg import human_bytes, projection_chart, rate_chart, series_chart
 from ledger.web.filters import (
     BadFilter,
@@ -226,6 +226,7 @@ def audit_page() -> Response:
     except (BadFilter, BadCursor) as problem:
         page, error = None, str(problem)
     return render("audit.html", "partials/_audit.html", page=page, error=error,
+                  groups=audit_rows.grouped(page.items) if page else [],
                   args=request.args, status=400 if error else 200)
 
 

@@ -29,28 +29,37 @@ def _polyline(values: Sequence[float], width: float, height: float, top: float,
     return " ".join(points)
 
 
-def series_chart(points: Sequence[tuple[datetime, int, int]], *, width: int = 160,
-                 height: int = 36, label: str = "") -> Markup:
-    """Return a sparkline of accepted (blue) and failed (red) per hour."""
+def series_chart(points: Sequence[tuple[datetime, int, int]], *, width: int = 168,
+                 height: int = 40, label: str = "") -> Markup:
+    """Return a sparkline of accepted (blue) and failed (red) per hour, with its axes: the
+    peak and 0 on the left, the first hour and now below."""
     title = escape(label)
-    if not points:
+    if not points or not any(a or f for _, a, f in points):
         return Markup(
             f'<svg class="spark" role="img" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}"><title>{title}: no data yet</title>'
-            f'<text x="4" y="{height // 2 + 4}" class="muted">no data yet</text></svg>')
+            f'viewBox="0 0 {width} {height}"><title>{title}: no deliveries in the last 48 h'
+            f'</title><text x="4" y="{height // 2 + 4}" class="axis">no deliveries in 48 h'
+            f'</text></svg>')
     accepted = [float(a) for _, a, _ in points]
     failed = [float(f) for _, _, f in points]
     top = max(max(accepted), max(failed), 1.0)
     first, last = points[0][0], points[-1][0]
     summary = escape(f"{label}: {int(sum(accepted))} accepted, {int(sum(failed))} failed, "
                      f"{first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC")
+    left, plot_w, plot_h = 24, width - 24, height - 11
+    shift = f'transform="translate({left},0)"'
     return Markup(
         f'<svg class="spark" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}"><title>{summary}</title>'
-        f'<polyline fill="none" stroke="{ACCEPTED_COLOUR}" stroke-width="1.5" '
-        f'points="{_polyline(accepted, width, height, top)}"/>'
-        f'<polyline fill="none" stroke="{FAILED_COLOUR}" stroke-width="1.5" '
-        f'points="{_polyline(failed, width, height, top)}"/></svg>')
+        f'<text x="{left - 3}" y="8" text-anchor="end" class="axis">{int(top)}</text>'
+        f'<text x="{left - 3}" y="{plot_h}" text-anchor="end" class="axis">0</text>'
+        f'<line x1="{left}" y1="{plot_h}" x2="{width}" y2="{plot_h}" class="axis-line"/>'
+        f'<text x="{left}" y="{height - 1}" class="axis">{first:%H:%M}</text>'
+        f'<text x="{width}" y="{height - 1}" text-anchor="end" class="axis">now</text>'
+        f'<polyline {shift} fill="none" stroke="{ACCEPTED_COLOUR}" stroke-width="1.5" '
+        f'points="{_polyline(accepted, plot_w, plot_h, top)}"/>'
+        f'<polyline {shift} fill="none" stroke="{FAILED_COLOUR}" stroke-width="1.5" '
+        f'points="{_polyline(failed, plot_w, plot_h, top)}"/></svg>')
 
 
 def _human_bytes(value: float) -> str:
