@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, select, text, tuple_
+from sqlalchemy import Connection, Engine, Select, delete, func, select, text, tuple_
 
 from jobs.retention import FINISHED, count_expired_payloads
 from ledger.config import Settings
@@ -82,16 +82,20 @@ def preview(conn: Connection, settings: Settings, now: datetime, *,
         last_run_seconds=(last.finished_at - last.started_at).total_seconds() if last else None)
 
 
-def _expired_by_scope(conn: Connection, cutoff: datetime,
-                      cap: int | None) -> tuple[dict[int, int], bool]:
-    """Return {scope_id: finished receipts accepted before cutoff}, read up to `cap` rows."""
+def expired_by_scope_stmt(cutoff: datetime, cap: int | None) -> Select[Any]:
+    """Finished receipts accepted before `cutoff` (at most cap + 1 read), counted per scope."""
     due = (select(receipts.c.scope_id)
            .where(receipts.c.accepted_at < cutoff, receipts.c.state.in_(FINISHED)))
     if cap is not None:
         due = due.limit(cap + 1)
     rows = due.subquery()
-    counts = {sid: int(n) for sid, n in conn.execute(
-        select(rows.c.scope_id, func.count()).group_by(rows.c.scope_id))}
+    return select(rows.c.scope_id, func.count()).group_by(rows.c.scope_id)
+
+
+def _expired_by_scope(conn: Connection, cutoff: datetime,
+                      cap: int | None) -> tuple[dict[int, int], bool]:
+    """Return {scope_id: finished receipts accepted before cutoff}, read up to `cap` rows."""
+    counts = {sid: int(n) for sid, n in conn.execute(expired_by_scope_stmt(cutoff, cap))}
     if cap is None or sum(counts.values()) <= cap:
         return counts, False
     return counts, True

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Select, select
 
 from ledger.db.schema import deliveries, revocation_refreshes
 from ledger.scheduling.instances import InstanceKind, live_instances
@@ -48,13 +48,17 @@ def _refreshes(conn: Connection, key_id: str, revoked_at: datetime,
             "missing": sorted(live - seen), "slowest_seconds": slowest}
 
 
+def uses_after_stmt(key_id: str, revoked_at: datetime) -> Select[Any]:
+    """The key's deliveries since its revocation, oldest first: ix_deliveries_key's range."""
+    return (select(deliveries.c.at, deliveries.c.outcome, deliveries.c.public_id,
+                   deliveries.c.event_id, deliveries.c.client, deliveries.c.count)
+            .where(deliveries.c.key_id == key_id, deliveries.c.at >= revoked_at)
+            .order_by(deliveries.c.at).limit(READ_LIMIT + 1))
+
+
 def _uses_after(conn: Connection, key_id: str, revoked_at: datetime) -> dict[str, Any]:
     """Return the key's deliveries since revocation: accepted ones listed, refused counted."""
-    rows = conn.execute(
-        select(deliveries.c.at, deliveries.c.outcome, deliveries.c.public_id,
-               deliveries.c.event_id, deliveries.c.client, deliveries.c.count)
-        .where(deliveries.c.key_id == key_id, deliveries.c.at >= revoked_at)
-        .order_by(deliveries.c.at).limit(READ_LIMIT + 1)).all()
+    rows = conn.execute(uses_after_stmt(key_id, revoked_at)).all()
     capped = len(rows) > READ_LIMIT
     rows = rows[:READ_LIMIT]
     accepted = [dict(r._mapping, after_seconds=(r.at - revoked_at).total_seconds())

@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Label, and_, select
+from sqlalchemy import Connection, Label, Select, and_, select
 
 from ledger.db.schema import attempts, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
@@ -146,6 +146,15 @@ def _started() -> Label[Any]:
             .limit(1).correlate(jobs).scalar_subquery().label("started_at"))
 
 
+def running_stmt(now: datetime) -> Select[Any]:
+    """Leased jobs whose lease ended at most RUNNING_LOOKBACK ago: ix_jobs_due's range."""
+    return (select(jobs.c.scope_id, jobs.c.event_id, jobs.c.event_type, jobs.c.attempts,
+                   jobs.c.leased_by, jobs.c.leased_until, _started())
+            .where(jobs.c.status == JobStatus.QUEUED.value,
+                   jobs.c.run_at > now - RUNNING_LOOKBACK, jobs.c.leased_by.is_not(None))
+            .order_by(jobs.c.run_at).limit(LIST_LIMIT))
+
+
 def running_jobs(conn: Connection, now: datetime, *,
                  live: frozenset[str]) -> list[dict[str, Any]]:
     """Return the jobs a worker holds now: job, worker, running for, lease left.
@@ -153,12 +162,7 @@ def running_jobs(conn: Connection, now: datetime, *,
     A claim pushes run_at to the lease's end, so held jobs are found in ix_jobs_due's
     range from RUNNING_LOOKBACK ago on; a lease whose worker is gone is not running.
     """
-    rows = conn.execute(
-        select(jobs.c.scope_id, jobs.c.event_id, jobs.c.event_type, jobs.c.attempts,
-               jobs.c.leased_by, jobs.c.leased_until, _started())
-        .where(jobs.c.status == JobStatus.QUEUED.value,
-               jobs.c.run_at > now - RUNNING_LOOKBACK, jobs.c.leased_by.is_not(None))
-        .order_by(jobs.c.run_at).limit(LIST_LIMIT)).all()
+    rows = conn.execute(running_stmt(now)).all()
     held = [r for r in rows if r.leased_by in live
             or (r.leased_until is not None and r.leased_until > now)]
     names = scope_names(conn, {r.scope_id for r in held})

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Select, select
 
 from ledger.db.schema import attempts, jobs
 from ledger.domain import JobStatus
@@ -30,12 +31,16 @@ class Throughput:
     queue_age_seconds: float | None  # the oldest due job's wait; None when nothing is due
 
 
+def newest_attempts_stmt() -> Select[Any]:
+    """The newest SAMPLE_ROWS attempts, by id (the primary key, read backwards)."""
+    return (select(attempts.c.started_at, attempts.c.finished_at, attempts.c.outcome)
+            .order_by(attempts.c.id.desc()).limit(SAMPLE_ROWS))
+
+
 def read_throughput(conn: Connection, now: datetime) -> Throughput:
     """Return completions per minute over the last WINDOW_MINUTES and the queue's age."""
     start = (now - timedelta(minutes=WINDOW_MINUTES)).replace(second=0, microsecond=0)
-    rows = conn.execute(
-        select(attempts.c.started_at, attempts.c.finished_at, attempts.c.outcome)
-        .order_by(attempts.c.id.desc()).limit(SAMPLE_ROWS)).all()
+    rows = conn.execute(newest_attempts_stmt()).all()
     covered = start
     if len(rows) == SAMPLE_ROWS and rows[-1].started_at > start:
         covered = rows[-1].started_at

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from flask import Flask, Response, abort, current_app, request
-from sqlalchemy import select
+from sqlalchemy import Select, select
 
 from ledger.access import audit
 from ledger.db.schema import audit_log
@@ -178,13 +178,17 @@ def run_from_audit(run_id: str) -> DrillRun | None:
     return run
 
 
+def last_start_stmt() -> Select[Any]:
+    """The newest drill.start row's target: one step down ix_audit_action."""
+    return (select(audit_log.c.target).where(audit_log.c.action == "drill.start")
+            .order_by(audit_log.c.action.desc(), audit_log.c.id.desc()).limit(1))
+
+
 def last_run() -> DrillRun | None:
     """Return the newest drill run of the deployment: this process's, else from the audit log."""
     active = drill_runs(current_app).active
     with services().engine.connect() as conn:
-        newest = conn.execute(
-            select(audit_log.c.target).where(audit_log.c.action == "drill.start")
-            .order_by(audit_log.c.action, audit_log.c.id.desc()).limit(1)).scalar()
+        newest = conn.execute(last_start_stmt()).scalar()
     if newest is None:
         return active
     run_id = newest.removeprefix("drill:")
