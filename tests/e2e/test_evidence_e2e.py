@@ -85,7 +85,7 @@ def test_conflict_diff_and_export_of_a_filter(browser: Any, live: tuple[str, Any
     url, _ = live
     tab = _page(browser, accept_downloads=True)
     _login(tab, url, "/conflicts")
-    expect(tab.locator("#conflicts")).to_contain_text("(body kept)")
+    expect(tab.locator("#conflicts")).to_contain_text("(incoming body kept)")
     tab.click("#conflicts a:has-text('evt_order')")
     diff = tab.locator("#diff")
     expect(diff).to_contain_text("$.data.amount")
