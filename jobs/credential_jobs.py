@@ -16,7 +16,7 @@ from ledger.access import audit
 from ledger.access.credentials import SCHEDULER, expire_due_credentials
 from ledger.clock import Clock
 from ledger.config import Settings
-from ledger.db.schema import credentials, findings
+from ledger.db.schema import credentials, findings, revocation_refreshes
 from ledger.domain import CredentialState
 from ledger.logs import get_logger
 from ledger.scheduling.instances import (
@@ -29,6 +29,8 @@ from ledger.scheduling.instances import (
 log = get_logger("ledger.jobs.credentials")
 REVOCATION_LAG = "revocation_lag"
 INSTANCE_MEMORY = timedelta(days=1)  # a process silent this long crashed: forget it
+# Revocations this recent get propagation evidence (a refresh row per live web instance).
+EVIDENCE_WINDOW = timedelta(days=1)
 
 
 def expire_credentials(engine: Engine, clock: Clock) -> int:
@@ -66,6 +68,7 @@ def check_revocation_propagation(engine: Engine, settings: Settings, clock: Cloc
         prune_instances(conn, silent_since=now - INSTANCE_MEMORY)
         # "Live" = beat within the bound; a beat is due every quarter of it.
         live = live_instances(conn, now=now, within_seconds=bound, kind=InstanceKind.WEB)
+        record_refreshes(conn, live, now=now)
         revoked_at = latest_revocation(conn)
         flagged: list[Instance] = []
         if revoked_at is not None and now >= revoked_at + timedelta(seconds=bound):
@@ -76,6 +79,24 @@ def check_revocation_propagation(engine: Engine, settings: Settings, clock: Cloc
     for instance in flagged:
         log.warning("credentials.revocation_lag", instance=instance.id, bound_seconds=bound)
     return len(flagged)
+
+
+def record_refreshes(conn: Connection, live: list[Instance], *, now: datetime) -> int:
+    """Note each live web instance's first refresh seen after each recent revocation."""
+    recent = conn.execute(
+        select(credentials.c.key_id, credentials.c.revoked_at)
+        .where(credentials.c.state == CredentialState.REVOKED.value,
+               credentials.c.revoked_at >= now - EVIDENCE_WINDOW)).all()
+    rows = [{"key_id": r.key_id, "instance_id": i.id, "refreshed_at": i.credentials_refreshed_at,
+             "seen_at": now}
+            for r in recent for i in live
+            if i.credentials_refreshed_at is not None
+            and i.credentials_refreshed_at >= r.revoked_at]
+    if not rows:
+        return 0
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return int(conn.execute(dialect.insert(revocation_refreshes).values(rows)
+                            .on_conflict_do_nothing()).rowcount)
 
 
 def _open_finding(conn: Connection, instance: Instance, revoked_at: datetime, *,

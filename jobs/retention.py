@@ -258,6 +258,13 @@ def purge(engine: Engine, settings: Settings, clock: Clock, *, dry_run: bool = F
         expire_attempts_by_time(engine, settings, cutoff, batch_size, pacer)
         expired = expire_receipts(engine, settings, cutoff, batch_size, on_batch, pacer)
         expire_bookkeeping(engine, settings, cutoff)
+    from jobs.retention_preview import (  # it imports this module
+        drop_expired_forensic_bodies,
+        drop_old_requeue_members,
+    )
+
+    bodies += drop_expired_forensic_bodies(engine, now, batch_size)
+    drop_old_requeue_members(engine, cutoff)
     result = PurgeResult(expired_receipts=expired, payloads_dropped=dropped, dry_run=False)
     if actor is not None and (expired or dropped):
         with engine.begin() as conn:

@@ -237,6 +237,11 @@ DECLARED: tuple[Setting, ...] = (
             shown_default="14 days or the retention, whichever is shorter (605100)",
             meaning="a failed job keeps its payload for review this long; never longer than "
                     "the retention"),
+    Setting(name="LEDGER_CONFLICT_BODY_SECONDS", attribute="conflict_body_seconds",
+            section=_KEEP, parser=Seconds(0), default=0, shown_default="0 (off)",
+            meaning="the forensic window: a completed receipt's original body is kept this long "
+                    "so that a conflict on its event id can be diffed; never longer than the "
+                    "retention"),
     Setting(name="LEDGER_PURGE_DUTY_CYCLE", attribute="purge_duty_cycle", section=_KEEP,
             parser=Real("a number in (0, 1]", above=0, at_most=1), default=DEFAULT_DUTY_CYCLE,
             meaning="share of wall time the purge may spend deleting; 1 = full speed"),
@@ -377,7 +382,7 @@ def _refuse_production_without_keys(env: Mapping[str, str]) -> None:
 
 
 def _check_together(values: dict[str, Any]) -> None:
-    """Apply the rules that join settings: the replica's, the review window's."""
+    """Apply the rules that join settings: the replica's, the windows within the retention."""
     name = "LEDGER_READ_DATABASE_URL"
     if values["read_database_url"] and not values["database_url"].startswith(
             POSTGRESQL_PREFIXES):
@@ -388,6 +393,8 @@ def _check_together(values: dict[str, Any]) -> None:
         raise SettingsError("LEDGER_READ_MAX_LAG_SECONDS", "LEDGER_READ_MAX_LAG_SECONDS "
                             "bounds the replica's lag: it needs LEDGER_READ_DATABASE_URL")
     values["review_window_seconds"] = min(values["review_window_seconds"],
+                                          values["retention_seconds"])
+    values["conflict_body_seconds"] = min(values["conflict_body_seconds"],
                                           values["retention_seconds"])
 
 
@@ -451,6 +458,7 @@ class Settings:
     revocation_bound_seconds: float = _default("LEDGER_REVOCATION_BOUND_SECONDS")
     retention_seconds: float = _default("LEDGER_RETENTION_SECONDS")
     review_window_seconds: float = _default("LEDGER_REVIEW_WINDOW_SECONDS")
+    conflict_body_seconds: float = _default("LEDGER_CONFLICT_BODY_SECONDS")
     purge_duty_cycle: float = _default("LEDGER_PURGE_DUTY_CYCLE")
     max_body_bytes: int = _default("LEDGER_MAX_BODY_BYTES")
     max_json_depth: int = _default("LEDGER_MAX_JSON_DEPTH")

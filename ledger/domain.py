@@ -104,6 +104,7 @@ class Credential:
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None
+    label: str | None = None
 
     def is_live(self, now: datetime) -> bool:
         """Tell whether this credential may verify a delivery at `now`."""
@@ -117,7 +118,7 @@ class Credential:
         return cls(key_id=row.key_id, integration_id=row.integration_id,
                    state=CredentialState(row.state), fingerprint=row.fingerprint,
                    created_at=row.created_at, expires_at=row.expires_at,
-                   revoked_at=row.revoked_at)
+                   revoked_at=row.revoked_at, label=getattr(row, "label", None))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

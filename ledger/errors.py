@@ -52,6 +52,9 @@ class AuthenticationFailed(LedgerError):
         super().__init__(reason)
         self.reason = reason
         self.key_id = key_id
+        # The event id of a refusal whose signature verified (a dead key, a stale
+        # timestamp): then it is the signer's, not a claim anyone could make.
+        self.event_id: str | None = None
 
 
 class InvalidEvent(LedgerError):

@@ -78,7 +78,7 @@ def _leaked_key(app: Any) -> dict[str, str]:
     deliver(svc, post, integration.public_id, "stripe", key.secret, event_id="evt_47",
             event_type="demo.credit", data={"amount": 7000})
     return {"public_id": integration.public_id, "key_id": key.key_id,
-            "conflict": str(conflict)}
+            "conflict": str(conflict), "secret": key.secret}
 
 
 def _work(app: Any) -> None:

@@ -1,6 +1,6 @@
 // Replay Ledger dashboard: small, dependency-free behaviours on top of server-rendered pages.
-// - Times: the server renders UTC in <time datetime="…">; a header toggle shows them in the
-//   browser's zone instead (remembered in localStorage), re-applied after every htmx swap.
+// - Times: the server renders UTC in <time datetime="…"> (filters take UTC too); the
+//   browser's local time is in each time's tooltip, re-applied after every htmx swap.
 // - "/" focuses the header search box when there is one, else the page's first filter input.
 // - Export links and self-refreshing lists use the filter the page shows now (htmx pushes it
 //   into the URL).
@@ -8,9 +8,9 @@
 // - Polling (hx-trigger="every …" on a [data-poll] element) pauses while the tab is hidden,
 //   while focus is inside data-poll-idle, or while data-poll-hold matches something. These
 //   were htmx trigger filters, which htmx evaluates as strings: the CSP forbids that.
+//   A 401 (the session ended) stops polling for good.
 (function () {
   "use strict";
-  var KEY = "ledger.tz";
 
   function pad(n) { return (n < 10 ? "0" : "") + n; }
 
@@ -24,19 +24,10 @@
   }
 
   function applyZone(root) {
-    var local = localStorage.getItem(KEY) === "local";
     (root || document).querySelectorAll("time[datetime]").forEach(function (el) {
-      if (!el.dataset.utc) { el.dataset.utc = el.textContent; }
       var date = new Date(el.getAttribute("datetime"));
-      if (isNaN(date.getTime())) { return; }
-      el.textContent = local ? localText(date) : el.dataset.utc;
-      el.title = local ? el.dataset.utc : localText(date);
+      if (!isNaN(date.getTime())) { el.title = "your local time: " + localText(date); }
     });
-    var button = document.getElementById("tz-toggle");
-    if (button) {
-      button.textContent = local ? "Times: local" : "Times: UTC";
-      button.setAttribute("aria-pressed", local ? "true" : "false");
-    }
   }
 
   function focusSearch(event) {
@@ -58,13 +49,6 @@
     link.href = link.href.split("?")[0] + "?" + params.toString();
   }
 
-  // "Cancel" removes the question it belongs to (no inline handlers: the CSP forbids them).
-  function dismiss(event) {
-    var button = event.target.closest && event.target.closest("button[data-dismiss]");
-    var box = button && button.closest(button.getAttribute("data-dismiss"));
-    if (box) { box.remove(); }
-  }
-
   function pausePoll(event) {
     var elt = event.detail && event.detail.elt;
     if (!elt || !elt.hasAttribute || !elt.hasAttribute("data-poll")) { return; }
@@ -78,17 +62,18 @@
     }
   }
 
-  document.addEventListener("DOMContentLoaded", function () {
-    applyZone(document);
-    var button = document.getElementById("tz-toggle");
-    if (button) {
-      button.addEventListener("click", function () {
-        localStorage.setItem(KEY, localStorage.getItem(KEY) === "local" ? "utc" : "local");
-        applyZone(document);
-      });
-    }
+  document.addEventListener("DOMContentLoaded", function () { applyZone(document); });
+  // After a bulk action, focus goes to its confirmation or result (marked data-focus, once)
+  // so that keyboard and screen-reader users land on it; its aria-live region announces it.
+  function focusResult() {
+    var box = document.querySelector("[data-focus]:not([data-focused])");
+    if (box) { box.setAttribute("data-focused", ""); box.focus(); }
+  }
+
+  document.addEventListener("htmx:afterSettle", function (event) {
+    applyZone(event.target);
+    focusResult();
   });
-  document.addEventListener("htmx:afterSettle", function (event) { applyZone(event.target); });
   document.addEventListener("keydown", focusSearch);
   // A self-refreshing list asks for the URL the page shows now (filters push it), not the
   // one it was rendered with.
@@ -98,6 +83,19 @@
     }
   });
   document.addEventListener("click", freshExportLink);
-  document.addEventListener("click", dismiss);
-  document.addEventListener("htmx:beforeRequest", pausePoll);
+  // A Cancel button removes the box it names (no inline script: the page's CSP forbids it).
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("[data-dismiss]");
+    if (button) { var box = button.closest(button.getAttribute("data-dismiss")); if (box) { box.remove(); } }
+  });
+  // A 401 means the session ended: the server sends HX-Redirect to the login page; should a
+  // 401 come without it, keep the page as it is and stop asking rather than blank it.
+  var sessionEnded = false;
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    if (event.detail.xhr.status === 401) { event.detail.shouldSwap = false; sessionEnded = true; }
+  });
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    if (sessionEnded) { event.preventDefault(); return; }
+    pausePoll(event);
+  });
 })();

@@ -54,6 +54,8 @@ class Actor:
     name: str
     role: str
     request_id: str | None = None
+    # The operator's address (dashboard and API): kept in the row's detail, so hashed.
+    client: str | None = None
 
     @classmethod
     def cli(cls) -> Actor:
@@ -140,6 +142,8 @@ def record(conn: Connection, actor: Actor, action: str, target: str, *, at: date
     ).scalar()
     # Hash what the database gives back: UTC (a +02:00 instant would read back as UTC).
     at = at.astimezone(UTC)
+    if actor.client:
+        detail = {**(detail or {}), "client": actor.client}
     values = {
         "at": at, "actor": actor.name, "role": actor.role, "action": action,
         "target": target, "scope": scope, "reason": reason, "request_id": actor.request_id,

@@ -31,6 +31,7 @@ DEFAULT_OVERLAP_SECONDS = 86400
 MAX_OVERLAP_SECONDS = 30 * 86400
 LIVE_STATES = (CredentialState.ACTIVE.value, CredentialState.RETIRING.value)
 SCHEDULER = audit.Actor(name="scheduler", role="system")
+MAX_LABEL_LENGTH = 80
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,8 +52,10 @@ def add_credential(
     conn: Connection, box: SecretBox, actor: audit.Actor, integration: Integration, *,
     now: datetime, secret: str | None = None, action: str = "credential.add",
     reason: str | None = None, detail: dict[str, Any] | None = None,
+    label: str | None = None,
 ) -> NewCredential:
     """Add an active credential to the integration; audited. Returns the secret once."""
+    label = check_label(label)
     secret_format = profile_for(integration).secret
     if secret is None:
         if secret_format.generate is None:
@@ -68,13 +71,40 @@ def add_credential(
         insert(credentials).values(
             key_id=key_id, integration_id=integration.id, secret_enc=box.encrypt(secret),
             fingerprint=print_hmac, state=CredentialState.ACTIVE.value,
-            created_at=now,
+            created_at=now, label=label,
         )
     )
     audit.record(conn, actor, action, key_id, at=now, scope=integration.scope, reason=reason,
-                 detail={"integration": integration.public_id,
-                         "fingerprint": print_hmac, **(detail or {})})
+                 detail={"integration": integration.public_id, "fingerprint": print_hmac,
+                         **({"label": label} if label else {}), **(detail or {})})
     return NewCredential(key_id=key_id, secret=secret, public=secret_format.is_public(secret))
+
+
+def check_label(label: str | None) -> str | None:
+    """Return a key's label trimmed (None when empty), or refuse one that cannot be shown."""
+    label = (label or "").strip()
+    if not label:
+        return None
+    if len(label) > MAX_LABEL_LENGTH or not label.isprintable():
+        raise Refused(f"a label is at most {MAX_LABEL_LENGTH} printable characters")
+    return label
+
+
+def identify_secret(conn: Connection, actor: audit.Actor, secret: str, *,
+                    now: datetime) -> list[str]:
+    """Return the key ids whose secret this is (by keyed fingerprint); audited, never stored.
+
+    The secret itself is neither kept nor written anywhere: only whether it matched.
+    """
+    if not isinstance(secret, str) or not secret.strip():
+        raise Refused("paste the secret to look up")
+    print_hmac = fingerprint(secret.strip(), audit.key_of(conn))
+    matched = list(conn.execute(select(credentials.c.key_id)
+                                .where(credentials.c.fingerprint == print_hmac)
+                                .order_by(credentials.c.id)).scalars())
+    audit.record(conn, actor, "credential.identify", ",".join(matched) or "no match", at=now,
+                 detail={"matched": matched})
+    return matched
 
 
 def refresh_fingerprints(conn: Connection, box: SecretBox) -> int:
@@ -140,7 +170,7 @@ def is_last_live_key(conn: Connection, integration_id: int, key_id: str,
 def rotate_credential(
     conn: Connection, box: SecretBox, actor: audit.Actor, integration: Integration, *,
     now: datetime, overlap_seconds: int = DEFAULT_OVERLAP_SECONDS, secret: str | None = None,
-    reason: str | None = None,
+    reason: str | None = None, label: str | None = None,
 ) -> Rotation:
     """Add a replacement to the same integration and retire its live keys; one audit row."""
     if not 0 <= overlap_seconds <= MAX_OVERLAP_SECONDS:
@@ -156,7 +186,7 @@ def rotate_credential(
         retiring.append((row.key_id, expires_at))
     created = add_credential(
         conn, box, actor, integration, now=now, secret=secret, action="credential.rotate",
-        reason=reason,
+        reason=reason, label=label,
         detail={"overlap_seconds": overlap_seconds,
                 "retiring": [{"key_id": k, "expires_at": at.isoformat()} for k, at in retiring]},
     )

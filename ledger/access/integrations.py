@@ -63,12 +63,12 @@ def create_integration(
     conn: Connection, box: SecretBox, actor: audit.Actor, *, account: str, name: str,
     profile: str, now: datetime, tolerance: int = 300, max_body_bytes: int | None = None,
     secret: str | None = None, sandbox: bool = False,
-    settings: dict[str, str | None] | None = None,
+    settings: dict[str, str | None] | None = None, label: str | None = None,
 ) -> tuple[Integration, NewCredential]:
     """Create an integration with its first active credential; audited."""
-    for label, slug in (("account", account), ("name", name)):
+    for what, slug in (("account", account), ("name", name)):
         if not SLUG.fullmatch(slug):
-            raise Refused(f"{label} {slug!r} must match [a-z0-9][a-z0-9_-]{{0,62}}")
+            raise Refused(f"{what} {slug!r} must match [a-z0-9][a-z0-9_-]{{0,62}}")
     settings = settings if settings is not None else profile_settings(profile)
     if tolerance < 1 or tolerance > 86400:
         raise Refused("tolerance must be between 1 and 86400 seconds")
@@ -92,7 +92,8 @@ def create_integration(
     # credentials.py looks integrations up, so it is imported here, not at the top.
     from ledger.access.credentials import add_credential
 
-    credential = add_credential(conn, box, actor, integration, now=now, secret=secret)
+    credential = add_credential(conn, box, actor, integration, now=now, secret=secret,
+                                label=label)
     return integration, credential
 
 

@@ -25,6 +25,9 @@ from ledger.cli.common import (
     services,
 )
 
+LABEL_OPTION = click.option("--label", default=None,
+                            help="A name for the key, shown in listings (at most 80 characters).")
+
 
 def _iso(moment: datetime | None) -> str | None:
     """Return an ISO string or None."""
@@ -39,16 +42,18 @@ def credential_group() -> None:
 @credential_group.command("add")
 @click.option("--integration", "public_id", required=True, help="Integration id (in_…).")
 @click.option("--secret-stdin", is_flag=True, help="Read the secret from stdin.")
+@LABEL_OPTION
 @json_option
 @handles_ledger_errors
-def credential_add(public_id: str, secret_stdin: bool, as_json: bool) -> None:
+def credential_add(public_id: str, secret_stdin: bool, label: str | None,
+                   as_json: bool) -> None:
     """Add an active credential; its secret is printed once."""
     secret = read_stdin_secret("secret") if secret_stdin else None
     svc = services()
     with svc.engine.begin() as conn:
         integration = get_integration(conn, public_id)
         credential = add_credential(conn, svc.box, audit.Actor.cli(), integration,
-                                    now=svc.clock.now(), secret=secret)
+                                    now=svc.clock.now(), secret=secret, label=label)
     emit(as_json, {"key_id": credential.key_id, "secret": credential.shown_secret},
          text=f"key {credential.key_id} secret (shown once): {credential.shown_secret}")
 
@@ -67,7 +72,8 @@ def credential_list(public_id: str, as_json: bool) -> None:
              "expires_at": _iso(c.expires_at), "revoked_at": _iso(c.revoked_at),
              "fingerprint": c.fingerprint} for c in creds]
     emit(as_json, {"credentials": rows},
-         text="\n".join(f"{r['key_id']}  {r['state']:<8}  {r['fingerprint']}" for r in rows))
+         text="\n".join(f"{c.key_id}  {c.state.value:<8}  {c.fingerprint}  {c.label or ''}".rstrip()
+                        for c in creds))
 
 
 @credential_group.command("rotate")
@@ -77,10 +83,11 @@ def credential_list(public_id: str, as_json: bool) -> None:
               default=DEFAULT_OVERLAP_SECONDS, show_default=True,
               help="Seconds the old keys keep verifying (0 stops them now).")
 @click.option("--reason", default=None, help="Why (kept in the audit log).")
+@LABEL_OPTION
 @json_option
 @handles_ledger_errors
 def credential_rotate(public_id: str, secret_stdin: bool, overlap: int, reason: str | None,
-                      as_json: bool) -> None:
+                      label: str | None, as_json: bool) -> None:
     """Add a replacement key on the same scope; the old live keys retire after the overlap."""
     secret = read_stdin_secret("secret") if secret_stdin else None
     svc = services()
@@ -88,7 +95,7 @@ def credential_rotate(public_id: str, secret_stdin: bool, overlap: int, reason: 
         integration = get_integration(conn, public_id)
         rotation = rotate_credential(conn, svc.box, audit.Actor.cli(), integration,
                                      now=svc.clock.now(), overlap_seconds=overlap,
-                                     secret=secret, reason=reason)
+                                     secret=secret, reason=reason, label=label)
     retiring = "\n".join(f"retiring {k} until {at.isoformat()}" for k, at in rotation.retiring)
     emit(as_json, rotation.to_json(),
          text=f"key {rotation.key_id} secret (shown once): {rotation.secret}\n{retiring}".strip())

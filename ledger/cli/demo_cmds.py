@@ -26,21 +26,25 @@ def demo_seed() -> None:
         click.echo(password_line(password))
 
 
-def seed_demo() -> str | None:
-    """Seed the demo (printing each delivery); return the new admin password, if one was made."""
+def seed_demo(*, serving: bool = False) -> str | None:
+    """Seed the demo (printing each delivery); return the new admin password, if one was made.
+
+    `serving`: `ledger dev` seeds in the process that serves, whose web instance must stay
+    registered (revocation propagation is checked against it).
+    """
     client = current_flask_app().test_client()
 
     def post(path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
         response = client.post(path, data=body, headers=headers)
         return response.status_code, response.get_json()
 
-    sent = seed(services(), post)
+    sent = seed(services(serving=serving), post)
     if not sent:
         click.echo("demo already seeded")
     for delivery in sent:
         click.echo(f"{delivery.scope:<22} {delivery.event_id:<8} {delivery.status} "
                    f"{delivery.answer.get('status') or delivery.answer.get('error')}")
-    return _seed_dashboard()
+    return _seed_dashboard(serving=serving)
 
 
 def password_line(password: str) -> str:
@@ -49,9 +53,9 @@ def password_line(password: str) -> str:
             "set LEDGER_DEMO_ADMIN_PASSWORD to choose it)")
 
 
-def _seed_dashboard() -> str | None:
+def _seed_dashboard(*, serving: bool = False) -> str | None:
     """Create the dashboard's demo admin and compute the rollups; return a new password."""
-    svc = services()
+    svc = services(serving=serving)
     with svc.engine.begin() as conn:
         password = seed_admin(conn, svc.clock.now(), svc.settings.demo_admin_password)
     try:

@@ -70,7 +70,7 @@ def dev(host: str, port: int, demo: bool) -> None:
     """Serve the dashboard and intake with a worker and the scheduler in one process."""
     svc = services(serving=True)
     registry = load_handlers_or_exit(svc)  # before anything starts: a bad source exits 2
-    password = seed_demo() if demo else None
+    password = seed_demo(serving=True) if demo else None
     stop = threading.Event()
     threads = [_start_worker(svc, registry, stop), _start_scheduler(svc, stop)]
     click.echo(f"Replay Ledger on http://{host}:{port}/  (dashboard: /login, "

@@ -68,12 +68,13 @@ def integration_group() -> None:
 @_hmac_flags
 @click.option("--secret-stdin", is_flag=True,
               help="Read the first secret (or the sender's public key) from stdin.")
+@click.option("--label", default=None, help="A name for the first key, shown in listings.")
 @json_option
 @handles_ledger_errors
 def integration_create(account: str, name: str, profile: str, tolerance: int,
                        max_body_bytes: int | None, type_path: str | None,
                        event_type: str | None, endpoint_url: str | None, secret_stdin: bool,
-                       as_json: bool, **hmac_values: Any) -> None:
+                       label: str | None, as_json: bool, **hmac_values: Any) -> None:
     """Create an integration and its first credential; the secret is printed once."""
     if type_path and event_type:
         raise click.UsageError("give --type-path or --event-type, not both")
@@ -88,7 +89,7 @@ def integration_create(account: str, name: str, profile: str, tolerance: int,
         integration, credential = create_integration(
             conn, svc.box, audit.Actor.cli(), account=account, name=name, profile=profile,
             now=svc.clock.now(), tolerance=tolerance, max_body_bytes=max_body_bytes,
-            secret=secret, settings=settings)
+            secret=secret, settings=settings, label=label)
     emit(as_json, {
         "integration": integration.public_id, "scope": integration.scope,
         "profile": integration.profile,

@@ -8,6 +8,7 @@ from ledger.access import audit
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, handles_ledger_errors, json_option, services
 from ledger.db.engine import storage_guard
+from ledger.services import Services
 
 
 @ledger_cli.command("scheduler")
@@ -27,15 +28,20 @@ def scheduler_command(instance_id: str | None) -> None:
 
 @ledger_cli.command("purge")
 @click.option("--dry-run", is_flag=True, help="Count what would go; delete nothing.")
+@click.option("--preview", is_flag=True,
+              help="Show what the next scheduled purge will do, per scope; delete nothing.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=10_000, show_default=True,
               help="Receipts deleted per transaction.")
 @json_option
 @handles_ledger_errors
-def purge_command(dry_run: bool, batch_size: int, as_json: bool) -> None:
+def purge_command(dry_run: bool, preview: bool, batch_size: int, as_json: bool) -> None:
     """Expire finished receipts older than the retention and drop reviewed failed payloads."""
     from ledger.jobs.retention import purge
 
     svc = services()
+    if preview:
+        _purge_preview(svc, as_json)
+        return
     with storage_guard():
         result = purge(svc.engine, svc.settings, svc.clock, dry_run=dry_run,
                        batch_size=batch_size, actor=audit.Actor.cli())
@@ -43,6 +49,20 @@ def purge_command(dry_run: bool, batch_size: int, as_json: bool) -> None:
     emit(as_json, result.to_json(),
          text=f"{verb} {result.expired_receipts} receipts; "
               f"{'would drop' if dry_run else 'dropped'} {result.payloads_dropped} payloads")
+
+
+def _purge_preview(svc: Services, as_json: bool) -> None:
+    """Print what the next scheduled purge will do (every expired receipt counted)."""
+    from jobs.retention_preview import preview
+
+    with storage_guard(), svc.engine.connect() as conn:
+        result = preview(conn, svc.settings, svc.clock.now())
+    when = result.next_run_at.isoformat() if result.next_run_at else "never (job off)"
+    lines = [f"next run: {when}", f"would expire {result.expired_receipts} receipts; "
+             f"would drop {result.payloads_dropped} payloads and "
+             f"{result.conflict_bodies_dropped} conflict bodies"]
+    lines += [f"  {item['scope']}: {item['expired_receipts']}" for item in result.by_scope]
+    emit(as_json, result.to_json(), text="\n".join(lines))
 
 
 @ledger_cli.command("capacity")

@@ -129,6 +129,8 @@ credentials = Table(
     Column("expires_at", UTCDateTime),
     Column("revoked_at", UTCDateTime),
     Column("revoked_reason", Text),
+    # An operator's name for the key ("CI deploy key", "Stripe dashboard, Dec"): optional.
+    Column("label", Text),
 )
 
 receipts = Table(
@@ -223,6 +225,44 @@ conflicts = Table(
 )
 Index("ix_conflicts_last_seen", conflicts.c.last_seen)
 
+# The forensic window (LEDGER_CONFLICT_BODY_SECONDS, off by default): the original body of
+# a completed receipt, kept apart from the job (which leaves when it completes) so that a
+# later conflict on its event id can be diffed; the retention purge drops expired rows.
+conflict_bodies = Table(
+    "conflict_bodies",
+    metadata,
+    Column("scope_id", Integer, primary_key=True),
+    Column("event_id", Text, primary_key=True),
+    Column("body", Text, nullable=False),
+    Column("kept_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+)
+Index("ix_conflict_bodies_expires", conflict_bodies.c.expires_at)
+
+# The receipts one bulk requeue ("Requeue group…", "Requeue all") requeued, so that its
+# follow-through (complete / pending / failed again) can be counted; purged with retention.
+requeue_members = Table(
+    "requeue_members",
+    metadata,
+    Column("batch_id", Text, primary_key=True),
+    Column("scope_id", Integer, primary_key=True),
+    Column("event_id", Text, primary_key=True),
+    Column("requeued_at", UTCDateTime, nullable=False),
+)
+Index("ix_requeue_members_at", requeue_members.c.requeued_at)
+
+# Revocation evidence (jobs/credential_jobs.py): the first refresh of each live web
+# instance seen at or after a revocation, so the Credentials page can say "refreshed on
+# N of N web instances, slowest X s" after the fact.
+revocation_refreshes = Table(
+    "revocation_refreshes",
+    metadata,
+    Column("key_id", Text, primary_key=True),
+    Column("instance_id", Text, primary_key=True),
+    Column("refreshed_at", UTCDateTime, nullable=False),
+    Column("seen_at", UTCDateTime, nullable=False),
+)
+
 attempts = Table(
     "attempts",
     metadata,
@@ -266,6 +306,7 @@ audit_log = Table(
     Column("row_hash", Text, nullable=False),
 )
 Index("ix_audit_at", audit_log.c.at)
+Index("ix_audit_action", audit_log.c.action, audit_log.c.id)
 
 operators = Table(
     "operators",

@@ -54,6 +54,10 @@ class IntakeAnswer:
     key_id: str  # the credential whose signature matched (the delivery log)
 
 
+# A tolerance no timestamp is outside of: finds the key that signed a stale delivery.
+FOREVER_SECONDS = 10**12
+
+
 class _ReplayedBody(Exception):
     """Internal: roll the claim back, the body was accepted before under another id."""
 
@@ -81,23 +85,45 @@ class Intake:
         integration = auth.integration
         profile = profile_for(integration)
         now = self._clock.now()
-        key = self._authenticate_fresh(auth, profile, headers, body)
+        try:
+            key = self._authenticate_fresh(auth, profile, headers, body)
+        except AuthenticationFailed as failure:
+            if failure.key_id is not None:  # signed by a known key: its event id is a fact
+                failure.event_id = self._signed_event_id(profile, headers, body)
+            raise
         try:
             return self._accept_authenticated(auth, profile, key, headers, body, now)
         except InvalidEvent as invalid:
             invalid.key_id = key.key_id  # a signed body that is refused: the log names its key
             raise
 
+    def _signed_event_id(self, profile: SenderProfile, headers: HeaderMap,
+                         body: bytes) -> str | None:
+        """Return the valid event id of a refused but signed body, else None (best effort)."""
+        try:
+            _, payload = self._payload(profile, headers, body)
+            if isinstance(payload, list):
+                return None  # a batch has many ids; the log keeps none
+            return validate_event_id(profile.event_id.read(headers, payload, body))
+        except (InvalidEvent, ValueError, TypeError, KeyError):
+            return None
+
+    def _payload(self, profile: SenderProfile, headers: HeaderMap,
+                 body: bytes) -> tuple[str, Any]:
+        """Return the body's format (the profile's, or its Content-Type's) and the parsed body."""
+        body_format = (JSON if profile.body_format == JSON and profile.alternate_format is None
+                       else profile.format_of(headers))
+        return body_format, (parse_json_object(body, self._max_json_depth)
+                             if body_format == JSON
+                             else parse_body(body_format, body, self._max_json_depth,
+                                             json_field=profile.form_json_field))
+
     def _accept_authenticated(self, auth: IntegrationAuth, profile: SenderProfile,
                               key: KeyMaterial, headers: HeaderMap, body: bytes,
                               now: Any) -> IntakeAnswer:
         """Answer an authenticated delivery: a handshake, a batch, or one event."""
         integration = auth.integration
-        body_format = (JSON if profile.body_format == JSON and profile.alternate_format is None
-                       else profile.format_of(headers))
-        payload = (parse_json_object(body, self._max_json_depth) if body_format == JSON
-                   else parse_body(body_format, body, self._max_json_depth,
-                                   json_field=profile.form_json_field))
+        body_format, payload = self._payload(profile, headers, body)
         if profile.handshake is not None:
             reply = profile.handshake(payload, key.secret)
             if reply is not None:  # answered at once, after authentication; nothing written
@@ -202,6 +228,12 @@ class Intake:
                 key = dead[hit.secret_index]
                 state = "revoked" if key.state is CredentialState.REVOKED else "expired"
                 raise AuthenticationFailed(f"{state}_key", key_id=key.key_id) from None
+            if failure.reason in ("stale_timestamp", "future_timestamp"):
+                # Freshness is checked after the signature: some live key signed it.
+                signer = profile.scheme.verify(headers, body, [k.secret for k in live],
+                                               now=unix(now), tolerance=FOREVER_SECONDS)
+                raise AuthenticationFailed(failure.reason,
+                                           key_id=live[signer.secret_index].key_id) from None
             raise
         return live[verified.secret_index]
 

@@ -105,7 +105,7 @@ def credential_rows(conn: Connection, integration_id: int,
     rows = conn.execute(
         select(credentials.c.key_id, credentials.c.state, credentials.c.fingerprint,
                credentials.c.created_at, credentials.c.expires_at, credentials.c.revoked_at,
-               credentials.c.revoked_reason)
+               credentials.c.revoked_reason, credentials.c.label)
         .where(credentials.c.integration_id == integration_id)
         .order_by(credentials.c.id.desc()))
     items = [dict(r._mapping) for r in rows]

@@ -7,6 +7,7 @@ integration is named, the partial (key_id, at) index for a key, the partial
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, func, literal_column, select, tuple_
 
-from ledger.db.schema import deliveries
+from ledger.db.schema import deliveries, integrations
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
 from ledger.reads.receipts import MAX_LIMIT, scope_names
 
@@ -36,7 +37,10 @@ class DeliveryFilter:
     """What an operator asked to see in the delivery log; every field optional."""
 
     integration_id: int | None = None
+    # Several integrations (an account, or a scope prefix); ignored with integration_id.
+    integration_ids: tuple[int, ...] | None = None
     key_id: str | None = None
+    event_id: str | None = None
     outcome: str | None = None
     since: datetime | None = None
     until: datetime | None = None
@@ -47,11 +51,19 @@ def _terms(f: DeliveryFilter) -> list[Any]:
     terms: list[Any] = []
     if f.integration_id is not None:
         terms.append(deliveries.c.integration_id == f.integration_id)
+    elif f.integration_ids is not None:
+        terms.append(deliveries.c.integration_id.in_(f.integration_ids))
+    elif f.event_id is not None:
+        # ix_deliveries_event leads with the integration: probe it once per integration.
+        terms.append(deliveries.c.integration_id.in_(select(integrations.c.id)))
+    if f.event_id is not None:
+        terms.append(deliveries.c.event_id == f.event_id)
     if f.key_id is not None:
         terms.append(deliveries.c.key_id == f.key_id)
     if f.outcome is not None:
         terms.append(deliveries.c.outcome == f.outcome)
-        if f.outcome != "accepted" and f.integration_id is None and f.key_id is None:
+        if (f.outcome != "accepted" and f.integration_id is None and f.key_id is None
+                and f.event_id is None and f.integration_ids is None):
             # Spelled out so the partial ix_deliveries_outcome matches whatever plan
             # PostgreSQL caches for the bound outcome. Not with an integration or a key:
             # their own index walks one sender's rows (combining both indexes and then
@@ -113,6 +125,20 @@ def delivery_items(conn: Connection, rows: Sequence[Any]) -> list[dict[str, Any]
                       "event_id": r.event_id, "client": r.client, "reason": r.reason,
                       "count": r.count})
     return items
+
+
+# Refusal reasons of unauthenticated deliveries are fixed codes (AuthenticationFailed):
+# their category is safe for every role; other reasons may quote the body.
+_CATEGORY = re.compile(r"[a-z_]{1,40}")
+
+
+def refusal_category(outcome: str, reason: str | None) -> str | None:
+    """Return why a delivery was refused, in a word every role may see (None if accepted)."""
+    if outcome in ("accepted", "duplicate"):
+        return None
+    if outcome == "unauthenticated" and reason and _CATEGORY.fullmatch(reason):
+        return reason
+    return outcome
 
 
 def credential_usage(conn: Connection, creds: list[dict[str, Any]],

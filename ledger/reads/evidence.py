@@ -8,9 +8,10 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from ledger.db.schema import conflicts, jobs
+from ledger.db.schema import conflict_bodies, conflicts, jobs, receipts
+from ledger.domain import ReceiptState
 from ledger.errors import NotFound
-from ledger.reads.receipts import conflict_item, payload_value, scope_names
+from ledger.reads.receipts import conflict_item, payload_value, pretty_payload, scope_names
 
 # A diff longer than this is cut (and said so): a page of 10,000 changed paths helps no one.
 DIFF_LIMIT = 500
@@ -37,6 +38,12 @@ class ConflictEvidence:
     incoming_retained: bool
     changes: list[Change] | None  # None unless both bodies are retained
     truncated: bool
+    # What the ledger still knows of the original receipt: digest, times, state, result
+    # (None once the retention purge expired it).
+    original: dict[str, Any] | None = None
+    # "job" (not yet completed), "forensic window" (LEDGER_CONFLICT_BODY_SECONDS) or None.
+    original_source: str | None = None
+    incoming_body: str | None = None  # pretty-printed, for the roles that see payloads
 
 
 def _shown(value: Any) -> str:
@@ -85,9 +92,7 @@ def read_conflict_evidence(conn: Connection, conflict_id: int) -> ConflictEviden
     row = conn.execute(select(conflicts).where(conflicts.c.id == conflict_id)).first()
     if row is None:
         raise NotFound("conflict", str(conflict_id))
-    original = conn.execute(
-        select(jobs.c.payload).where(jobs.c.scope_id == row.scope_id,
-                                     jobs.c.event_id == row.original_event_id)).scalar()
+    original, source = _original_body(conn, row.scope_id, row.original_event_id)
     scope, public_id = scope_names(conn, {row.scope_id}).get(row.scope_id,
                                                              (str(row.scope_id), ""))
     item = {k: v for k, v in conflict_item(row).items() if k != "incoming_body"}
@@ -99,4 +104,32 @@ def read_conflict_evidence(conn: Connection, conflict_id: int) -> ConflictEviden
         changes = changes[:DIFF_LIMIT]
     return ConflictEvidence(conflict=item, original_retained=original is not None,
                             incoming_retained=row.incoming_body is not None,
-                            changes=changes, truncated=bool(truncated))
+                            changes=changes, truncated=bool(truncated),
+                            original=_original_facts(conn, row.scope_id, row.original_event_id),
+                            original_source=source,
+                            incoming_body=None if row.incoming_body is None
+                            else pretty_payload(row.incoming_body))
+
+
+def _original_body(conn: Connection, scope_id: int, event_id: str) -> tuple[str | None, str | None]:
+    """Return the original's body and where it was found: its job, or the forensic window."""
+    body = conn.execute(select(jobs.c.payload).where(
+        jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).scalar()
+    if body is not None:
+        return body, "job"
+    kept = conn.execute(select(conflict_bodies.c.body).where(
+        conflict_bodies.c.scope_id == scope_id, conflict_bodies.c.event_id == event_id)).scalar()
+    return (kept, "forensic window") if kept is not None else (None, None)
+
+
+def _original_facts(conn: Connection, scope_id: int, event_id: str) -> dict[str, Any] | None:
+    """Return the original receipt's digest, times, state and result (primary-key probe)."""
+    row = conn.execute(select(
+        receipts.c.body_sha256, receipts.c.accepted_at, receipts.c.completed_at,
+        receipts.c.state, receipts.c.result_ref).where(
+        receipts.c.scope_id == scope_id, receipts.c.event_id == event_id)).first()
+    if row is None:
+        return None
+    return {"body_sha256": bytes(row.body_sha256).hex(), "accepted_at": row.accepted_at,
+            "completed_at": row.completed_at, "result_ref": row.result_ref,
+            "state": ReceiptState.from_code(row.state).value}

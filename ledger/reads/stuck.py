@@ -4,6 +4,8 @@
 due within the grace): attempt n of N, the next attempt's time, the last error.
 *Stuck*, with the reason in a column:
   - no live worker: work is due and no worker instance has a heartbeat within the bound;
+  - held by live worker X past its lease: its handler still runs (a heartbeat within
+    the bound) beyond the lease, so nothing else may take the job;
   - lease expired, not retaken: a worker took the job and went silent past the grace;
   - due, unclaimed: due for longer than the grace and no worker took it;
   - pending without a job: the receipt waits but no queued job exists to run it.
@@ -17,7 +19,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Label, and_, select
+from sqlalchemy import Connection, Label, Select, and_, select
 
 from ledger.db.schema import attempts, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
@@ -31,6 +33,10 @@ NO_WORKER = "no live worker"
 EXPIRED_LEASE = "lease expired, not retaken"
 UNCLAIMED = "due, unclaimed"
 NO_JOB = "pending without a job"
+HELD_PAST_LEASE = "held by live worker {worker} past its lease"
+# "Running now" looks back this far for leases that ended: a job held longer past its
+# lease than this still shows under Stuck, with its reason.
+RUNNING_LOOKBACK = timedelta(hours=1)
 
 # The receipt's first acceptance, looked up per listed job by primary key: a join
 # would let the planner hash all of receipts for a page of 100 jobs.
@@ -77,9 +83,11 @@ def retrying_jobs(conn: Connection, now: datetime, *, grace_seconds: float,
                  next_in_seconds=(r.run_at - now).total_seconds()) for r in rows]
 
 
-def _stuck_reason(row: Any, now: datetime, *, worker_alive: bool) -> str:
+def _stuck_reason(row: Any, now: datetime, *, live: frozenset[str]) -> str:
     """Return why a due job is stuck."""
-    if not worker_alive:
+    if row.leased_by is not None and row.leased_by in live:
+        return HELD_PAST_LEASE.format(worker=row.leased_by)
+    if not live:
         return NO_WORKER
     if row.leased_by is not None and row.leased_until is not None and row.leased_until <= now:
         return EXPIRED_LEASE
@@ -87,16 +95,16 @@ def _stuck_reason(row: Any, now: datetime, *, worker_alive: bool) -> str:
 
 
 def stuck_jobs(conn: Connection, now: datetime, *, grace_seconds: float, max_attempts: int,
-               worker_alive: bool) -> list[dict[str, Any]]:
-    """Return due jobs nobody runs: past the grace, or due at all when no worker lives."""
-    cutoff = now if not worker_alive else now - timedelta(seconds=grace_seconds)
+               live: frozenset[str]) -> list[dict[str, Any]]:
+    """Return due jobs nobody else may run: past the grace, or due at all when no worker lives."""
+    cutoff = now if not live else now - timedelta(seconds=grace_seconds)
     rows = conn.execute(
         select(*_JOB_COLUMNS, _last_error())
         .where(jobs.c.status == JobStatus.QUEUED.value, jobs.c.run_at <= cutoff)
         .order_by(jobs.c.run_at).limit(LIST_LIMIT)).all()
     names = scope_names(conn, {r.scope_id for r in rows})
     return [dict(_item(r, names, now, max_attempts),
-                 reason=_stuck_reason(r, now, worker_alive=worker_alive),
+                 reason=_stuck_reason(r, now, live=live),
                  overdue_seconds=(now - r.run_at).total_seconds()) for r in rows]
 
 
@@ -124,7 +132,47 @@ def pending_without_job(conn: Connection, now: datetime, *,
     return items
 
 
-def live_workers(conn: Connection, now: datetime, *, within_seconds: float) -> int:
-    """Count the worker instances with a heartbeat within the bound."""
-    return len(live_instances(conn, now=now, within_seconds=within_seconds,
-                              kind=InstanceKind.WORKER))
+def live_workers(conn: Connection, now: datetime, *, within_seconds: float) -> frozenset[str]:
+    """Return the ids of the worker instances with a heartbeat within the bound."""
+    return frozenset(i.id for i in live_instances(conn, now=now, within_seconds=within_seconds,
+                                                  kind=InstanceKind.WORKER))
+
+
+def _started() -> Label[Any]:
+    """Return a scalar subquery: when the outer job's newest attempt started."""
+    return (select(attempts.c.started_at)
+            .where(attempts.c.scope_id == jobs.c.scope_id,
+                   attempts.c.event_id == jobs.c.event_id)
+            .order_by(attempts.c.number.desc(), attempts.c.id.desc())
+            .limit(1).correlate(jobs).scalar_subquery().label("started_at"))
+
+
+def running_stmt(now: datetime) -> Select[Any]:
+    """Leased jobs whose lease ended at most RUNNING_LOOKBACK ago: ix_jobs_due's range."""
+    return (select(jobs.c.scope_id, jobs.c.event_id, jobs.c.event_type, jobs.c.attempts,
+                   jobs.c.leased_by, jobs.c.leased_until, _started())
+            .where(jobs.c.status == JobStatus.QUEUED.value,
+                   jobs.c.run_at > now - RUNNING_LOOKBACK, jobs.c.leased_by.is_not(None))
+            .order_by(jobs.c.run_at).limit(LIST_LIMIT))
+
+
+def running_jobs(conn: Connection, now: datetime, *,
+                 live: frozenset[str]) -> list[dict[str, Any]]:
+    """Return the jobs a worker holds now: job, worker, running for, lease left.
+
+    A claim pushes run_at to the lease's end, so held jobs are found in ix_jobs_due's
+    range from RUNNING_LOOKBACK ago on; a lease whose worker is gone is not running.
+    """
+    rows = conn.execute(running_stmt(now)).all()
+    held = [r for r in rows if r.leased_by in live
+            or (r.leased_until is not None and r.leased_until > now)]
+    names = scope_names(conn, {r.scope_id for r in held})
+    items = []
+    for r in held:
+        scope, public_id = names.get(r.scope_id, (str(r.scope_id), ""))
+        left = (r.leased_until - now).total_seconds() if r.leased_until else None
+        items.append(dict(r._mapping, scope=scope, integration=public_id,
+                          worker_alive=r.leased_by in live, lease_left_seconds=left,
+                          running_seconds=(now - r.started_at).total_seconds()
+                          if r.started_at else None))
+    return items

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, Label, func, select, tuple_
 
 from ledger.db.schema import attempts, findings, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
-from ledger.reads.cursor import Page, encode_cursor
+from ledger.reads.cursor import Page, decode_cursor, encode_cursor
 from ledger.reads.receipts import (
     LIST_COLUMNS,
     MAX_LIMIT,
@@ -141,6 +141,7 @@ class StuckWork:
     stuck: list[dict[str, Any]]  # each with `reason` (ledger.reads.stuck)
     retrying: list[dict[str, Any]]  # attempt n of N, next attempt, last error
     live_workers: int
+    running: list[dict[str, Any]]  # held now: worker, running for, lease left
     pending: list[dict[str, Any]]
     overdue_jobs: list[dict[str, Any]]
     findings: list[dict[str, Any]]
@@ -153,15 +154,16 @@ def read_stuck_work(conn: Connection, now: datetime, *, threshold_seconds: float
     """Return what on-call looks at first: stuck work and why, retrying work, findings."""
     from ledger.reads import stuck
 
-    workers = stuck.live_workers(conn, now, within_seconds=live_within)
+    live = stuck.live_workers(conn, now, within_seconds=live_within)
     grace = STUCK_GRACE_SECONDS
     stuck_items = (stuck.stuck_jobs(conn, now, grace_seconds=grace, max_attempts=max_attempts,
-                                    worker_alive=workers > 0)
+                                    live=live)
                    + stuck.pending_without_job(conn, now, grace_seconds=grace))
     return StuckWork(stuck=stuck_items,
                      retrying=stuck.retrying_jobs(conn, now, grace_seconds=grace,
                                                   max_attempts=max_attempts),
-                     live_workers=workers,
+                     live_workers=len(live),
+                     running=stuck.running_jobs(conn, now, live=live),
                      pending=stuck_pending(conn, now, threshold_seconds),
                      overdue_jobs=overdue_jobs(conn, now, grace),
                      findings=open_findings(conn), threshold_seconds=threshold_seconds,
@@ -178,8 +180,33 @@ class Failures:
 
 
 def read_failures(conn: Connection, f: ReceiptFilter, *, cursor: str | None = None,
-                  limit: int = 50) -> Failures:
-    """Return a page of the failures matching the filter, with their capped total."""
+                  limit: int = 50, group: str | None = None) -> Failures:
+    """Return a page of the failures matching the filter (and one failure group, if given),
+    with their capped total."""
+    if group is not None:
+        from ledger.reads.groups import count_group
+
+        total, capped = count_group(conn, f, group, cap=COUNT_CAP)
+        return Failures(page=list_group_failures(conn, f, group, cursor=cursor, limit=limit),
+                        total=total, capped=capped)
     page = list_failures(conn, f, cursor=cursor, limit=limit)
     total, capped = count_failures(conn, f)
     return Failures(page=page, total=total, capped=capped)
+
+
+def list_group_failures(conn: Connection, f: ReceiptFilter, gid: str, *,
+                        cursor: str | None = None, limit: int = 50) -> Page:
+    """Return one page of a failure group's receipts, in its index's order (scope, time)."""
+    from ledger.reads.groups import group_chunk
+
+    limit = max(1, min(limit, MAX_LIMIT))
+    after = None if cursor is None else decode_cursor(cursor, (datetime, int, str))
+    keys, _, found = group_chunk(conn, f, gid, after, limit + 1)
+    keys = keys[:limit]
+    rows = {(r.scope_id, r.event_id): r for r in conn.execute(
+        select(*LIST_COLUMNS, _last_error()).where(
+            tuple_(receipts.c.scope_id, receipts.c.event_id).in_([k[1:] for k in keys])))
+    } if keys else {}
+    names = scope_names(conn, {k[1] for k in keys})
+    items = [receipt_item(rows[k[1:]], names) for k in keys if k[1:] in rows]
+    return Page(items=items, next_cursor=encode_cursor(*keys[-1]) if found > limit else None)

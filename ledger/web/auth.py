@@ -96,6 +96,10 @@ def _csrf_guard() -> BaseResponse | None:
             return token_forbidden()
         return None
     if request.method in UNSAFE_METHODS:
+        # Authentication first: a form posted after the session ended is a 401 with the
+        # way back to login, not a 400 about a CSRF token that ended with it.
+        if request.blueprint != "auth" and authenticate() is None:
+            return unauthenticated()
         csrf.protect()
     return None
 
@@ -126,8 +130,8 @@ def authenticate() -> Operator | None:
             operator = operator_for_token(conn, token, svc.clock.now())
         elif session.get("sid"):
             operator = load_session(conn, session["sid"], svc.clock.now(), policy(svc))
-    if operator is None and token is None:
-        session.pop("sid", None)
+    if operator is None and token is None and session.pop("sid", None):
+        g.session_ended = True
     g.operator = operator
     return operator
 
@@ -139,12 +143,28 @@ def unauthenticated() -> BaseResponse:
         response.status_code = 401
         response.headers["WWW-Authenticate"] = 'Bearer realm="ledger"'
         return response
-    target = url_for("auth.login", next=request.full_path.rstrip("?"))
-    if request.headers.get("HX-Request"):
+    htmx = bool(request.headers.get("HX-Request"))
+    # An htmx request comes from a page that was signed in: its session has ended.
+    ended = htmx or bool(g.get("session_ended"))
+    target = url_for("auth.login", next=_page_of_request(htmx))
+    if ended:
+        target += "&expired=1"
+    if htmx:
         response = Response("", status=401)
         response.headers["HX-Redirect"] = target
         return response
     return redirect(target, code=302)
+
+
+def _page_of_request(htmx: bool) -> str:
+    """Return where to come back after login: the page shown, not a fragment or a POST URL."""
+    if not htmx and request.method in READ_METHODS:
+        return request.full_path.rstrip("?")
+    shown = request.headers.get("HX-Current-URL") or request.headers.get("Referer") or ""
+    parts = urlsplit(shown)
+    if parts.netloc == request.host and parts.path.startswith("/"):
+        return parts.path + (f"?{parts.query}" if parts.query else "")
+    return url_for("dashboard.overview")
 
 
 def token_forbidden() -> Response:
@@ -201,7 +221,8 @@ def actor() -> audit.Actor:
     """Return the audit actor of the current operator."""
     operator: Operator = g.operator
     # The request id request_log bound for this request: sanitised, the one in the logs.
-    return audit.Actor(name=operator.username, role=operator.role, request_id=g.request_id)
+    return audit.Actor(name=operator.username, role=operator.role, request_id=g.request_id,
+                       client=client_address())
 
 
 def client_address() -> str:
@@ -250,7 +271,8 @@ def _safe_next(target: str | None) -> str:
 @bp.get("/login")
 def login() -> str:
     """Show the login form."""
-    return render_template("login.html", next=request.args.get("next", ""), error=None)
+    return render_template("login.html", next=request.args.get("next", ""), error=None,
+                           expired=request.args.get("expired") == "1")
 
 
 @bp.post("/login")

@@ -19,6 +19,9 @@ def wants_json() -> bool:
     """Tell whether the client should get JSON rather than an HTML page."""
     if request.path.startswith(("/hooks/", "/api/", "/healthz", "/readyz", "/openapi")):
         return True
+    if request.headers.get("HX-Request"):
+        # htmx sends `Accept: */*` and swaps what it gets into the page: it wants HTML.
+        return False
     best = request.accept_mimetypes.best_match(["application/json", "text/html"])
     return best == "application/json"
 

@@ -15,8 +15,10 @@ from ledger.reads.admin import AuditFilter
 from ledger.reads.cursor import EARLIEST_INSTANT, LATEST_INSTANT, in_instant_range
 from ledger.reads.deliveries import OUTCOMES, DeliveryFilter
 from ledger.reads.receipts import ReceiptFilter
+from ledger.reads.search import scope_ids_with_prefix
 
 MAX_FIELD = 200
+MAX_PREFIX_SCOPES = 200
 
 
 class BadFilter(ValueError):
@@ -106,10 +108,33 @@ def delivery_filter(conn: Connection, args: Mapping[str, str]) -> DeliveryFilter
     since, until = parse_time(args.get("since"), "since"), parse_time(args.get("until"), "until")
     if since and until and since >= until:
         raise BadFilter("since must be before until")
-    integration = (args.get("integration") or "").strip()
-    return DeliveryFilter(integration_id=scope_id_of(conn, integration),
-                          key_id=key_id or None, outcome=outcome or None,
+    event_id = (args.get("event_id") or "").strip()
+    if event_id and not EVENT_ID.fullmatch(event_id):
+        raise BadFilter("event_id has characters an event id cannot have")
+    one, many = scope_prefix_of(conn, (args.get("integration") or "").strip())
+    return DeliveryFilter(integration_id=one, integration_ids=many, key_id=key_id or None,
+                          event_id=event_id or None, outcome=outcome or None,
                           since=since, until=until)
+
+
+def scope_prefix_of(conn: Connection, raw: str) -> tuple[int | None, tuple[int, ...] | None]:
+    """Resolve an integration filter: one scope exactly, else every scope it is a prefix of
+    (`acme` → acme's integrations, `acme/str` → acme/stripe-…); raise BadFilter for none."""
+    raw = raw[:MAX_FIELD]
+    if not raw:
+        return None, None
+    try:
+        return scope_id_of(conn, raw), None
+    except BadFilter:
+        if INTEGRATION_ID.fullmatch(raw):
+            raise
+    _printable(raw, "integration")
+    ids = scope_ids_with_prefix(conn, raw, limit=MAX_PREFIX_SCOPES + 1)
+    if not ids:
+        raise BadFilter(f"no scope starts with {raw}")
+    if len(ids) > MAX_PREFIX_SCOPES:
+        raise BadFilter(f"more than {MAX_PREFIX_SCOPES} scopes start with {raw}: type more")
+    return None, ids
 
 
 def _printable(value: str, label: str) -> str:

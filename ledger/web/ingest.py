@@ -142,6 +142,7 @@ def _answer(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen)
         return HookAnswer(404, {"error": "unknown_integration"})
     except AuthenticationFailed as failure:
         seen.outcome, seen.reason, seen.key_id = "unauthenticated", failure.reason, failure.key_id
+        seen.event_id = failure.event_id
         metrics.DELIVERIES.labels("unauthenticated").inc()
         metrics.AUTH_FAILURES.labels(failure.reason).inc()
         return HookAnswer(401, {"error": "unauthenticated"})

@@ -71,7 +71,8 @@ _CREDENTIAL = _record(
     state={"type": "string", "enum": ["active", "retiring", "revoked", "expired"]},
     created_at=_STRING, expires_at=_OPT_STRING, revoked_at=_OPT_STRING,
     revoked_reason=_OPT_STRING, fingerprint={"type": "string", "pattern": "^hmac:[0-9a-f]{16}$"},
-    last_used_at=_OPT_STRING, uses_24h=_INT, uses_after_dead=_INT, uses_capped=_BOOL)
+    last_used_at=_OPT_STRING, uses_24h=_INT, uses_after_dead=_INT, uses_capped=_BOOL,
+    label=_OPT_STRING)
 # The delivery log (CONTRACT section 7): never a body, signature or secret (closed);
 # `reason` is null for roles below security; `count` > 1 on a row that counts refusals
 # over the log's per-integration rate.
@@ -100,8 +101,10 @@ _DESTINATION = _record(
     p95_latency_ms=_OPT_NUMBER, window_seconds=_INT, backlog=_INT, backlog_cap=_INT,
     recent_failures=_list(_DESTINATION_FAILURE))
 _DELIVERY_FILTERS = [
-    ("integration", "`account/integration` or an integration id (`in_…`)"),
+    ("integration", "`account/integration` or an integration id (`in_…`); else the start "
+                    "of scopes (`acme`, `acme/str`)"),
     ("key_id", "the credential whose signature matched (`key_…`)"),
+    ("event_id", "the event id (refusals keep it only when the signature verified)"),
     ("outcome", "accepted, duplicate, conflict, unauthenticated, invalid_event, "
                 "body_too_large, unknown_integration, unavailable, internal"),
     ("since", "ISO 8601, UTC when no offset"), ("until", "ISO 8601, exclusive"),

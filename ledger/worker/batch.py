@@ -43,6 +43,7 @@ from sqlalchemy import Connection
 from ledger.db.driver import run_in
 from ledger.errors import error_summary
 from ledger.worker.batch_store import BatchRequest, claim_batch, complete_batch, hold_batch
+from ledger.worker.conflict_bodies import keep_original_bodies
 from ledger.worker.fence import apply_handler
 from ledger.worker.handlers import Event, HandlerSpec
 from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
@@ -173,6 +174,8 @@ def _transaction(worker: Worker, entries: list[Entry]) -> list[Leased]:
                                     now=worker.services.clock.now(), then_claim=chain)
         if completion.completed != len(done):  # cannot happen while the hold holds
             raise RuntimeError("a held job of the batch was not completed")
+        keep_original_bodies(conn, (job for job, _ in done), now=worker.services.clock.now(),
+                             seconds=worker.services.settings.conflict_body_seconds)
         return [] if chain is None else _leased(worker, conn, completion.next, chain)
 
 

@@ -58,6 +58,7 @@ from ledger.logs import event_ref, get_logger
 from ledger.scheduling.instances import live_handled_types, new_instance_id
 from ledger.services import Services
 from ledger.worker import batch
+from ledger.worker.conflict_bodies import keep_original_bodies
 from ledger.worker.fence import apply_handler
 from ledger.worker.handlers import Event, HandlerSpec, Registry, load_registry
 from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
@@ -304,6 +305,8 @@ class Worker:
                                 now=self.services.clock.now(), then_claim=chain)
             if not done.held:
                 raise LeaseLost()  # rolls the handler's writes back too
+            keep_original_bodies(conn, (job,), now=self.services.clock.now(),
+                                 seconds=self.services.settings.conflict_body_seconds)
             following = None if chain is None else self.leased(conn, done.next, chain)
             if self.hooks.before_commit is not None:
                 self.hooks.before_commit(conn, event)

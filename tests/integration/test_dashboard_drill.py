@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -93,3 +94,18 @@ def test_the_drill_is_for_security_with_a_session(app) -> None:  # type: ignore[
     assert oncall.get("/credentials/drill/abc").status_code == 403
     assert logged_in(app, "security").get("/credentials/drill/abc").status_code == 404
     assert _audit(app, "drill.start") == []
+
+
+def test_the_last_run_stays_on_the_page(app) -> None:  # type: ignore[no-untyped-def]
+    security = logged_in(app, "security", "sam")
+    assert "Run <code>" not in security.get("/credentials").get_data(as_text=True)
+    started = post(security, "/credentials/drill", {"password": PASSWORD}, htmx=True)
+    run_id = RUN.search(started.get_data(as_text=True)).group(1)  # type: ignore[union-attr]
+    _wait_done(security, run_id)
+    finish = _audit(app, "drill.finish")
+    assert json.loads(finish[0].detail)["passed"] is True
+    # A reload, here or in a process that never ran it, shows the newest run's result.
+    for _ in range(2):
+        page = security.get("/credentials").get_data(as_text=True)
+        assert f"<code>{run_id}</code>" in page and "passed" in page and "FAILED" not in page
+        app.extensions.pop("ledger_drills")

@@ -104,7 +104,7 @@ def test_conflict_keeps_its_body_and_shows_the_diff_to_oncall_only(app) -> None:
     assert 'id="diff"' not in page and "edited" not in page
     assert "shown to oncall and above" in page
     listing = viewer.get("/conflicts").get_data(as_text=True)
-    assert "(body kept)" in listing and "edited" not in listing
+    assert "(incoming body kept)" in listing and "edited" not in listing
     api = viewer.get("/api/v1/conflicts").get_json()["items"][0]
     assert api["body_kept"] is True and "incoming_body" not in api
 

@@ -95,7 +95,8 @@ def test_every_outcome_over_http_is_recorded_with_its_key_and_client(app) -> Non
         ("accepted", 202, rotation.key_id, "evt_1"),
         ("duplicate", 202, rotation.key_id, "evt_1"),
         ("conflict", 409, rotation.key_id, "evt_1"),
-        ("unauthenticated", 401, old_key, None),
+        # Signed by a dead key: the event id is the signer's, kept (CONTRACT section 7).
+        ("unauthenticated", 401, old_key, "evt_2"),
         ("unauthenticated", 401, None, None),
         ("invalid_event", 400, rotation.key_id, None),
         ("body_too_large", 413, None, None),

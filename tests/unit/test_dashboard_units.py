@@ -34,7 +34,7 @@ def test_series_chart_escapes_its_label_and_draws_both_lines() -> None:
     svg = str(series_chart(points, label="<script>x</script>"))
     assert "<script>" not in svg and "&lt;script&gt;" in svg
     assert svg.count("<polyline") == 2
-    assert "no data yet" in str(series_chart([], label="acme/x"))
+    assert "no deliveries in 48 h" in str(series_chart([], label="acme/x"))
 
 
 def test_projection_grows_until_retention_then_stays_flat() -> None:

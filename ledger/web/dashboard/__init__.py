@@ -10,6 +10,7 @@ from flask import (
     Blueprint,
     Flask,
     Response,
+    current_app,
     g,
     jsonify,
     make_response,
@@ -77,12 +78,19 @@ def ago(seconds: float | None) -> str:
 
 
 def ts(moment: datetime | None) -> str:
-    """Return a compact UTC timestamp in a `<time datetime=…>` (static/ledger.js may show it
-    in the browser's zone)."""
+    """Return a compact UTC timestamp in a `<time datetime=…>` and its age ("5m 3s ago").
+
+    Every page and every filter speaks UTC, so a copied time means the same everywhere;
+    static/ledger.js puts the browser's local time in the tooltip only.
+    """
     if moment is None:
         return "—"
     text = moment.strftime("%Y-%m-%d %H:%M:%S") + "Z"
-    return Markup('<time datetime="{}">{}</time>').format(moment.isoformat(), text)
+    now = current_app.extensions["ledger"].clock.now()
+    seconds = (now - moment).total_seconds()
+    age = f"{ago(seconds)} ago" if seconds >= 0 else f"in {ago(-seconds)}"
+    return Markup('<time datetime="{}">{}</time> <span class="age">({})</span>').format(
+        moment.isoformat(), text, age)
 
 
 def _template_context() -> dict[str, Any]:
@@ -112,6 +120,7 @@ def register_dashboard(app: Flask) -> None:
         export,
         groups,
         health,
+        keys,
         pages,
         search,
     )

@@ -3,6 +3,7 @@ per change written in the action's own transaction."""
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from flask import Response, abort, request
@@ -21,6 +22,7 @@ from ledger.intake.conflict_review import acknowledge_conflict
 from ledger.reads.admin import credential_rows, list_conflicts
 from ledger.reads.groups import count_group, group_chunk
 from ledger.reads.receipts import scope_names
+from ledger.reads.requeue_batches import BATCH_ID, batch_outcomes, note_requeued
 from ledger.reads.work import COUNT_CAP, count_failures, failures_chunk
 from ledger.web.auth import actor, confirm_password, requires, services
 from ledger.web.dashboard import bp, render
@@ -94,7 +96,8 @@ def requeue_all_step() -> Response:
     done, skipped = _int_field("done"), _int_field("skipped")
     total = _int_field("total")
     after = _after_key(request.form.get("after", ""))
-    if not reason or len(reason) > audit.MAX_REASON_LENGTH:
+    batch = request.form.get("batch") or secrets.token_hex(8)
+    if not reason or len(reason) > audit.MAX_REASON_LENGTH or not BATCH_ID.fullmatch(batch):
         abort(400)
     try:
         with svc.engine.begin() as conn:
@@ -107,6 +110,7 @@ def requeue_all_step() -> Response:
             names = scope_names(conn, {k[1] for k in keys})
             for key in keys:
                 if _requeue_quietly(conn, names[key[1]][0], key[2], reason):
+                    note_requeued(conn, batch, key[1], key[2], svc.clock.now())
                     done += 1
                 else:
                     skipped += 1
@@ -114,9 +118,29 @@ def requeue_all_step() -> Response:
         abort(400)
     running = scanned == BATCH_SIZE
     next_after = _encode_key(last) if last else request.form.get("after", "")
-    return render("action.html", "partials/_requeue_progress.html", running=running,
-                  done=done, skipped=skipped, total=max(total, done + skipped), args=args,
-                  reason=reason, after=next_after)
+    response = render("action.html", "partials/_requeue_progress.html", running=running,
+                      done=done, skipped=skipped, total=max(total, done + skipped), args=args,
+                      reason=reason, after=next_after, batch=batch,
+                      outcomes=None if running else _outcomes(batch))
+    if not running:  # the lists and the groups refresh at once, not at their next poll
+        response.headers["HX-Trigger"] = "failures-changed"
+    return response
+
+
+def _outcomes(batch: str) -> dict[str, int]:
+    """Return what became of a batch's receipts so far."""
+    with services().engine.connect() as conn:
+        return batch_outcomes(conn, batch)
+
+
+@bp.get("/failures/requeue-all/<batch>")
+@requires("viewer")
+def requeue_all_followup(batch: str) -> Response:
+    """A bulk requeue's live follow-through: complete / pending / failed again."""
+    if not BATCH_ID.fullmatch(batch):
+        abort(404)
+    return render("action.html", "partials/_requeue_followup.html", batch=batch,
+                  outcomes=_outcomes(batch))
 
 
 def _requeue_quietly(conn: Any, scope: str, event_id: str, reason: str) -> bool:
@@ -208,7 +232,8 @@ def credential_add(public_id: str) -> Response:
         with svc.engine.begin() as conn:
             integration = get_integration(conn, public_id)
             created = add_credential(conn, svc.box, actor(), integration, now=svc.clock.now(),
-                                     reason=request.form.get("reason", "").strip() or None)
+                                     reason=request.form.get("reason", "").strip() or None,
+                                     label=request.form.get("label"))
     except LedgerError as error:
         return _credentials_or_404(public_id, error)
     svc.view.invalidate()
@@ -234,7 +259,7 @@ def credential_rotate(public_id: str) -> Response:
             integration = get_integration(conn, public_id)
             rotation = rotate_credential(conn, svc.box, actor(), integration,
                                          now=svc.clock.now(), overlap_seconds=overlap,
-                                         reason=reason)
+                                         reason=reason, label=request.form.get("label"))
     except ValueError:
         return credentials_answer(public_id, status=400, error="overlap must be seconds")
     except LedgerError as error:

@@ -7,7 +7,7 @@ from typing import Any
 from flask import Response, g, request
 
 from ledger.reads import BadCursor
-from ledger.reads.deliveries import OUTCOMES, list_deliveries
+from ledger.reads.deliveries import OUTCOMES, list_deliveries, refusal_category
 from ledger.web.auth import requires, services
 from ledger.web.dashboard import bp, render
 from ledger.web.filters import BadFilter, delivery_filter, page_size
@@ -22,9 +22,16 @@ def deliveries_context(args: Any) -> dict[str, Any]:
             limit=page_size(args)))
     except (BadFilter, BadCursor) as error:
         return {"error": str(error), "page": None}
-    if not g.operator.can("security"):
-        page.items[:] = [dict(item, reason=None) for item in page.items]
+    page.items[:] = visible_rows(page.items)
     return {"error": None, "page": page}
+
+
+def visible_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give each row its refusal category (oncall and up); blank the reason below security."""
+    security, oncall = g.operator.can("security"), g.operator.can("oncall")
+    return [dict(item, category=refusal_category(item["outcome"], item["reason"])
+                 if oncall else None,
+                 reason=item["reason"] if security else None) for item in items]
 
 
 @bp.get("/deliveries")

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from flask import Flask, Response, abort, current_app, request
-from sqlalchemy import select
+from sqlalchemy import Select, select
 
 from ledger.access import audit
 from ledger.db.schema import audit_log
@@ -87,7 +87,9 @@ def _finish(app: Flask, run: DrillRun, who: audit.Actor) -> None:
     """Record how the run ended in the audit log, then mark it done."""
     steps = [{"name": s.name, "passed": s.passed} for s in run.report.steps]
     failed = next((s for s in run.report.steps if not s.passed), None)
-    detail: dict[str, Any] = {"run_id": run.run_id, "passed": run.passed, "steps": steps}
+    # The outcome as it will read once done is set (run.passed is False until then).
+    passed = run.crashed is None and run.report.passed
+    detail: dict[str, Any] = {"run_id": run.run_id, "passed": passed, "steps": steps}
     if failed is not None:
         detail["failed_step"] = {"name": failed.name, "detail": failed.detail[:300]}
     if run.crashed:
@@ -99,7 +101,7 @@ def _finish(app: Flask, run: DrillRun, who: audit.Actor) -> None:
                          detail=detail)
     finally:
         run.done = True
-    log.info("drill.finish", run_id=run.run_id, passed=run.passed, actor=who.name)
+    log.info("drill.finish", run_id=run.run_id, passed=passed, actor=who.name)
 
 
 def _execute(app: Flask, run: DrillRun, who: audit.Actor) -> None:
@@ -174,6 +176,25 @@ def run_from_audit(run_id: str) -> DrillRun | None:
         run.crashed = detail.get("error")
         run.done = True
     return run
+
+
+def last_start_stmt() -> Select[Any]:
+    """The newest drill.start row's target: one step down ix_audit_action."""
+    return (select(audit_log.c.target).where(audit_log.c.action == "drill.start")
+            .order_by(audit_log.c.action.desc(), audit_log.c.id.desc()).limit(1))
+
+
+def last_run() -> DrillRun | None:
+    """Return the newest drill run of the deployment: this process's, else from the audit log."""
+    active = drill_runs(current_app).active
+    with services().engine.connect() as conn:
+        newest = conn.execute(last_start_stmt()).scalar()
+    if newest is None:
+        return active
+    run_id = newest.removeprefix("drill:")
+    if active is not None and active.run_id == run_id:
+        return active
+    return drill_runs(current_app).get(run_id) or run_from_audit(run_id)
 
 
 @bp.get("/credentials/drill/<run_id>")

@@ -6,9 +6,10 @@ credential pages and the audit chain's verification, which show the primary's tr
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from flask import Response, abort, request
+from flask import Response, abort, g, request
 from sqlalchemy import Connection
 
 from ledger.access import audit
@@ -19,10 +20,13 @@ from ledger.reads.admin import list_audit, list_conflicts, list_integrations, re
 from ledger.reads.capacity import measure_on
 from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, read_receipt
+from ledger.reads.revocations import revocation_evidence
+from ledger.reads.stuck import live_workers
+from ledger.reads.throughput import read_throughput
 from ledger.reads.work import read_failures, read_stuck_work
 from ledger.web.auth import requires, services
-from ledger.web.dashboard import bp, render
-from ledger.web.dashboard.svg import human_bytes, projection_chart, series_chart
+from ledger.web.dashboard import audit_rows, bp, deliveries, drill_page, render
+from ledger.web.dashboard.svg import human_bytes, projection_chart, rate_chart, series_chart
 from ledger.web.filters import (
     BadFilter,
     account_of,
@@ -34,6 +38,7 @@ from ledger.web.filters import (
 from ledger.web.read_source import replica_read
 
 OVERVIEW_REFRESH_SECONDS = 10
+GROUP_ID = re.compile(r"[0-9a-f]{16}")
 LIST_REFRESH_SECONDS = 15  # Failures, Stuck work and an integration's credentials
 
 
@@ -55,7 +60,11 @@ def overview() -> Response:
         abort(400)
     for item in view.scopes.items:
         item["chart"] = series_chart(item["series"], label=item["scope"])
-    return render("overview.html", "partials/_overview.html", now=now,
+    work = replica_read(lambda conn: read_throughput(conn, now))
+    work_chart = rate_chart(work.per_minute, unit="completed",
+                            label=f"Completions per minute, {work.per_minute_now:.1f} on average")
+    return render("overview.html", "partials/_overview.html", now=now, work=work,
+                  work_chart=work_chart,
                   refresh_seconds=OVERVIEW_REFRESH_SECONDS,
                   bound=svc.settings.revocation_bound_seconds, head=view.headline,
                   scopes=view.scopes, refreshed_at=view.rollups_refreshed_at,
@@ -97,7 +106,12 @@ def receipt_page(public_id: str, event_id: str) -> Response:
         integration, item = replica_read(lambda conn: read_receipt(conn, public_id, event_id))
     except NotFound:
         abort(404)
-    return render("receipt.html", receipt=item, integration=integration, now=svc.clock.now())
+    item["deliveries"] = deliveries.visible_rows(item["deliveries"])
+    now = svc.clock.now()
+    live = replica_read(lambda conn: live_workers(
+        conn, now, within_seconds=svc.settings.revocation_bound_seconds))
+    return render("receipt.html", receipt=item, integration=integration, now=now,
+                  live_workers=live)
 
 
 @bp.get("/stuck")
@@ -114,15 +128,19 @@ def stuck_page() -> Response:
                   refresh_seconds=LIST_REFRESH_SECONDS,
                   threshold=view.threshold_seconds, grace=view.grace_seconds,
                   stuck=view.stuck, retrying=view.retrying, live_workers=view.live_workers,
+                  running=view.running,
                   findings=view.findings)
 
 
 def failures_context(args: Any) -> dict[str, Any]:
     """Run the failure list for the request's filters."""
     try:
+        group = (args.get("group") or "").strip() or None
+        if group is not None and not GROUP_ID.fullmatch(group):
+            raise BadFilter("group must be a failure group's id (16 hex digits)")
         view = replica_read(lambda conn: read_failures(
             conn, receipt_filter(conn, args), cursor=args.get("cursor") or None,
-            limit=page_size(args)))
+            limit=page_size(args), group=group))
     except (BadFilter, BadCursor) as error:
         return {"error": str(error), "page": None, "total": 0, "capped": False}
     return {"error": None, "page": view.page, "total": view.total, "capped": view.capped}
@@ -151,7 +169,8 @@ def conflicts_page() -> Response:
     except (BadFilter, BadCursor) as problem:
         page, error = None, str(problem)
     return render("conflicts.html", "partials/_conflicts.html", page=page, error=error,
-                  open_only=open_only, args=request.args, status=400 if error else 200)
+                  open_only=open_only, args=request.args, status=400 if error else 200,
+                  conflict_body_seconds=services().settings.conflict_body_seconds)
 
 
 @bp.get("/credentials")
@@ -170,9 +189,12 @@ def integrations_answer(*, status: int = 200, error: str | None = None) -> Respo
                                      cursor=_cursor())
         except (BadCursor, BadFilter):
             abort(400)
+    # The newest drill run stays on the page after a reload (security only runs it).
+    last_drill = drill_page.last_run() if g.operator.can("security") else None
     return render("integrations.html", "partials/_integrations.html", page=page,
                   args=request.args, profiles=PROFILE_NAMES, error=error, status=status,
-                  form=request.form)
+                  form=request.form, last_drill=last_drill,
+                  poll_seconds=drill_page.POLL_SECONDS)
 
 
 @bp.get("/credentials/<public_id>")
@@ -180,13 +202,15 @@ def integrations_answer(*, status: int = 200, error: str | None = None) -> Respo
 def credentials_page(public_id: str) -> Response:
     """An integration's credentials: states, fingerprints, dates; actions for security."""
     svc = services()
+    now, bound = svc.clock.now(), svc.settings.revocation_bound_seconds
     try:
         with svc.engine.connect() as conn:
-            integration, rows = read_credentials(conn, public_id, svc.clock.now())
+            integration, rows = read_credentials(conn, public_id, now)
+            evidence = revocation_evidence(conn, rows, now=now, live_within=bound)
     except NotFound:
         abort(404)
     return render("credentials.html", "partials/_credentials.html", integration=integration,
-                  refresh_seconds=LIST_REFRESH_SECONDS,
+                  refresh_seconds=LIST_REFRESH_SECONDS, evidence=evidence, bound=bound,
                   credentials=rows, secret=None, message=None)
 
 
@@ -202,6 +226,7 @@ def audit_page() -> Response:
     except (BadFilter, BadCursor) as problem:
         page, error = None, str(problem)
     return render("audit.html", "partials/_audit.html", page=page, error=error,
+                  groups=audit_rows.grouped(page.items) if page else [],
                   args=request.args, status=400 if error else 200)
 
 
@@ -230,5 +255,19 @@ def capacity_page() -> Response:
                                  bytes_per_receipt=numbers["bytes_per_receipt_measured"],
                                  retention_days=numbers["retention_days"])
     return render("capacity.html", numbers=numbers, chart=chart, human_bytes=human_bytes,
-                  retention_seconds=svc.settings.retention_seconds)
+                  retention_seconds=svc.settings.retention_seconds, **_purge_context())
+
+
+def _purge_context() -> dict[str, Any]:
+    """The next purge's preview and the forensic window's cost, for the Capacity page."""
+    from jobs.retention_preview import PAGE_CAP, forensic_cost, preview
+
+    svc = services()
+
+    def read(conn: Connection) -> dict[str, Any]:
+        return {"purge": preview(conn, svc.settings, svc.clock.now(), cap=PAGE_CAP),
+                "forensic": forensic_cost(conn)}
+
+    return {**replica_read(read), "page_cap": PAGE_CAP, "now": svc.clock.now(),
+            "conflict_body_seconds": svc.settings.conflict_body_seconds}
 

@@ -15,6 +15,8 @@ def hit_url(hit: Hit) -> str:
     """Return the page a hit lands on."""
     if hit.kind == "receipt":
         return url_for("dashboard.receipt_page", public_id=hit.public_id, event_id=hit.event_id)
+    if hit.kind == "delivery":
+        return url_for("dashboard.deliveries_page", integration=hit.scope, event_id=hit.event_id)
     return url_for("dashboard.receipts_page", scope=hit.scope)
 
 

@@ -29,28 +29,37 @@ def _polyline(values: Sequence[float], width: float, height: float, top: float,
     return " ".join(points)
 
 
-def series_chart(points: Sequence[tuple[datetime, int, int]], *, width: int = 160,
-                 height: int = 36, label: str = "") -> Markup:
-    """Return a sparkline of accepted (blue) and failed (red) per hour."""
+def series_chart(points: Sequence[tuple[datetime, int, int]], *, width: int = 168,
+                 height: int = 40, label: str = "") -> Markup:
+    """Return a sparkline of accepted (blue) and failed (red) per hour, with its axes: the
+    peak and 0 on the left, the first hour and now below."""
     title = escape(label)
-    if not points:
+    if not points or not any(a or f for _, a, f in points):
         return Markup(
             f'<svg class="spark" role="img" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}"><title>{title}: no data yet</title>'
-            f'<text x="4" y="{height // 2 + 4}" class="muted">no data yet</text></svg>')
+            f'viewBox="0 0 {width} {height}"><title>{title}: no deliveries in the last 48 h'
+            f'</title><text x="4" y="{height // 2 + 4}" class="axis">no deliveries in 48 h'
+            f'</text></svg>')
     accepted = [float(a) for _, a, _ in points]
     failed = [float(f) for _, _, f in points]
     top = max(max(accepted), max(failed), 1.0)
     first, last = points[0][0], points[-1][0]
     summary = escape(f"{label}: {int(sum(accepted))} accepted, {int(sum(failed))} failed, "
                      f"{first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC")
+    left, plot_w, plot_h = 24, width - 24, height - 11
+    shift = f'transform="translate({left},0)"'
     return Markup(
         f'<svg class="spark" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}"><title>{summary}</title>'
-        f'<polyline fill="none" stroke="{ACCEPTED_COLOUR}" stroke-width="1.5" '
-        f'points="{_polyline(accepted, width, height, top)}"/>'
-        f'<polyline fill="none" stroke="{FAILED_COLOUR}" stroke-width="1.5" '
-        f'points="{_polyline(failed, width, height, top)}"/></svg>')
+        f'<text x="{left - 3}" y="8" text-anchor="end" class="axis">{int(top)}</text>'
+        f'<text x="{left - 3}" y="{plot_h}" text-anchor="end" class="axis">0</text>'
+        f'<line x1="{left}" y1="{plot_h}" x2="{width}" y2="{plot_h}" class="axis-line"/>'
+        f'<text x="{left}" y="{height - 1}" class="axis">{first:%H:%M}</text>'
+        f'<text x="{width}" y="{height - 1}" text-anchor="end" class="axis">now</text>'
+        f'<polyline {shift} fill="none" stroke="{ACCEPTED_COLOUR}" stroke-width="1.5" '
+        f'points="{_polyline(accepted, plot_w, plot_h, top)}"/>'
+        f'<polyline {shift} fill="none" stroke="{FAILED_COLOUR}" stroke-width="1.5" '
+        f'points="{_polyline(failed, plot_w, plot_h, top)}"/></svg>')
 
 
 def _human_bytes(value: float) -> str:
@@ -87,7 +96,7 @@ def projection_chart(*, events_per_day: float, bytes_per_receipt: float,
         f'<text x="-6" y="{plot_h}" text-anchor="end" class="axis">0</text>'
         f'<text x="0" y="{plot_h + 16}" class="axis">day 0</text>'
         f'<text x="{retention_x:.1f}" y="{plot_h + 16}" text-anchor="middle" class="axis">'
-        f'retention {retention_days:g} d</text>'
+        f'retention {round(retention_days, 1):g} d</text>'
         f'<text x="{plot_w}" y="{plot_h + 16}" text-anchor="end" class="axis">day {horizon}'
         f'</text></g></svg>')
 
@@ -145,3 +154,37 @@ def value_bars(values: Sequence[tuple[datetime, float | None, str]], *, label: s
         f'<svg class="bars" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}"><title>{escape(label)}</title>{"".join(bars)}'
         f'<text x="0" y="{height - 1}">{escape(label)}</text></svg>')
+
+
+def rate_chart(points: Sequence[tuple[datetime, int | None]], *, label: str, unit: str,
+               width: int = 336, height: int = 96) -> Markup:
+    """Return bars per bucket with a y axis (0 and the peak) and an x axis (start, now).
+
+    A bucket whose value is unknown (None) is drawn as a gap with its own tooltip.
+    """
+    left, bottom = 34, 16
+    plot_w, plot_h = width - left - 2, height - bottom - 4
+    top = max([v for _, v in points if v is not None] + [1])
+    slot = plot_w / max(1, len(points))
+    bars = []
+    for i, (start, value) in enumerate(points):
+        x = left + i * slot + 1
+        tip = escape(f"{start:%H:%M} UTC: " + (f"{value} {unit}" if value is not None
+                                               else "not read (older than the sample)"))
+        tall = plot_h * (value or 0) / top
+        bars.append(f'<g><title>{tip}</title><rect x="{x:.1f}" y="{4 + plot_h - tall:.1f}" '
+                    f'width="{max(slot - 2, 1):.1f}" height="{tall:.1f}" '
+                    f'fill="{ACCEPTED_COLOUR if value is not None else "none"}"/></g>')
+    first = f"{points[0][0]:%H:%M}" if points else ""
+    return Markup(
+        f'<svg class="rate" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}"><title>{escape(label)}</title>'
+        f'<line x1="{left}" y1="4" x2="{left}" y2="{4 + plot_h}" class="axis-line"/>'
+        f'<line x1="{left}" y1="{4 + plot_h}" x2="{width - 2}" y2="{4 + plot_h}" '
+        f'class="axis-line"/>'
+        f'<text x="{left - 4}" y="12" text-anchor="end" class="axis">{top}</text>'
+        f'<text x="{left - 4}" y="{4 + plot_h}" text-anchor="end" class="axis">0</text>'
+        f'{"".join(bars)}'
+        f'<text x="{left}" y="{height - 2}" class="axis">{escape(first)}</text>'
+        f'<text x="{width - 2}" y="{height - 2}" text-anchor="end" class="axis">now (UTC)</text>'
+        f'</svg>')
