@@ -258,7 +258,7 @@ def purge(engine: Engine, settings: Settings, clock: Clock, *, dry_run: bool = F
         expire_attempts_by_time(engine, settings, cutoff, batch_size, pacer)
         expired = expire_receipts(engine, settings, cutoff, batch_size, on_batch, pacer)
         expire_bookkeeping(engine, settings, cutoff)
-    from jobs.retention_preview import (  # it imports this module
+    from .retention_preview import (  # it imports this module
         drop_expired_forensic_bodies,
         drop_old_requeue_members,
     )

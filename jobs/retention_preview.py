@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, delete, func, select, text, tuple_
 
-from jobs.retention import FINISHED, count_expired_payloads
+from .retention import FINISHED, count_expired_payloads
 from ledger.config import Settings
 from ledger.db.schema import (
     conflict_bodies,

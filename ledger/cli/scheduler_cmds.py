@@ -53,7 +53,7 @@ def purge_command(dry_run: bool, preview: bool, batch_size: int, as_json: bool) 
 
 def _purge_preview(svc: Services, as_json: bool) -> None:
     """Print what the next scheduled purge will do (every expired receipt counted)."""
-    from jobs.retention_preview import preview
+    from ledger.jobs.retention_preview import preview
 
     with storage_guard(), svc.engine.connect() as conn:
         result = preview(conn, svc.settings, svc.clock.now())

@@ -260,7 +260,7 @@ def capacity_page() -> Response:
 
 def _purge_context() -> dict[str, Any]:
     """The next purge's preview and the forensic window's cost, for the Capacity page."""
-    from jobs.retention_preview import PAGE_CAP, forensic_cost, preview
+    from ledger.jobs.retention_preview import PAGE_CAP, forensic_cost, preview
 
     svc = services()
 
