@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -233,3 +234,53 @@ def storage_guard() -> Iterator[None]:
         if is_unavailable(error):
             raise StorageUnavailable(type(error).__name__) from error
         raise
+
+
+# Notice PostgreSQL sends when a cancel ends a COMMIT's wait for a synchronous standby:
+# the commit stood locally but no standby confirmed it.
+SYNC_WAIT_CANCELLED = "canceling wait for synchronous replication"
+
+
+def commit_stall(engine: Engine, seconds: float) -> str | None:
+    """Commit one transaction that writes WAL; return why commits stall, or None if they do not.
+
+    `SELECT 1` answers while every commit hangs (a synchronous standby gone): a
+    ready check must commit like the intake does. The probe rewrites the one row of
+    alembic_version in place (a transaction that writes no WAL waits for no standby),
+    so its COMMIT waits exactly as a receipt's would. statement_timeout does not
+    reach a COMMIT's wait for a standby, so a timer cancels it after `seconds`; the
+    server then ends the wait with a warning, which is the sign.
+    """
+    if engine.dialect.name != "postgresql":
+        with engine.begin() as conn:  # SQLite: the write lock a receipt needs
+            conn.exec_driver_sql("SELECT 1")
+        return None
+    notices: list[str] = []
+    with engine.connect() as conn:
+        driver: Any = conn.connection.driver_connection
+
+        def keep(diagnostic: Any) -> None:
+            notices.append(str(diagnostic.message_primary or ""))
+
+        fired = threading.Event()
+
+        def cancel_commit() -> None:
+            fired.set()
+            driver.cancel()
+
+        driver.add_notice_handler(keep)
+        timer = threading.Timer(seconds, cancel_commit)
+        try:
+            with conn.begin():
+                conn.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
+                timer.start()
+        finally:
+            timer.cancel()
+            if timer.is_alive():
+                timer.join()
+            driver.remove_notice_handler(keep)
+            if fired.is_set():  # a late cancel must not reach the pool's next user
+                conn.invalidate()
+    if any(SYNC_WAIT_CANCELLED in notice for notice in notices):
+        return f"commits wait over {seconds:g} s for a synchronous standby"
+    return None

@@ -135,17 +135,42 @@ class LeaseKeeper:
                             error=error_summary(error))
 
 
+# Retrying a claim the database refused: first after 1 s, doubling up to 15 s, until the
+# period ends. A period whose firing met an outage still runs once the database is back.
+CLAIM_RETRY_FIRST_SECONDS = 1.0
+CLAIM_RETRY_MAX_SECONDS = 15.0
+
+
+def _claim_within_period(engine: Engine, clock: Clock, job: ScheduledJob, *, instance: str,
+                         lease: float, stopping: threading.Event) -> int | None:
+    """Claim the period that holds now, retrying storage errors until that period ends."""
+    fired = clock.now()
+    period_end = period_start(fired, job.period_seconds).timestamp() + job.period_seconds
+    delay = CLAIM_RETRY_FIRST_SECONDS
+    while True:
+        try:
+            # Always the period the firing belonged to, however late the retry succeeds.
+            return claim_period(engine, job, instance=instance, now=fired, lease_seconds=lease)
+        except sa_exc.SQLAlchemyError as error:
+            left = period_end - clock.now().timestamp()
+            if delay >= left:
+                log.warning("scheduler could not claim a period before it ended", job=job.name,
+                            error=error_summary(error))
+                return None
+            log.warning("scheduler could not claim a period, retrying", job=job.name,
+                        error=error_summary(error), retry_in_seconds=delay)
+        if stopping.wait(delay):
+            return None
+        delay = min(delay * 2, CLAIM_RETRY_MAX_SECONDS)
+
+
 def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob, *,
-             instance: str) -> runs.RunOutcome | None:
+             instance: str, stopping: threading.Event | None = None
+             ) -> runs.RunOutcome | None:
     """Run `job` if this instance wins its current period; return the outcome or None."""
     lease = settings.lease_seconds
-    try:
-        run_id = claim_period(engine, job, instance=instance, now=clock.now(),
-                              lease_seconds=lease)
-    except sa_exc.SQLAlchemyError as error:
-        log.warning("scheduler could not claim a period", job=job.name,
-                    error=error_summary(error))
-        return None
+    run_id = _claim_within_period(engine, clock, job, instance=instance, lease=lease,
+                                  stopping=stopping or threading.Event())
     if run_id is None:
         SCHEDULER_RUNS.labels(job.name, "skipped").inc()
         return None
@@ -173,8 +198,12 @@ def run_once(engine: Engine, settings: Settings, clock: Clock, job: ScheduledJob
 def build_scheduler(services: Services, *, instance_id: str | None = None,
                     period_overrides: Mapping[str, float] | None = None,
                     period_scale: float = 1.0, background: bool = False,
-                    jobs: list[ScheduledJob] | None = None) -> Any:
-    """Return a Blocking (or Background) scheduler firing every job on its period."""
+                    jobs: list[ScheduledJob] | None = None,
+                    stopping: threading.Event | None = None) -> Any:
+    """Return a Blocking (or Background) scheduler firing every job on its period.
+
+    Setting `stopping` ends the claim retries of firings that met an outage.
+    """
     instance = instance_id or new_instance_id()
     overrides = dict(period_overrides or {})
     cls = BackgroundScheduler if background else BlockingScheduler
@@ -189,7 +218,7 @@ def build_scheduler(services: Services, *, instance_id: str | None = None,
             run_once, IntervalTrigger(seconds=period, start_date=datetime.fromtimestamp(
                 first, UTC), timezone=UTC),
             args=(services.engine, services.settings, services.clock, job),
-            kwargs={"instance": instance}, id=job.name, name=job.name,
+            kwargs={"instance": instance, "stopping": stopping}, id=job.name, name=job.name,
             coalesce=True, max_instances=1, misfire_grace_time=max(1, int(period)))
     log.info("scheduler built", instance=instance, jobs=[j.id for j in scheduler.get_jobs()])
     return scheduler
@@ -206,8 +235,9 @@ def run_scheduler(services: Services, stop: threading.Event | None = None, *,
     _PERIOD_SCALE), so `ledger dev` honours them too.
     """
     settings = services.settings
+    stopping = threading.Event()
     options: dict[str, Any] = {
-        "instance_id": instance_id, "jobs": jobs,
+        "instance_id": instance_id, "jobs": jobs, "stopping": stopping,
         "period_overrides": (settings.scheduler_periods if period_overrides is None
                              else period_overrides),
         "period_scale": (settings.scheduler_period_scale if period_scale is None
@@ -218,12 +248,14 @@ def run_scheduler(services: Services, stop: threading.Event | None = None, *,
         try:
             stop.wait()
         finally:
+            stopping.set()
             scheduler.shutdown(wait=True)
         return
     scheduler = build_scheduler(services, **options)
 
     def _stop(signum: int, _frame: Any) -> None:
         log.info("scheduler stopping", signal=signum)
+        stopping.set()
         with contextlib.suppress(SchedulerNotRunningError):
             scheduler.shutdown(wait=False)  # running jobs finish and record their runs
 

@@ -102,28 +102,43 @@ class Watchdog:
 
 
 class DeadlineInput:
-    """`wsgi.input` whose reads raise BodyReadTimeout once the body's deadline passed."""
+    """`wsgi.input` whose reads raise BodyReadTimeout once the body's deadline passed.
 
-    def __init__(self, inner: Any, watchdog: Watchdog, entry: Watch,
+    The deadline starts at the first read, not when the request arrives: time the
+    app spends before it reads (an integration looked up while the database
+    stalls) is the server's, and must end in 503, never in a 408 that blames the
+    sender.
+    """
+
+    def __init__(self, inner: Any, watchdog: Watchdog, sock: socket.socket,
                  length: int | None) -> None:
         self._inner = inner
         self._watchdog = watchdog
-        self._entry = entry
+        self._sock = sock
+        self._entry: Watch | None = None
         self._left = length
 
+    def release(self) -> None:
+        """End the deadline if it started; the socket is never touched again."""
+        if self._entry is not None:
+            self._watchdog.release(self._entry)
+
     def _checked(self, read: Callable[[], bytes]) -> bytes:
+        entry = self._entry
+        if entry is None:
+            entry = self._entry = self._watchdog.watch(self._sock)
         try:
             data = read()
         except OSError:
-            if self._entry.expired:
+            if entry.expired:
                 raise BodyReadTimeout() from None
             raise
-        if self._entry.expired:
+        if entry.expired:
             raise BodyReadTimeout()
         if self._left is not None:
             self._left -= len(data)
         if not data or self._left == 0:
-            self._watchdog.release(self._entry)  # the whole body is in: no more deadline
+            self._watchdog.release(entry)  # the whole body is in: no more deadline
         return data
 
     def read(self, size: int | None = -1) -> bytes:
@@ -173,13 +188,12 @@ class BodyDeadline:
         sock = next((environ[k] for k in SOCKET_KEYS if k in environ), None)
         if not has_body or sock is None:
             return self._inner(environ, start_response)
-        entry = self.watchdog.watch(sock)
-        environ["wsgi.input"] = DeadlineInput(environ["wsgi.input"], self.watchdog, entry,
-                                              length)
+        body = DeadlineInput(environ["wsgi.input"], self.watchdog, sock, length)
+        environ["wsgi.input"] = body
         try:
             return self._inner(environ, start_response)
         finally:
-            self.watchdog.release(entry)
+            body.release()
 
 
 def init_app(app: Flask, seconds: float) -> None:

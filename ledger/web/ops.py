@@ -7,12 +7,13 @@ import ipaddress
 
 from flask import Blueprint, Response, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
-from sqlalchemy import text
 
-from ledger.db.engine import migration_status
+from ledger.db.engine import commit_stall, migration_status
 from ledger.metrics.export import render_metrics
 
 bp = Blueprint("ops", __name__)
+# How long /readyz lets a probe commit wait before it calls commits stalled.
+READY_COMMIT_SECONDS = 2.0
 
 
 @bp.get("/healthz")
@@ -26,11 +27,12 @@ def readyz() -> ResponseReturnValue:
     """Answer ready only when the database answers and migrations are at head."""
     engine = current_app.extensions["ledger"].engine
     try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        stalled = commit_stall(engine, READY_COMMIT_SECONDS)
         current, head = migration_status(engine)
     except Exception as error:  # any failure here means: do not route traffic to us
         return jsonify({"status": "unready", "detail": f"database: {type(error).__name__}"}), 503
+    if stalled is not None:
+        return jsonify({"status": "unready", "detail": f"database: {stalled}"}), 503
     if current != head:
         return jsonify({"status": "unready",
                         "detail": f"migrations at {current}, head is {head}"}), 503

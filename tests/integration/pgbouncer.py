@@ -9,6 +9,7 @@ the `postgres` user (PgBouncer refuses to run as root).
 
 from __future__ import annotations
 
+import configparser
 import os
 import shutil
 import signal
@@ -22,6 +23,16 @@ from sqlalchemy.engine import make_url
 from tests.servers import free_port
 
 START_TIMEOUT = 15.0
+SHIPPED_INI = Path(__file__).resolve().parents[2] / "deploy" / "pgbouncer.ini"
+# The settings of the shipped ini that bound a client's wait: the tests run with them.
+SHIPPED_BOUNDS = ("query_wait_timeout", "server_connect_timeout", "server_login_retry")
+
+
+def shipped_bounds() -> dict[str, str]:
+    """Return the client-wait bounds that deploy/pgbouncer.ini ships."""
+    parser = configparser.ConfigParser()
+    parser.read(SHIPPED_INI)
+    return {name: parser["pgbouncer"][name] for name in SHIPPED_BOUNDS}
 
 
 class PrivatePgBouncer:
@@ -50,6 +61,7 @@ class PrivatePgBouncer:
         production; no `ignore_startup_parameters`, so startup options are refused.
         """
         (self.tmp / "userlist.txt").write_text(f'"{self.user}" ""\n')
+        bounds = "\n".join(f"{name} = {value}" for name, value in shipped_bounds().items())
         ini = self.tmp / "pgbouncer.ini"
         ini.write_text(f"""[databases]
 * = host={self.server_host} port={self.server_port}
@@ -68,6 +80,7 @@ server_check_delay = 0
 logfile = {self.tmp / "pgbouncer.log"}
 pidfile = {self.tmp / "pgbouncer.pid"}
 admin_users = {self.user}
+{bounds}
 """)
         return ini
 
