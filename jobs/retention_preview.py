@@ -16,7 +16,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, delete, func, select, text, tuple_
 
-from .retention import FINISHED, count_expired_payloads
 from ledger.config import Settings
 from ledger.db.schema import (
     conflict_bodies,
@@ -27,6 +26,8 @@ from ledger.db.schema import (
 )
 from ledger.reads.receipts import scope_names
 from ledger.scheduling.runner import default_jobs, period_start
+
+from .retention import FINISHED, count_expired_payloads
 
 JOB = "retention"
 PAGE_CAP = 100_000
