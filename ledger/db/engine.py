@@ -109,8 +109,11 @@ def _private_file(database: str) -> None:
     WAL and shared-memory files the database file's mode, so 0600 here covers them.
     """
     path = Path(database)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    except OSError:  # unopenable: the first connection says so, and requests answer 503
+        return
     for name in (path, Path(f"{database}-wal"), Path(f"{database}-shm")):
         try:
             if name.exists() and name.stat().st_mode & 0o077:

@@ -45,8 +45,8 @@ def test_a_bulk_requeue_reports_what_became_of_it(app: Flask) -> None:
     assert "0 complete" in html and "3 pending" in html
     batch = re.search(r'id="followup-([0-9a-f]{16})"', html).group(1)  # type: ignore[union-attr]
     Worker(app.extensions["ledger"], worker_id="w-test").run(burst=True)
-    later = oncall.get(f"/failures/requeue-all/{batch}", headers={"HX-Request": "true"})
+    later = oncall.get(f"/failures/requeued/{batch}", headers={"HX-Request": "true"})
     text = later.get_data(as_text=True)
     assert "3 complete" in text and "0 pending" in text and "0 failed again" in text
     assert "hx-trigger" not in text  # nothing pending: it stops polling
-    assert oncall.get("/failures/requeue-all/zz").status_code == 404
+    assert oncall.get("/failures/requeued/zz").status_code == 404

@@ -133,7 +133,7 @@ def _outcomes(batch: str) -> dict[str, int]:
         return batch_outcomes(conn, batch)
 
 
-@bp.get("/failures/requeue-all/<batch>")
+@bp.get("/failures/requeued/<batch>")
 @requires("viewer")
 def requeue_all_followup(batch: str) -> Response:
     """A bulk requeue's live follow-through: complete / pending / failed again."""
