@@ -27,6 +27,7 @@ from ledger.errors import (
 from ledger.ids import EVENT_ID, EVENT_TYPE
 from ledger.intake.credential_view import CredentialView, IntegrationAuth, KeyMaterial
 from ledger.intake.signatures import HeaderMap, SenderProfile, profile_for
+from ledger.intake.signatures.fields import DIGEST_ID, digest_id
 from ledger.intake.signatures.profile import FORM, JSON, JSON_ARRAY
 from ledger.intake.store import (
     DriverClaim,
@@ -119,7 +120,8 @@ class Intake:
                    payload: Any, body: bytes, now: Any, *, form: bool = False) -> NewEvent:
         """Validate the event's id and type; the job carries the body (a form, decoded)."""
         # The fields directly (SenderProfile.identity, minus a call on the hot path).
-        event_id = validate_event_id(profile.event_id.read(headers, payload, body))
+        raw_id = profile.event_id.read(headers, payload, body)
+        event_id = raw_id if raw_id is DIGEST_ID else validate_event_id(raw_id)
         event_type = validate_event_type(profile.event_type.read(headers, payload, body))
         if form:
             decoded = profile.signs_decoded_form
@@ -130,6 +132,8 @@ class Intake:
             digest = hashlib.sha256(text.encode() if decoded else body).digest()
         else:
             text, digest = body.decode("utf-8"), hashlib.sha256(body).digest()
+        if event_id is DIGEST_ID:  # an id-less delivery the sender documents
+            event_id = digest_id(digest)
         return NewEvent(scope_id=scope_id, event_id=event_id, event_type=event_type,
                         body_sha256=digest, payload=text, accepted_at=now)
 

@@ -38,6 +38,7 @@ from ledger.errors import (
 from ledger.ids import INTEGRATION_ID
 from ledger.intake.credential_view import IntegrationAuth
 from ledger.intake.delivery_log import Delivery
+from ledger.intake.signatures import PROFILE_BODY_LIMITS
 from ledger.logs import event_ref, get_logger
 from ledger.services import Services
 from ledger.web.body_deadline import BodyReadTimeout
@@ -189,8 +190,11 @@ def _deliver(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen
     started = time.perf_counter()
     auth = seen.auth = svc.intake.lookup(public_id)
     limit = svc.settings.max_body_bytes
-    if auth is not None and auth.integration.max_body_bytes:
-        limit = auth.integration.max_body_bytes
+    if auth is not None:
+        # The integration's own limit, else its sender's cap (GitHub's 25 MB), else the global.
+        integration = auth.integration
+        limit = (integration.max_body_bytes or PROFILE_BODY_LIMITS.get(integration.profile)
+                 or limit)
     body = read_body_within(get_input_stream(environ), get_content_length(environ), limit)
     if auth is None:
         raise UnknownIntegration()

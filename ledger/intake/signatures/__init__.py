@@ -14,12 +14,15 @@ from ledger.intake.signatures.profile import SenderProfile
 if TYPE_CHECKING:
     from ledger.domain import Integration
 
-__all__ = ["PROFILES", "PROFILE_NAMES", "EventIdentity", "HeaderMap", "Profile",
-           "SenderProfile", "Verified", "get_profile", "profile_for"]
+__all__ = ["PROFILES", "PROFILE_BODY_LIMITS", "PROFILE_NAMES", "EventIdentity", "HeaderMap",
+           "Profile", "SenderProfile", "Verified", "get_profile", "profile_for"]
 
 PROFILES: dict[str, SenderProfile] = {profile.name: profile for profile in PRESETS}
 HMAC = "hmac"
 PROFILE_NAMES: tuple[str, ...] = tuple(sorted([*PROFILES, HMAC]))
+# Body limits fitted to a sender's own cap, where it exceeds the global default.
+PROFILE_BODY_LIMITS: dict[str, int] = {
+    profile.name: profile.max_body_bytes for profile in PRESETS if profile.max_body_bytes}
 
 
 def get_profile(name: str | None) -> SenderProfile:

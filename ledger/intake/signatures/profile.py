@@ -88,6 +88,9 @@ class SenderProfile:
     # True when the signature covers the decoded form fields, not the bytes (Twilio).
     signs_decoded_form: bool = False
     handshake: Handshake | None = None
+    # The body limit when the integration sets none, fitted to the sender's own cap
+    # (GitHub's 25 MB); None: LEDGER_MAX_BODY_BYTES.
+    max_body_bytes: int | None = None
     example: Callable[[str, str, dict[str, Any]], dict[str, Any]] | None = None
 
     @property

@@ -25,12 +25,14 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from ledger.errors import AuthenticationFailed
 from ledger.intake.signatures import _common as common
 from ledger.intake.signatures.base import HeaderMap, Verified
 
+DEFAULT_PORTS = {"https": 443, "http": 80}
+JSON_TYPE = "application/json"
 _LOWER_HEX = re.compile(r"[0-9a-f]+")
 _PLACEHOLDER = re.compile(r"(\{id\}|\{timestamp\}|\{body\}|\{url\})")
 
@@ -203,6 +205,27 @@ def twilio_json_content(body: bytes, url: str) -> bytes:
     return f"{url}{'&' if '?' in url else '?'}bodySHA256={digest}".encode()
 
 
+def default_port_variant(url: str) -> str | None:
+    """Return `url` with its scheme's default port added, or removed when it has it."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    default = DEFAULT_PORTS.get(parts.scheme)
+    if default is None or not parts.hostname:
+        return None
+    host = parts.netloc.rpartition("@")[2]
+    userinfo = parts.netloc[:len(parts.netloc) - len(host)]
+    if port is None:
+        netloc = f"{userinfo}{host}:{default}"
+    elif port == default:
+        netloc = userinfo + host.rsplit(":", 1)[0]
+    else:
+        return None
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def settings_algorithm(value: str) -> str | None:
     """Return the `algorithm=` of a signature-settings header (`key=…,algorithm=HMAC_SHA256`)."""
     for part in value.split(","):
@@ -242,11 +265,17 @@ class SignedContent:
     algorithm_header: str | None = None
     # The signed content of a delivery whose Content-Type is JSON (Twilio's bodySHA256).
     json_content: Callable[[bytes, str], bytes] | None = None
+    # True when the sender may sign the URL with or without its scheme's default port
+    # (Twilio's libraries try both): the configured URL's other spelling verifies too.
+    port_variants: bool = False
     has_timestamp: bool = field(init=False)
+    _urls: tuple[str, ...] = field(init=False, repr=False)
     _only: HeaderSet | None = field(init=False, repr=False)  # the one set, if only one
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_only", self.headers[0] if len(self.headers) == 1 else None)
+        object.__setattr__(self, "_urls", (self.url, *(
+            [other] if self.port_variants and (other := default_port_variant(self.url)) else [])))
         timed = any(names.timestamp for names in self.headers)
         stamped = isinstance(self.format, Entries) and self.format.timestamp is not None
         object.__setattr__(self, "has_timestamp",
@@ -256,20 +285,46 @@ class SignedContent:
         """Return the header names this delivery uses (svix-* or webhook-*, say)."""
         if self._only is not None:
             return self._only
-        found = None
-        for names in self.headers:
-            if headers.get(names.signature_key):
-                if found is not None:
-                    raise AuthenticationFailed("duplicate_header")  # which set is signed?
-                found = names
-        return found or self.headers[0]
+        found = self._present(headers)
+        return found[0] if found else self.headers[0]
+
+    def _present(self, headers: HeaderMap) -> list[HeaderSet]:
+        """Return the sets the delivery carries; several only when they name one message.
+
+        Svix can send its headers under both prefixes: accepted when both sets carry
+        the same id and timestamp (which set is signed is then no question).
+        """
+        found = [names for names in self.headers if headers.get(names.signature_key)]
+        for other in found[1:]:
+            for mine, theirs in ((found[0].id_key, other.id_key),
+                                 (found[0].timestamp_key, other.timestamp_key)):
+                if (mine is None) != (theirs is None) or (
+                        mine and theirs and headers.get(mine) != headers.get(theirs)):
+                    raise AuthenticationFailed("duplicate_header")
+        return found
+
+    def _signature_value(self, headers: HeaderMap, names: HeaderSet) -> str:
+        """Return the signature header's value; with several sets, every set's entries."""
+        value = common.required_header(headers, names.signature_key, "missing_signature")
+        if self._only is not None:
+            return value
+        found = self._present(headers)
+        if len(found) < 2:
+            return value
+        values = [common.required_header(headers, other.signature_key, "missing_signature")
+                  for other in found]
+        if isinstance(self.format, Entries):
+            return self.format.separator.join(values)
+        if len(set(values)) > 1:
+            raise AuthenticationFailed("duplicate_header")  # two different single signatures
+        return value
 
     def verify(self, headers: HeaderMap, body: bytes, secrets: Sequence[str], *,
                now: int, tolerance: int) -> Verified:
         """Return which secret signed the delivery, or raise AuthenticationFailed."""
         common.require_secrets(secrets)
         names = self.header_set(headers)
-        value = common.required_header(headers, names.signature_key, "missing_signature")
+        value = self._signature_value(headers, names)
         msg_id = common.required_header(headers, names.id_key, "missing_id") if names.id_key else ""
         raw_timestamp, entries = self.format.parse(value)
         if self.algorithm_header is not None:
@@ -283,11 +338,18 @@ class SignedContent:
         if self.needs_url and not self.url:
             raise AuthenticationFailed("no_endpoint_url")
         candidates = self._candidates(entries)
-        if self.json_content is not None and common.media_type(headers) == "application/json":
-            message = self.json_content(body, self.url)
-        else:
-            message = self.content(msg_id, raw_timestamp or "", body, self.url)
-        index = self._match(secrets, message, candidates)
+        index = -1
+        for url in self._urls:
+            if self.json_content is not None and common.media_type(headers) == JSON_TYPE:
+                message = self.json_content(body, url)
+            else:
+                message = self.content(msg_id, raw_timestamp or "", body, url)
+            try:
+                index = self._match(secrets, message, candidates)
+                break
+            except AuthenticationFailed:
+                if url is self._urls[-1]:
+                    raise
         if self.body_timestamp is not None:
             timestamp = body_timestamp_ms(body, self.body_timestamp)
         if timestamp is not None:
