@@ -19,10 +19,13 @@ from ledger.errors import NotFound, Refused
 from ledger.ids import EVENT_TYPE, INTEGRATION_ID, SLUG, new_integration_id
 from ledger.intake.signatures import HMAC, PROFILE_NAMES, PROFILES
 from ledger.intake.signatures.configurable import check_options
+from ledger.intake.signatures.token_profile import TOKEN, check_token_options
 
 if TYPE_CHECKING:
     from ledger.access.credentials import NewCredential
 
+# The profiles an integration describes itself (options stored in `hmac_options`).
+OPTION_CHECKS = {HMAC: check_options, TOKEN: check_token_options}
 TYPE_PATH = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}")
 URL = re.compile(r"https?://[!-~]{1,2040}")
 
@@ -48,13 +51,14 @@ def profile_settings(profile: str, *, type_path: str | None = None,
     if endpoint_url and not URL.fullmatch(endpoint_url):
         raise Refused("url must be an http(s) URL of printable ASCII")
     options = None
-    if profile == HMAC:
+    check = OPTION_CHECKS.get(profile)
+    if check is not None:
         try:
-            options = json.dumps(check_options(hmac_options or {}), sort_keys=True)
+            options = json.dumps(check(hmac_options or {}), sort_keys=True)
         except ValueError as error:
             raise Refused(str(error)) from None
     elif hmac_options:
-        raise Refused("hmac options apply to --profile hmac only")
+        raise Refused("hmac and token options apply to --profile hmac or token only")
     return {"type_path": type_path or None, "fixed_event_type": event_type or None,
             "endpoint_url": endpoint_url or None, "hmac_options": options}
 

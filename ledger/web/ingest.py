@@ -39,6 +39,8 @@ from ledger.ids import INTEGRATION_ID
 from ledger.intake.credential_view import IntegrationAuth
 from ledger.intake.delivery_log import Delivery
 from ledger.intake.signatures import PROFILE_BODY_LIMITS
+from ledger.intake.signatures.shared_token import PLAINTEXT_KEY, QUERY_KEY
+from ledger.intake.signatures.token_profile import TOKEN
 from ledger.logs import event_ref, get_logger
 from ledger.services import Services
 from ledger.web.body_deadline import BodyReadTimeout
@@ -101,6 +103,19 @@ def environ_headers(environ: dict[str, Any]) -> dict[str, list[str]]:
             continue
         headers.setdefault(name, []).append(value)
     return headers
+
+
+def add_request_facts(headers: dict[str, list[str]], environ: dict[str, Any], *,
+                      production: bool) -> None:
+    """Add what a shared-token profile reads besides headers, as pseudo-headers.
+
+    The scheme is the request's after LEDGER_TRUSTED_PROXIES (ProxyFix applies their
+    X-Forwarded-Proto; a client's own is ignored), so a token that reached the
+    ledger over plain HTTP is seen as such.
+    """
+    headers[QUERY_KEY] = [environ.get("QUERY_STRING") or ""]
+    if production and environ.get("wsgi.url_scheme") != "https":
+        headers[PLAINTEXT_KEY] = ["1"]
 
 
 @dataclass(slots=True)
@@ -198,8 +213,11 @@ def _deliver(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen
     body = read_body_within(get_input_stream(environ), get_content_length(environ), limit)
     if auth is None:
         raise UnknownIntegration()
+    headers = environ_headers(environ)
+    if auth.integration.profile == TOKEN:  # only a token profile pays for these facts
+        add_request_facts(headers, environ, production=svc.settings.production)
     try:
-        answer = svc.intake.accept(auth, environ_headers(environ), body)
+        answer = svc.intake.accept(auth, headers, body)
     except AuthenticationFailed as failure:
         log.warning("delivery.unauthenticated", integration=public_id,
                     scope=auth.integration.scope, reason=failure.reason,

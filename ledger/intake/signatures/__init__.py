@@ -10,6 +10,7 @@ from ledger.intake.signatures.base import EventIdentity, HeaderMap, Profile, Ver
 from ledger.intake.signatures.configurable import hmac_profile
 from ledger.intake.signatures.presets import PRESETS
 from ledger.intake.signatures.profile import SenderProfile
+from ledger.intake.signatures.token_profile import TOKEN, token_profile
 
 if TYPE_CHECKING:
     from ledger.domain import Integration
@@ -19,7 +20,9 @@ __all__ = ["PROFILES", "PROFILE_BODY_LIMITS", "PROFILE_NAMES", "EventIdentity", 
 
 PROFILES: dict[str, SenderProfile] = {profile.name: profile for profile in PRESETS}
 HMAC = "hmac"
-PROFILE_NAMES: tuple[str, ...] = tuple(sorted([*PROFILES, HMAC]))
+# Profiles built from an integration's own options (stored in its `hmac_options` column).
+CONFIGURABLE = {HMAC: hmac_profile, TOKEN: token_profile}
+PROFILE_NAMES: tuple[str, ...] = tuple(sorted([*PROFILES, *CONFIGURABLE]))
 # Body limits fitted to a sender's own cap, where it exceeds the global default.
 PROFILE_BODY_LIMITS: dict[str, int] = {
     profile.name: profile.max_body_bytes for profile in PRESETS if profile.max_body_bytes}
@@ -44,11 +47,12 @@ def profile_for(integration: Integration) -> SenderProfile:
 def _configured(name: str, type_path: str | None, event_type: str | None, url: str | None,
                 hmac_options: str | None) -> SenderProfile:
     """Build (once per process and setting) the profile with an integration's settings."""
-    if name == HMAC:
+    build = CONFIGURABLE.get(name)
+    if build is not None:
         if not hmac_options:
             raise AuthenticationFailed("unknown_profile")
         try:
-            base = hmac_profile(hmac_options)
+            base = build(hmac_options)
         except ValueError:
             raise AuthenticationFailed("unknown_profile") from None
     else:

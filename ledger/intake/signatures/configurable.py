@@ -33,7 +33,7 @@ OPTION_NAMES = ("signature_header", "algorithm", "encoding", "prefix", "content"
                 "timestamp_header", "id_header", "id_path", "type_header")
 
 
-def _header(options: dict[str, Any], name: str, *, required: bool = False) -> str | None:
+def header_option(options: dict[str, Any], name: str, *, required: bool = False) -> str | None:
     """Return a lower-cased header option, refusing what no HTTP header can be called."""
     value = options.get(name)
     if value in (None, ""):
@@ -50,10 +50,10 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
     unknown = set(options) - set(OPTION_NAMES)
     if unknown:
         raise ValueError(f"unknown hmac options: {sorted(unknown)}")
-    found = {"signature_header": _header(options, "signature_header", required=True),
-             "timestamp_header": _header(options, "timestamp_header"),
-             "id_header": _header(options, "id_header"),
-             "type_header": _header(options, "type_header")}
+    found = {"signature_header": header_option(options, "signature_header", required=True),
+             "timestamp_header": header_option(options, "timestamp_header"),
+             "id_header": header_option(options, "id_header"),
+             "type_header": header_option(options, "type_header")}
     found["algorithm"] = options.get("algorithm") or "sha256"
     if found["algorithm"] not in keys.HMAC_DIGESTS:
         raise ValueError(f"algorithm must be one of {sorted(keys.HMAC_DIGESTS)}")

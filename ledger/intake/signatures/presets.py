@@ -39,13 +39,13 @@ from ledger.intake.signatures.profile import (
 from ledger.intake.signatures.schemes import (
     Entries,
     HeaderSet,
-    SharedToken,
     SignedContent,
     Single,
     Template,
     form_content,
     twilio_json_content,
 )
+from ledger.intake.signatures.shared_token import SharedToken
 
 BODY = Template("{body}")
 MIN_WHSEC_BYTES = 16

@@ -14,7 +14,8 @@ from ledger.ids import random_base62
 from ledger.intake.signatures import _common as common
 from ledger.intake.signatures.base import EventIdentity, HeaderMap, Verified
 from ledger.intake.signatures.fields import BodyPath, Field, Fixed
-from ledger.intake.signatures.schemes import SharedToken, SignedContent
+from ledger.intake.signatures.schemes import SignedContent
+from ledger.intake.signatures.shared_token import SharedToken
 
 MAX_SECRET_LENGTH = 512
 
@@ -40,15 +41,15 @@ class SecretFormat:
     is_public: Callable[[str], bool] = lambda secret: False
 
 
-def _printable(secret: str) -> str | None:
+def printable(secret: str) -> str | None:
     """Refuse secrets nobody could have typed into the sender's console."""
     if not secret or len(secret) > MAX_SECRET_LENGTH or not secret.isprintable():
         return f"secret must be 1-{MAX_SECRET_LENGTH} printable characters"
     return None
 
 
-RAW_SECRET = SecretFormat(generate=lambda: random.token_urlsafe(32), check=_printable)
-STRIPE_SECRET = SecretFormat(generate=lambda: "whsec_" + random_base62(32), check=_printable)
+RAW_SECRET = SecretFormat(generate=lambda: random.token_urlsafe(32), check=printable)
+STRIPE_SECRET = SecretFormat(generate=lambda: "whsec_" + random_base62(32), check=printable)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +92,9 @@ class SenderProfile:
     # The body limit when the integration sets none, fitted to the sender's own cap
     # (GitHub's 25 MB); None: LEDGER_MAX_BODY_BYTES.
     max_body_bytes: int | None = None
+    # What the signature covers, in words, when the scheme's template does not say it
+    # all (catalog.py shows it in `integration create --help` and the dashboard).
+    covers: str | None = None
     example: Callable[[str, str, dict[str, Any]], dict[str, Any]] | None = None
 
     @property

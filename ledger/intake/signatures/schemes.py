@@ -7,7 +7,7 @@ Every preset profile is a declaration over two schemes:
   event id, the timestamp, the raw body and the endpoint URL (or a function, for
   Twilio's sorted form parameters), and per entry name the algorithm that checks
   it: HMAC (any digest, hex or base64), ed25519 or ECDSA P-256 (`keys.py`).
-* `SharedToken`: the sender repeats a shared secret in a header (GitLab).
+* `SharedToken` (shared_token.py): the sender repeats a shared secret (GitLab, `token`).
 
 Entries that are malformed or of an unknown name are skipped: they never spoil a
 valid one (the senders' own libraries do the same). Freshness is checked after
@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -415,26 +414,3 @@ class SignedContent:
                 headers[names.id] = event_id
             return headers
         raise ValueError("secret is not in this sender's format")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SharedToken:
-    """The sender repeats the shared secret in a header; nothing else is signed."""
-
-    header: str
-    has_timestamp: bool = False
-
-    def verify(self, headers: HeaderMap, body: bytes, secrets: Sequence[str], *,
-               now: int, tolerance: int) -> Verified:
-        """Return which secret the header repeats, or raise AuthenticationFailed."""
-        common.require_secrets(secrets)
-        token = common.required_header(headers, self.header.lower(), "missing_signature").encode()
-        for index, secret in enumerate(secrets):
-            key = common.utf8_key(secret)
-            if key is not None and hmac.compare_digest(key, token):
-                return Verified(secret_index=index, timestamp=None)
-        raise AuthenticationFailed("bad_signature")
-
-    def sign(self, secret: str, body: bytes, *, event_id: str, timestamp: int) -> dict[str, str]:
-        """Return the token header."""
-        return {self.header: secret}
