@@ -25,8 +25,13 @@ HMAC_FLAGS = {
     "algorithm": "sha256 (default), sha1 or sha512 (hmac profile).",
     "encoding": "hex (default) or base64 (hmac profile).",
     "signature_prefix": "Text before the signature, e.g. 'sha256=' (hmac profile).",
-    "signed_content": "Template over {body}, {timestamp}, {id}; default '{body}' (hmac profile).",
-    "timestamp_header": "Header with unix seconds; freshness is checked (hmac profile).",
+    "signed_content": "Template: {body} once; {timestamp}, {id}, {method}, {url} anywhere; "
+                      "default '{body}' (hmac profile).",
+    "signature_entries": "The header is t=<ts>,v1=<sig>[,v1=<sig>...] (hmac profile).",
+    "timestamp_header": "Header with the signed timestamp; freshness is checked (hmac profile).",
+    "timestamp_format": "unix (default), unix-ms or rfc3339 (hmac profile).",
+    "body_format": "json (default) or json-array: a batch, one receipt each (hmac profile).",
+    "success_body": "Text answered instead of JSON on success, e.g. [accepted] (hmac profile).",
     "id_header": "Header holding the event id (hmac, token profiles).",
     "id_path": "Dotted body path of the event id (hmac, token profiles).",
     "type_header": "Header naming the event type (hmac, token profiles).",
@@ -38,10 +43,11 @@ TOKEN_FLAGS = {
     "basic": "HTTP Basic auth; the secret is the whole user:password (token profile).",
     "allow_plaintext": "Accept the token over plain HTTP in production (token profile).",
 }
-SWITCHES = ("basic", "allow_plaintext")
+SWITCHES = ("basic", "allow_plaintext", "signature_entries")
 FLAGS_OF = {"hmac": set(HMAC_FLAGS),
             "token": {*TOKEN_FLAGS, "id_header", "id_path", "type_header"}}
-OPTION_OF_FLAG = {"signature_prefix": "prefix", "signed_content": "content"}
+OPTION_OF_FLAG = {"signature_prefix": "prefix", "signed_content": "content",
+                  "signature_entries": "entries"}
 
 
 def profile_options(profile: str, values: dict[str, Any]) -> dict[str, Any]:

@@ -54,6 +54,8 @@ class IntakeAnswer:
     event_type: str
     outcome: str  # accepted, duplicate, conflict, batch or handshake (logs and metrics)
     key_id: str  # the credential whose signature matched (the delivery log)
+    # A text/plain answer instead of `body` (a handshake's echo, a profile's success_body).
+    text: str | None = None
 
 
 class _ReplayedBody(Exception):
@@ -103,9 +105,11 @@ class Intake:
         if profile.handshake is not None:
             reply = profile.handshake(payload, key.secret)
             if reply is not None:  # answered at once, after authentication; nothing written
-                return IntakeAnswer(status=reply[0], body=reply[1], scope=integration.scope,
-                                    event_id="", event_type="", outcome="handshake",
-                                    key_id=key.key_id)
+                status, said = reply
+                text = said if isinstance(said, str) else None
+                return IntakeAnswer(status=status, body=said if isinstance(said, dict) else {},
+                                    scope=integration.scope, event_id="", event_type="",
+                                    outcome="handshake", key_id=key.key_id, text=text)
         if isinstance(payload, list):  # a JSON_ARRAY profile's batch (parse_body)
             return self._accept_batch(auth, profile, key, headers, payload, now)
         event = self._new_event(integration.id, profile, headers, payload, body, now,
@@ -114,7 +118,8 @@ class Intake:
             answer = self._claim(event, id_is_signed=profile.id_is_signed)
         return IntakeAnswer(status=answer[0], body=answer[1], scope=integration.scope,
                             event_id=event.event_id, event_type=event.event_type,
-                            outcome=answer[1]["status"], key_id=key.key_id)
+                            outcome=answer[1]["status"], key_id=key.key_id,
+                            text=profile.success_body if answer[0] < 300 else None)
 
     def _new_event(self, scope_id: int, profile: SenderProfile, headers: HeaderMap,
                    payload: Any, body: bytes, now: Any, *, form: bool = False) -> NewEvent:
@@ -164,7 +169,7 @@ class Intake:
                             body={"status": "batch", "events": [a[1] for a in answers]},
                             scope=integration.scope, event_id=batch[0].event_id,
                             event_type=batch[0].event_type, outcome="batch",
-                            key_id=key.key_id)
+                            key_id=key.key_id, text=profile.success_body)
 
     def _authenticate_fresh(self, auth: IntegrationAuth, profile: SenderProfile,
                             headers: HeaderMap, body: bytes) -> KeyMaterial:

@@ -54,6 +54,7 @@ ROUTE = "/hooks/<public_id>"
 PREFIX = "/hooks/"
 RETRY_AFTER_SECONDS = "5"
 JSON_TYPE = "application/json"
+TEXT_TYPE = "text/plain; charset=utf-8"
 NO_CONTENT = 204
 StartResponse = Callable[..., Any]
 
@@ -65,6 +66,16 @@ class HookAnswer:
     status: int
     body: dict[str, Any]
     headers: list[tuple[str, str]] = field(default_factory=list)
+    text: str | None = None  # answered as text/plain instead of the JSON body
+
+    @property
+    def media_type(self) -> str:
+        """Return the answer's Content-Type."""
+        return JSON_TYPE if self.text is None else TEXT_TYPE
+
+    def payload(self) -> bytes:
+        """Return the answer's bytes."""
+        return encode(self.body, self.status) if self.text is None else self.text.encode()
 
 
 def read_body_within(stream: IO[bytes], declared: int | None, limit: int) -> bytes:
@@ -234,7 +245,7 @@ def _deliver(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen
     log.info("delivery." + outcome, outcome=outcome, scope=answer.scope,
              event_ref=event_ref(answer.scope, answer.event_id), event_type=answer.event_type,
              http_status=answer.status, latency_ms=round(elapsed * 1000, 2))
-    return HookAnswer(answer.status, answer.body)
+    return HookAnswer(answer.status, answer.body, text=answer.text)
 
 
 def encode(body: dict[str, Any], status: int = 200) -> bytes:
@@ -248,8 +259,8 @@ def encode(body: dict[str, Any], status: int = 200) -> bytes:
 def receive(public_id: str) -> Response:
     """Serve a delivery that reached Flask (the fast path normally answers first)."""
     answer = answer_delivery(current_app.extensions["ledger"], public_id, request.environ)
-    return current_app.response_class(encode(answer.body, answer.status), status=answer.status,
-                                      headers=answer.headers, mimetype=JSON_TYPE)
+    return current_app.response_class(answer.payload(), status=answer.status,
+                                      headers=answer.headers, content_type=answer.media_type)
 
 
 class IntakeFastPath:
@@ -286,8 +297,8 @@ class IntakeFastPath:
                              latency_ms=round((time.perf_counter() - started) * 1000, 2))
         finally:
             structlog.contextvars.clear_contextvars()
-        payload = encode(answer.body, answer.status)
-        headers = [("Content-Type", JSON_TYPE), ("Content-Length", str(len(payload))),
+        payload = answer.payload()
+        headers = [("Content-Type", answer.media_type), ("Content-Length", str(len(payload))),
                    *answer.headers, (REQUEST_ID_HEADER, request_id)]
         start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)
         return [payload]

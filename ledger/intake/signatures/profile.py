@@ -27,9 +27,10 @@ FORM = "form"
 MEDIA_TYPES = {FORM: "application/x-www-form-urlencoded", JSON: "application/json"}
 
 # A handshake gets the parsed body and the secret that verified it; it returns the
-# status and body to answer at once (no receipt; 204 answers no body), or None when
-# the delivery is an event.
-Handshake = Callable[[Any, str], tuple[int, dict[str, Any]] | None]
+# status and body to answer at once (no receipt; 204 answers no body; a str is
+# answered as text/plain, as Twitch wants its challenge), or None when the
+# delivery is an event.
+Handshake = Callable[[Any, str], tuple[int, dict[str, Any] | str] | None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +96,9 @@ class SenderProfile:
     # What the signature covers, in words, when the scheme's template does not say it
     # all (catalog.py shows it in `integration create --help` and the dashboard).
     covers: str | None = None
+    # Text answered (text/plain) instead of the JSON body when a delivery is taken:
+    # some senders want a literal reply (Adyen's `[accepted]`).
+    success_body: str | None = None
     example: Callable[[str, str, dict[str, Any]], dict[str, Any]] | None = None
 
     @property

@@ -33,7 +33,8 @@ from ledger.intake.signatures.base import HeaderMap, Verified
 DEFAULT_PORTS = {"https": 443, "http": 80}
 JSON_TYPE = "application/json"
 _LOWER_HEX = re.compile(r"[0-9a-f]+")
-_PLACEHOLDER = re.compile(r"(\{id\}|\{timestamp\}|\{body\}|\{url\})")
+_PLACEHOLDER = re.compile(r"(\{id\}|\{timestamp\}|\{body\}|\{url\}|\{method\})")
+METHOD = "POST"  # the intake receives POST only: `{method}` is always this
 
 
 class Algorithm(Protocol):
@@ -143,33 +144,46 @@ def encode_signature(encoding: str, raw: bytes) -> str:
     return raw.hex() if encoding == "hex" else base64.b64encode(raw).decode("ascii")
 
 
+def _format_string(parts: list[str]) -> str:
+    """Join template parts into a str.format string, literal braces escaped."""
+    return "".join(part if _PLACEHOLDER.fullmatch(part)
+                   else part.replace("{", "{{").replace("}", "}}") for part in parts)
+
+
 @dataclass(frozen=True, slots=True)
 class Template:
-    """A signed-content template over `{id}`, `{timestamp}`, `{body}` and `{url}`."""
+    """A signed-content template: `{body}` once, and `{id}`, `{timestamp}`, `{method}`,
+    `{url}` anywhere around it (HubSpot v3 puts the timestamp after the body)."""
 
     text: str
     # Compiled once, so the hot path pays one str.format and one encode: the text
-    # before `{body}` as a format string, the literal text after it as bytes.
+    # before `{body}` as a format string, the text after it as bytes when it is
+    # literal (every preset but HubSpot), else as a format string too.
     _head: str = field(init=False, repr=False)
     _tail: bytes = field(init=False, repr=False)
+    _tail_format: str | None = field(init=False, repr=False)
     _names: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         parts = _PLACEHOLDER.split(self.text)
         names = tuple(part[1:-1] for part in parts if _PLACEHOLDER.fullmatch(part))
-        if names.count("body") != 1 or any(_PLACEHOLDER.fullmatch(p)
-                                           for p in parts[parts.index("{body}") + 1:]):
-            raise ValueError("the signed content holds {body} once, after every other field")
+        if names.count("body") != 1:
+            raise ValueError("the signed content holds {body} exactly once")
         at = parts.index("{body}")
-        head = "".join(part if _PLACEHOLDER.fullmatch(part)
-                       else part.replace("{", "{{").replace("}", "}}") for part in parts[:at])
-        object.__setattr__(self, "_head", head)
-        object.__setattr__(self, "_tail", "".join(parts[at + 1:]).encode())
+        after = parts[at + 1:]
+        templated = any(_PLACEHOLDER.fullmatch(part) for part in after)
+        object.__setattr__(self, "_head", _format_string(parts[:at]))
+        object.__setattr__(self, "_tail", b"" if templated else "".join(after).encode())
+        object.__setattr__(self, "_tail_format", _format_string(after) if templated else None)
         object.__setattr__(self, "_names", names)
 
     def __call__(self, msg_id: str, raw_timestamp: str, body: bytes, url: str) -> bytes:
         """Return the bytes the sender signs."""
-        head = self._head.format(id=msg_id, timestamp=raw_timestamp, url=url).encode()
+        head = self._head.format(id=msg_id, timestamp=raw_timestamp, url=url,
+                                 method=METHOD).encode()
+        if self._tail_format is not None:
+            return head + body + self._tail_format.format(
+                id=msg_id, timestamp=raw_timestamp, url=url, method=METHOD).encode()
         return head + body + self._tail if self._tail else head + body
 
     @property
@@ -267,12 +281,16 @@ class SignedContent:
     # True when the sender may sign the URL with or without its scheme's default port
     # (Twilio's libraries try both): the configured URL's other spelling verifies too.
     port_variants: bool = False
+    timestamp_format: str = "unix"  # or "unix-ms" (HubSpot), "rfc3339" (Twitch, Zendesk)
     has_timestamp: bool = field(init=False)
     _urls: tuple[str, ...] = field(init=False, repr=False)
+    _parse_timestamp: Callable[[str], int] = field(init=False, repr=False)
     _only: HeaderSet | None = field(init=False, repr=False)  # the one set, if only one
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_only", self.headers[0] if len(self.headers) == 1 else None)
+        object.__setattr__(self, "_parse_timestamp",
+                           common.TIMESTAMP_PARSERS[self.timestamp_format])
         object.__setattr__(self, "_urls", (self.url, *(
             [other] if self.port_variants and (other := default_port_variant(self.url)) else [])))
         timed = any(names.timestamp for names in self.headers)
@@ -333,7 +351,7 @@ class SignedContent:
                                                    "missing_timestamp")
         elif isinstance(self.format, Entries) and self.format.timestamp and not raw_timestamp:
             raise AuthenticationFailed("missing_timestamp")
-        timestamp = common.parse_timestamp(raw_timestamp) if raw_timestamp else None
+        timestamp = self._parse_timestamp(raw_timestamp) if raw_timestamp else None
         if self.needs_url and not self.url:
             raise AuthenticationFailed("no_endpoint_url")
         candidates = self._candidates(entries)
@@ -399,7 +417,7 @@ class SignedContent:
     def sign(self, secret: str, body: bytes, *, event_id: str, timestamp: int) -> dict[str, str]:
         """Return the headers the sender attaches; the first algorithm that takes `secret`."""
         names = self.headers[0]
-        raw_timestamp = str(timestamp)
+        raw_timestamp = common.TIMESTAMP_FORMATTERS[self.timestamp_format](timestamp)
         message = self.content(event_id, raw_timestamp, body, self.url)
         for version, algorithm in self.algorithms.items():
             try:
