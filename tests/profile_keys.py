@@ -74,6 +74,12 @@ KEYS: dict[str, KeyPair] = {
     "sendgrid": _p256(0x5EED),
     "twilio": _shared("12345"),
     "square": _shared("square-signature-key"),
+    "calendly": _shared("calendly-webhook-signing-key"),
+    "twitch": _shared("twitch-eventsub-secret-0123456789"),
+    "zendesk": _shared("dGhpc19zZWNyZXRfaXNfZm9yX3Rlc3RpbmdfcHVycG9zZXNfb25seQ=="),
+    "hubspot": _shared("hubspot-app-client-secret"),
+    "intercom": _shared("intercom-client-secret"),
+    "typeform": _shared("typeform-webhook-secret"),
 }
 OTHER_KEYS: dict[str, KeyPair] = {
     "standard-webhooks": _shared("whsec_" + base64.b64encode(b"another key of 24 bytes!").decode()),
@@ -83,7 +89,7 @@ OTHER_KEYS: dict[str, KeyPair] = {
     "sendgrid": _p256(0xC0FFEE),
     **{name: _shared(f"another {name} secret") for name in (
         "slack", "shopify", "gitlab", "linear", "paddle", "pagerduty", "zoom", "twilio",
-        "square")},
+        "square", "calendly", "twitch", "zendesk", "hubspot", "intercom", "typeform")},
 }
 V1A = _whpk(bytes(range(100, 132)))
 V1A_OTHER = _whpk(bytes(range(140, 172)))

@@ -158,6 +158,13 @@ def test_sign_uses_the_senders_header_names() -> None:
                      "X-Twilio-Email-Event-Webhook-Timestamp"},
         "twilio": {"X-Twilio-Signature", "I-Twilio-Idempotency-Token"},
         "square": {"x-square-hmacsha256-signature"},
+        "calendly": {"Calendly-Webhook-Signature"},
+        "twitch": {"Twitch-Eventsub-Message-Signature", "Twitch-Eventsub-Message-Timestamp",
+                   "Twitch-Eventsub-Message-Id"},
+        "zendesk": {"X-Zendesk-Webhook-Signature", "X-Zendesk-Webhook-Signature-Timestamp"},
+        "hubspot": {"X-HubSpot-Signature-v3", "X-HubSpot-Request-Timestamp"},
+        "intercom": {"X-Hub-Signature"},
+        "typeform": {"Typeform-Signature"},
     }
 
 
@@ -548,7 +555,8 @@ SECRET_STRATEGIES = {
     # Twilio signs the parsed form parameters, not the raw bytes: a flipped byte
     # may leave them unchanged, so it has its own tests (test_sender_libraries).
     **{name: st.text(min_size=1, max_size=64) for name in (
-        "stripe", "github", "slack", "shopify", "paddle", "pagerduty", "zoom", "square")},
+        "stripe", "github", "slack", "shopify", "paddle", "pagerduty", "zoom", "square",
+        "calendly", "twitch", "zendesk", "intercom", "typeform")},
 }
 EVENT_IDS = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,40}", fullmatch=True)
 

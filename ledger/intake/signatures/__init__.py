@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ledger.errors import AuthenticationFailed
 from ledger.intake.signatures.base import EventIdentity, HeaderMap, Profile, Verified
 from ledger.intake.signatures.configurable import hmac_profile
+from ledger.intake.signatures.more_presets import MORE_PRESETS
 from ledger.intake.signatures.presets import PRESETS
 from ledger.intake.signatures.profile import SenderProfile
 from ledger.intake.signatures.token_profile import TOKEN, token_profile
@@ -18,14 +19,15 @@ if TYPE_CHECKING:
 __all__ = ["PROFILES", "PROFILE_BODY_LIMITS", "PROFILE_NAMES", "EventIdentity", "HeaderMap",
            "Profile", "SenderProfile", "Verified", "get_profile", "profile_for"]
 
-PROFILES: dict[str, SenderProfile] = {profile.name: profile for profile in PRESETS}
+PROFILES: dict[str, SenderProfile] = {
+    profile.name: profile for profile in (*PRESETS, *MORE_PRESETS)}
 HMAC = "hmac"
 # Profiles built from an integration's own options (stored in its `hmac_options` column).
 CONFIGURABLE = {HMAC: hmac_profile, TOKEN: token_profile}
 PROFILE_NAMES: tuple[str, ...] = tuple(sorted([*PROFILES, *CONFIGURABLE]))
 # Body limits fitted to a sender's own cap, where it exceeds the global default.
 PROFILE_BODY_LIMITS: dict[str, int] = {
-    profile.name: profile.max_body_bytes for profile in PRESETS if profile.max_body_bytes}
+    name: profile.max_body_bytes for name, profile in PROFILES.items() if profile.max_body_bytes}
 
 
 def get_profile(name: str | None) -> SenderProfile:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.intake.signatures import fields
+from ledger.intake.signatures.more_presets import MORE_PRESETS, TwitchType
 from ledger.intake.signatures.presets import PRESETS
 from ledger.intake.signatures.profile import HeaderSetId, SenderProfile
 from ledger.intake.signatures.schemes import SignedContent, Template, form_content
@@ -43,6 +44,8 @@ _WORDS: dict[type, Callable[[Any], str]] = {
     fields.BodyPath: lambda f: "body " + ".".join(f.path) + (
         f" (else {f.default})" if f.default else ""),
     fields.Fixed: lambda f: f"fixed: {f.value}",
+    fields.Text: lambda f: describe(f.inner),
+    TwitchType: lambda f: "body subscription.type (revocation.<type> without an event)",
     fields.Dotted: lambda f: f"{describe(f.first)} + '.' + {describe(f.second)}",
     fields.Wrapped: lambda f: f"{describe(f.inner)} in {f.envelope}, else {describe(f.outer)}",
     fields.Named: lambda f: f"{describe(f.inner)}, named",
@@ -116,7 +119,7 @@ CONFIGURABLE_CARDS = (
 
 def cards() -> list[ProfileCard]:
     """Return every profile's card, by name."""
-    return sorted([*(card(profile) for profile in PRESETS), *CONFIGURABLE_CARDS],
+    return sorted([*(card(profile) for profile in (*PRESETS, *MORE_PRESETS)), *CONFIGURABLE_CARDS],
                   key=lambda found: found.name)
 
 

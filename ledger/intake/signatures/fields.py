@@ -81,6 +81,24 @@ class BodyPath:
 
 
 @dataclass(frozen=True, slots=True)
+class Text:
+    """A field whose whole-number value is the id in decimal (HubSpot's numeric eventId)."""
+
+    inner: Field
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return a whole number as its decimal text; anything else as sent."""
+        value = self.inner.read(headers, payload, body)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return str(value)
+        return value
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Write the value as given."""
+        self.inner.put(value, headers, payload)
+
+
+@dataclass(frozen=True, slots=True)
 class Fixed:
     """A type fixed per integration, for senders whose events carry none."""
 

@@ -1,0 +1,147 @@
+"""Third-edition presets (CONTRACT section 2): senders a platform connects besides the first
+fourteen. Each cites the sender's published scheme; docs/senders/<name>.md says what it
+covers and what it leaves.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ledger.intake.signatures import keys
+from ledger.intake.signatures.base import HeaderMap
+from ledger.intake.signatures.fields import BodyDigestId, BodyPath, First, Header, Text
+from ledger.intake.signatures.profile import JSON_ARRAY, SenderProfile
+from ledger.intake.signatures.schemes import Entries, HeaderSet, SignedContent, Single, Template
+
+BODY = Template("{body}")
+DIGEST_ID = BodyDigestId()
+
+# Calendly (developer.calendly.com "Webhook signatures"): `Calendly-Webhook-Signature:
+# t=<unix>,v1=<hex>`, HMAC-SHA256 of `{t}.{body}` under the webhook signing key. Its
+# events carry no delivery id: the id is made from the signed body.
+CALENDLY = SenderProfile(
+    name="calendly",
+    scheme=SignedContent(
+        headers=(HeaderSet(signature="Calendly-Webhook-Signature"),),
+        format=Entries(separator=",", pair="=", timestamp="t"), encoding="hex",
+        algorithms={"v1": keys.HMAC_SHA256}, content=Template("{timestamp}.{body}")),
+    event_id=DIGEST_ID, event_type=BodyPath.of("event"), id_is_signed=True,
+    example=lambda i, t, data: {
+        "created_at": "2026-01-01T00:00:00.000000Z", "created_by": "https://api.calendly.com/u/1",
+        "payload": {"uri": f"https://api.calendly.com/scheduled_events/e/invitees/{i}",
+                    **data}},
+)
+
+TWITCH_EVENT = BodyPath.of("event")
+TWITCH_SUBSCRIPTION_TYPE = BodyPath.of("subscription.type")
+REVOCATION = "revocation"
+
+
+@dataclass(frozen=True, slots=True)
+class TwitchType:
+    """A notification's `subscription.type`; a revocation's, after `revocation.`."""
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the subscription type, marked when the message carries no event."""
+        kind = TWITCH_SUBSCRIPTION_TYPE.read(headers, payload, body)
+        if TWITCH_EVENT.read(headers, payload, body) is not None or not isinstance(kind, str):
+            return kind
+        return f"{REVOCATION}.{kind}"
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Write a notification of this subscription type."""
+        TWITCH_SUBSCRIPTION_TYPE.put(value, headers, payload)
+
+
+def _twitch_challenge(payload: Any, secret: str) -> tuple[int, dict[str, Any] | str] | None:
+    """Answer `webhook_callback_verification` with the bare challenge, as text (Twitch's rule)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("subscription"), dict):
+        return None
+    challenge = payload.get("challenge")
+    return (200, challenge) if isinstance(challenge, str) and challenge else None
+
+
+# Twitch EventSub (dev.twitch.tv "Handling webhook events"): `Twitch-Eventsub-Message-
+# Signature: sha256=<hex>` of `{message id}{timestamp}{body}`, the timestamp RFC 3339
+# with nanoseconds; the challenge is answered after authentication. Twitch suggests a
+# 10-minute window: `--tolerance 600`.
+TWITCH = SenderProfile(
+    name="twitch",
+    scheme=SignedContent(
+        headers=(HeaderSet(signature="Twitch-Eventsub-Message-Signature",
+                           timestamp="Twitch-Eventsub-Message-Timestamp",
+                           id="Twitch-Eventsub-Message-Id"),),
+        format=Single(prefix="sha256=", version="sha256"), encoding="hex",
+        algorithms={"sha256": keys.HMAC_SHA256}, content=Template("{id}{timestamp}{body}"),
+        timestamp_format="rfc3339"),
+    event_id=Header("Twitch-Eventsub-Message-Id"), event_type=TwitchType(), id_is_signed=True,
+    handshake=_twitch_challenge,
+    example=lambda i, t, data: {
+        "subscription": {"id": "f1c2a387-161a-49f9-a165-0f21d7a4e1c4", "status": "enabled",
+                         "version": "1", "transport": {"method": "webhook"}},
+        "event": data},
+)
+
+# Zendesk (developer.zendesk.com "Verifying webhook authenticity"): base64 HMAC-SHA256
+# of `{timestamp}{body}`, the timestamp ISO 8601 in X-Zendesk-Webhook-Signature-Timestamp.
+# Event webhooks carry `id` and `type`; a trigger's custom body may carry neither
+# (`--event-type`; the id is then made from the signed body).
+ZENDESK = SenderProfile(
+    name="zendesk",
+    scheme=SignedContent(
+        headers=(HeaderSet(signature="X-Zendesk-Webhook-Signature",
+                           timestamp="X-Zendesk-Webhook-Signature-Timestamp"),),
+        format=Single(), encoding="base64", algorithms={"sig": keys.HMAC_SHA256},
+        content=Template("{timestamp}{body}"), timestamp_format="rfc3339"),
+    event_id=First((BodyPath.of("id"), DIGEST_ID)), event_type=BodyPath.of("type"),
+    id_is_signed=True,
+    example=lambda i, t, data: {"account_id": 1, "subject": "zen:ticket:1", "detail": data,
+                                "zendesk_event_version": "2022-11-06"},
+)
+
+# HubSpot v3 (developers.hubspot.com "Validating requests"): base64 HMAC-SHA256 of
+# `{method}{uri}{body}{timestamp}` under the app's client secret, the timestamp in
+# milliseconds; the body is a JSON array of events, each with a numeric eventId.
+HUBSPOT = SenderProfile(
+    name="hubspot",
+    scheme=SignedContent(
+        headers=(HeaderSet(signature="X-HubSpot-Signature-v3",
+                           timestamp="X-HubSpot-Request-Timestamp"),),
+        format=Single(version="v3"), encoding="base64", algorithms={"v3": keys.HMAC_SHA256},
+        content=Template("{method}{url}{body}{timestamp}"), needs_url=True,
+        timestamp_format="unix-ms"),
+    event_id=Text(BodyPath.of("eventId")), event_type=BodyPath.of("subscriptionType"),
+    id_is_signed=True, body_format=JSON_ARRAY,
+    example=lambda i, t, data: {"portalId": 62515, "appId": 1160452,
+                                "occurredAt": int(time.time() * 1000), "attemptNumber": 0,
+                                "objectId": 123, **data},
+)
+
+# Intercom (developers.intercom.com "Webhooks", signed notifications): `X-Hub-Signature:
+# sha1=<hex>`, HMAC-SHA1 of the body under the app's client secret; no timestamp.
+INTERCOM = SenderProfile(
+    name="intercom",
+    scheme=SignedContent(
+        headers=(HeaderSet(signature="X-Hub-Signature"),),
+        format=Single(prefix="sha1=", version="sha1"), encoding="hex",
+        algorithms={"sha1": keys.HMAC_SHA1}, content=BODY),
+    event_id=BodyPath.of("id"), event_type=BodyPath.of("topic"), id_is_signed=True,
+    example=lambda i, t, data: {"type": "notification_event", "app_id": "abc123",
+                                "data": {"type": "notification_event_data", "item": data}},
+)
+
+# Typeform (typeform.com/developers "Secure your webhooks"): `Typeform-Signature:
+# sha256=<base64>`, HMAC-SHA256 of the body; no timestamp.
+TYPEFORM = SenderProfile(
+    name="typeform",
+    scheme=SignedContent(
+        headers=(HeaderSet(signature="Typeform-Signature"),),
+        format=Single(prefix="sha256=", version="sha256"), encoding="base64",
+        algorithms={"sha256": keys.HMAC_SHA256}, content=BODY),
+    event_id=BodyPath.of("event_id"), event_type=BodyPath.of("event_type"), id_is_signed=True,
+    example=lambda i, t, data: {"form_response": {"form_id": "lT4Z3j", **data}},
+)
+
+MORE_PRESETS = (CALENDLY, TWITCH, ZENDESK, HUBSPOT, INTERCOM, TYPEFORM)
