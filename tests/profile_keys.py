@@ -80,6 +80,7 @@ KEYS: dict[str, KeyPair] = {
     "hubspot": _shared("hubspot-app-client-secret"),
     "intercom": _shared("intercom-client-secret"),
     "typeform": _shared("typeform-webhook-secret"),
+    "mailgun": _shared("key-mailgun-webhook-signing-key"),
 }
 OTHER_KEYS: dict[str, KeyPair] = {
     "standard-webhooks": _shared("whsec_" + base64.b64encode(b"another key of 24 bytes!").decode()),
@@ -89,7 +90,8 @@ OTHER_KEYS: dict[str, KeyPair] = {
     "sendgrid": _p256(0xC0FFEE),
     **{name: _shared(f"another {name} secret") for name in (
         "slack", "shopify", "gitlab", "linear", "paddle", "pagerduty", "zoom", "twilio",
-        "square", "calendly", "twitch", "zendesk", "hubspot", "intercom", "typeform")},
+        "square", "calendly", "twitch", "zendesk", "hubspot", "intercom", "typeform",
+        "mailgun")},
 }
 V1A = _whpk(bytes(range(100, 132)))
 V1A_OTHER = _whpk(bytes(range(140, 172)))

@@ -116,8 +116,10 @@ class ProfileDrill:
         body = profile.compose(event_id, "drill.check", {"drill": event_id})
         if sender.label == "hmac":
             body = json.dumps({"id": event_id, "type": "drill.check"}).encode()
+        now = unix(self.svc.clock.now())
+        body = profile.seal(sender.signing, body, now)  # Mailgun signs inside the body
         headers = profile.sign(sender.signing, body, event_id=event_id, event_type="drill.check",
-                               timestamp=unix(self.svc.clock.now()))
+                               timestamp=now)
         form = profile.body_format == "form"
         headers["Content-Type"] = ("application/x-www-form-urlencoded" if form
                                    else "application/json")

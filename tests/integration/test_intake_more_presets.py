@@ -195,3 +195,38 @@ def test_typeform_base64_signature(app, live) -> None:
     hex_spelled = {"Typeform-Signature": "sha256=" + mac("typeform", body).hex()}
     assert send(live, sender, body, hex_spelled).status_code == 401
     assert receipt_rows(app) == [("LtWXD3crgy", "form_response")]
+
+
+def mailgun_body(event_id: str, event: str, *, key: str | None = None,
+                 moment: int | None = None) -> bytes:
+    """A Mailgun webhook body, its signature object written as Mailgun's docs describe."""
+    timestamp = str(int(time.time()) if moment is None else moment)
+    token = hashlib.sha256(event_id.encode()).hexdigest()[:50]
+    signature = hmac.new((key or KEYS["mailgun"].stored).encode(),
+                         (timestamp + token).encode(), hashlib.sha256).hexdigest()
+    return json.dumps({"signature": {"timestamp": timestamp, "token": token,
+                                     "signature": signature},
+                       "event-data": {"id": event_id, "event": event,
+                                      "recipient": "alice@example.com"}}).encode()
+
+
+def test_mailgun_signature_inside_the_body(app, live) -> None:
+    """Accepted with event-data's id and event; a foreign key or stale timestamp: 401."""
+    sender = connect(app, "mailgun")
+    body = mailgun_body("CPgfbmQMTCKtHW6uIWtuVe", "delivered")
+    assert send(live, sender, body, {}).status_code == 202
+    assert send(live, sender, body, {}).json()["status"] == "duplicate"
+    assert send(live, sender, mailgun_body("x1", "opened", key="wrong"), {}).status_code == 401
+    stale = mailgun_body("x2", "opened", moment=int(time.time()) - 3600)
+    assert send(live, sender, stale, {}).status_code == 401
+    assert receipt_rows(app) == [("CPgfbmQMTCKtHW6uIWtuVe", "delivered")]
+
+
+def test_mailgun_event_is_unsigned_so_the_body_digest_guard_applies(app, live) -> None:
+    """A captured signature object on a changed event under the same id is a 409 conflict."""
+    sender = connect(app, "mailgun")
+    body = mailgun_body("evt-9", "delivered")
+    assert send(live, sender, body, {}).status_code == 202
+    tampered = body.replace(b"alice@example.com", b"mallory@example.com")
+    assert send(live, sender, tampered, {}).status_code == 409
+    assert ledger_counts(app) == {"receipts": 1, "jobs": 1, "conflicts": 1}

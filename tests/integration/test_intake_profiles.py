@@ -51,7 +51,8 @@ def post(client: Any, sender: Sender, body: bytes, headers: dict[str, str]) -> A
     return client.post(f"/hooks/{sender.public_id}", data=body, headers=headers)
 
 
-ALL = sorted(PROFILES)
+# Mailgun signs inside the body: tests/integration/test_intake_more_presets.py has its cases.
+ALL = sorted(name for name, profile in PROFILES.items() if not profile.signature_in_body)
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -75,6 +75,8 @@ def covers(profile: SenderProfile) -> str:
     scheme = profile.scheme
     if isinstance(scheme, SharedToken):
         return TOKEN_COVERS
+    if not isinstance(scheme, SignedContent):
+        return type(scheme).__name__
     if isinstance(scheme.content, Template):
         return scheme.content.text.replace("{body}", "{raw body}")
     if scheme.content is form_content:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ledger.intake.signatures import keys
 from ledger.intake.signatures.base import HeaderMap
+from ledger.intake.signatures.body_signature import BodySignature
 from ledger.intake.signatures.fields import BodyDigestId, BodyPath, First, Header, Text
 from ledger.intake.signatures.profile import JSON_ARRAY, SenderProfile
 from ledger.intake.signatures.schemes import Entries, HeaderSet, SignedContent, Single, Template
@@ -144,4 +145,16 @@ TYPEFORM = SenderProfile(
     example=lambda i, t, data: {"form_response": {"form_id": "lT4Z3j", **data}},
 )
 
-MORE_PRESETS = (CALENDLY, TWITCH, ZENDESK, HUBSPOT, INTERCOM, TYPEFORM)
+# Mailgun (documentation.mailgun.com "Securing webhooks"): the body carries
+# `signature: {timestamp, token, signature}`, hex HMAC-SHA256 of `{timestamp}{token}`
+# under the webhook signing key. The event (`event-data`) is not signed: its id is
+# treated as unsigned, so the body-digest guard applies.
+MAILGUN = SenderProfile(
+    name="mailgun", scheme=BodySignature(),
+    event_id=BodyPath.of("event-data.id"), event_type=BodyPath.of("event-data.event"),
+    id_is_signed=False,
+    covers="{signature.timestamp}{signature.token} only: NOT the event (event-data)",
+    example=lambda i, t, data: {"event-data": {"recipient": "alice@example.com", **data}},
+)
+
+MORE_PRESETS = (CALENDLY, TWITCH, ZENDESK, HUBSPOT, INTERCOM, TYPEFORM, MAILGUN)

@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 from ledger.ids import random_base62
 from ledger.intake.signatures import _common as common
 from ledger.intake.signatures.base import EventIdentity, HeaderMap, Verified
+from ledger.intake.signatures.body_signature import BodySignature
 from ledger.intake.signatures.fields import BodyPath, Field, Fixed
 from ledger.intake.signatures.schemes import SignedContent
 from ledger.intake.signatures.shared_token import SharedToken
@@ -73,7 +74,7 @@ class SenderProfile:
     """One sender's scheme, where its event id and type live, and what its body is."""
 
     name: str
-    scheme: SignedContent | SharedToken
+    scheme: SignedContent | SharedToken | BodySignature
     event_id: Field
     event_type: Field
     # False when the event id is not covered by the signature: a captured body
@@ -143,6 +144,17 @@ class SenderProfile:
             return urlencode(payload).encode()
         body = [payload] if self.body_format == JSON_ARRAY else payload
         return json.dumps(body, separators=(",", ":")).encode()
+
+    @property
+    def signature_in_body(self) -> bool:
+        """Tell whether the signature travels inside the body (Mailgun): see `seal`."""
+        return isinstance(self.scheme, BodySignature)
+
+    def seal(self, secret: str, body: bytes, timestamp: int) -> bytes:
+        """Return `body` as the sender sends it: with its signature inside, if it has one."""
+        if isinstance(self.scheme, BodySignature):
+            return self.scheme.seal(secret, body, timestamp)
+        return body
 
     def generate_secret(self) -> str:
         """Return a fresh signing secret in the sender's format."""
