@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 from ledger.access import audit
 from ledger.errors import NotFound
 from ledger.intake.signatures import PROFILE_NAMES
+from ledger.intake.signatures.catalog import cards
 from ledger.reads import BadCursor, Page
 from ledger.reads.admin import list_audit, list_conflicts, list_integrations, read_credentials
 from ledger.reads.capacity import measure_on
@@ -171,7 +172,8 @@ def integrations_answer(*, status: int = 200, error: str | None = None) -> Respo
         except (BadCursor, BadFilter):
             abort(400)
     return render("integrations.html", "partials/_integrations.html", page=page,
-                  args=request.args, profiles=PROFILE_NAMES, error=error, status=status,
+                  args=request.args, profiles=PROFILE_NAMES, cards=cards(), error=error,
+                  status=status,
                   form=request.form)
 
 
