@@ -320,28 +320,26 @@ class SignedContent:
                     raise AuthenticationFailed("duplicate_header")
         return found
 
-    def _signature_value(self, headers: HeaderMap, names: HeaderSet) -> str:
-        """Return the signature header's value; with several sets, every set's entries."""
-        value = common.required_header(headers, names.signature_key, "missing_signature")
-        if self._only is not None:
-            return value
-        found = self._present(headers)
-        if len(found) < 2:
-            return value
-        values = [common.required_header(headers, other.signature_key, "missing_signature")
-                  for other in found]
-        if isinstance(self.format, Entries):
-            return self.format.separator.join(values)
+    def _signature_value(self, headers: HeaderMap) -> tuple[HeaderSet, str]:
+        """Return the set used and its signature; with several sets, every set's entries."""
+        found = self._present(headers) or [self.headers[0]]
+        values = [common.required_header(headers, names.signature_key, "missing_signature")
+                  for names in found]
+        if len(values) > 1 and isinstance(self.format, Entries):
+            return found[0], self.format.separator.join(values)
         if len(set(values)) > 1:
             raise AuthenticationFailed("duplicate_header")  # two different single signatures
-        return value
+        return found[0], values[0]
 
     def verify(self, headers: HeaderMap, body: bytes, secrets: Sequence[str], *,
                now: int, tolerance: int) -> Verified:
         """Return which secret signed the delivery, or raise AuthenticationFailed."""
         common.require_secrets(secrets)
-        names = self.header_set(headers)
-        value = self._signature_value(headers, names)
+        if self._only is not None:
+            names = self._only
+            value = common.required_header(headers, names.signature_key, "missing_signature")
+        else:
+            names, value = self._signature_value(headers)
         msg_id = common.required_header(headers, names.id_key, "missing_id") if names.id_key else ""
         raw_timestamp, entries = self.format.parse(value)
         if self.algorithm_header is not None:
