@@ -81,6 +81,7 @@ KEYS: dict[str, KeyPair] = {
     "intercom": _shared("intercom-client-secret"),
     "typeform": _shared("typeform-webhook-secret"),
     "mailgun": _shared("key-mailgun-webhook-signing-key"),
+    "adyen": _shared("44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"),
 }
 OTHER_KEYS: dict[str, KeyPair] = {
     "standard-webhooks": _shared("whsec_" + base64.b64encode(b"another key of 24 bytes!").decode()),
@@ -92,6 +93,7 @@ OTHER_KEYS: dict[str, KeyPair] = {
         "slack", "shopify", "gitlab", "linear", "paddle", "pagerduty", "zoom", "twilio",
         "square", "calendly", "twitch", "zendesk", "hubspot", "intercom", "typeform",
         "mailgun")},
+    "adyen": _shared("A0" * 32),
 }
 V1A = _whpk(bytes(range(100, 132)))
 V1A_OTHER = _whpk(bytes(range(140, 172)))

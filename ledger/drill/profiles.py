@@ -68,7 +68,10 @@ def post_signed(base_url: str, public_id: str, body: bytes,
                                      headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
-            return response.status, json.loads(response.read() or b"{}")
+            raw = response.read()
+            is_json = response.headers.get_content_type() == "application/json"
+            # A profile may answer a literal text (Adyen's `[accepted]`).
+            return response.status, json.loads(raw or b"{}") if is_json else {}
     except urllib.error.HTTPError as error:
         with error:
             raw = error.read()

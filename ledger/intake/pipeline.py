@@ -112,6 +112,11 @@ class Intake:
                                     outcome="handshake", key_id=key.key_id, text=text)
         if isinstance(payload, list):  # a JSON_ARRAY profile's batch (parse_body)
             return self._accept_batch(auth, profile, key, headers, payload, now)
+        if profile.batch_items is not None:  # a batch inside an object (Adyen)
+            events = profile.batch_items(payload)
+            if events is None:
+                raise InvalidEvent("body holds no batch of events")
+            return self._accept_batch(auth, profile, key, headers, events, now)
         event = self._new_event(integration.id, profile, headers, payload, body, now,
                                 form=body_format == FORM)
         with storage_guard():

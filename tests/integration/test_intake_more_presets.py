@@ -230,3 +230,43 @@ def test_mailgun_event_is_unsigned_so_the_body_digest_guard_applies(app, live) -
     tampered = body.replace(b"alice@example.com", b"mallory@example.com")
     assert send(live, sender, tampered, {}).status_code == 409
     assert ledger_counts(app) == {"receipts": 1, "jobs": 1, "conflicts": 1}
+
+
+def adyen_item(psp: str, event_code: str = "AUTHORISATION", value: int = 1130) -> dict[str, Any]:
+    """One Adyen notification item, signed as Adyen's docs describe."""
+    item = {"pspReference": psp, "merchantAccountCode": "TestMerchant",
+            "merchantReference": "order-1", "amount": {"value": value, "currency": "EUR"},
+            "eventCode": event_code, "success": "true",
+            "eventDate": "2026-01-01T00:00:00+01:00"}
+    message = ":".join([psp, "", "TestMerchant", "order-1", str(value), "EUR", event_code,
+                        "true"]).encode()
+    key = bytes.fromhex(KEYS["adyen"].stored)
+    signature = base64.b64encode(hmac.new(key, message, hashlib.sha256).digest()).decode()
+    return {**item, "additionalData": {"hmacSignature": signature}}
+
+
+def adyen_body(*items: dict[str, Any]) -> bytes:
+    """Adyen's envelope."""
+    return json.dumps({"live": "false", "notificationItems": [
+        {"NotificationRequestItem": item} for item in items]}).encode()
+
+
+def test_adyen_items_each_a_receipt_answered_accepted(app, live) -> None:
+    """Each signed item is its own event, all in one transaction; the reply is [accepted]."""
+    sender = connect(app, "adyen")
+    body = adyen_body(adyen_item("7914073381342284"), adyen_item("7914073381342284", "CAPTURE"))
+    answer = send(live, sender, body, {})
+    assert (answer.status_code, answer.text) == (202, "[accepted]")
+    assert receipt_rows(app) == [("AUTHORISATION:7914073381342284:true", "AUTHORISATION"),
+                                 ("CAPTURE:7914073381342284:true", "CAPTURE")]
+    retried = send(live, sender, body, {})  # duplicates of pending receipts
+    assert (retried.status_code, retried.text) == (202, "[accepted]")
+    assert ledger_counts(app)["receipts"] == 2
+
+
+def test_adyen_one_tampered_item_refuses_the_whole_body(app, live) -> None:
+    """An item whose signed fields changed: 401, nothing written."""
+    sender = connect(app, "adyen")
+    tampered = {**adyen_item("8815"), "amount": {"value": 1, "currency": "EUR"}}
+    assert send(live, sender, adyen_body(adyen_item("8814"), tampered), {}).status_code == 401
+    assert ledger_counts(app) == NOTHING

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.intake.signatures import fields
-from ledger.intake.signatures.more_presets import MORE_PRESETS, TwitchType
+from ledger.intake.signatures.more_presets import MORE_PRESETS, AdyenId, TwitchType
 from ledger.intake.signatures.presets import PRESETS
 from ledger.intake.signatures.profile import HeaderSetId, SenderProfile
 from ledger.intake.signatures.schemes import SignedContent, Template, form_content
@@ -46,6 +46,7 @@ _WORDS: dict[type, Callable[[Any], str]] = {
     fields.Fixed: lambda f: f"fixed: {f.value}",
     fields.Text: lambda f: describe(f.inner),
     TwitchType: lambda f: "body subscription.type (revocation.<type> without an event)",
+    AdyenId: lambda f: "item eventCode:pspReference:success",
     fields.Dotted: lambda f: f"{describe(f.first)} + '.' + {describe(f.second)}",
     fields.Wrapped: lambda f: f"{describe(f.inner)} in {f.envelope}, else {describe(f.outer)}",
     fields.Named: lambda f: f"{describe(f.inner)}, named",

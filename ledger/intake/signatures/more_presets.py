@@ -5,6 +5,7 @@ covers and what it leaves.
 
 from __future__ import annotations
 
+import secrets as random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,8 @@ from ledger.intake.signatures import keys
 from ledger.intake.signatures.base import HeaderMap
 from ledger.intake.signatures.body_signature import BodySignature
 from ledger.intake.signatures.fields import BodyDigestId, BodyPath, First, Header, Text
-from ledger.intake.signatures.profile import JSON_ARRAY, SenderProfile
+from ledger.intake.signatures.item_signatures import ItemSignatures, adyen_items, adyen_key
+from ledger.intake.signatures.profile import JSON_ARRAY, SecretFormat, SenderProfile
 from ledger.intake.signatures.schemes import Entries, HeaderSet, SignedContent, Single, Template
 
 BODY = Template("{body}")
@@ -157,4 +159,47 @@ MAILGUN = SenderProfile(
     example=lambda i, t, data: {"event-data": {"recipient": "alice@example.com", **data}},
 )
 
-MORE_PRESETS = (CALENDLY, TWITCH, ZENDESK, HUBSPOT, INTERCOM, TYPEFORM, MAILGUN)
+@dataclass(frozen=True, slots=True)
+class AdyenId:
+    """`{eventCode}:{pspReference}:{success}`: what makes an Adyen notification one event."""
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the joined id, or None when a part is missing or not text."""
+        found = [payload.get(name) if isinstance(payload, dict) else None
+                 for name in ("eventCode", "pspReference", "success")]
+        parts = [part for part in found if isinstance(part, str) and part]
+        return ":".join(parts) if len(parts) == len(found) else None
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Nothing to write: the example item carries the parts."""
+
+
+def _adyen_example(event_id: str, event_type: str, data: dict[str, Any]) -> dict[str, Any]:
+    """One notification item in Adyen's envelope."""
+    item = {"pspReference": event_id, "merchantAccountCode": "Acme", "merchantReference": "r",
+            "amount": {"value": 1000, "currency": "EUR"}, "eventCode": event_type,
+            "eventDate": "2026-01-01T00:00:00+01:00", "success": "true",
+            "additionalData": {}}
+    return {"live": "false", "notificationItems": [{"NotificationRequestItem": item}]}
+
+
+def _adyen_key_problem(secret: str) -> str | None:
+    """An Adyen HMAC key is hex (Customer Area → Webhooks → HMAC key)."""
+    return None if adyen_key(secret) else "an Adyen HMAC key is 32-256 hex digits"
+
+
+# Adyen (docs.adyen.com "Verify HMAC signatures"): every notification item carries a
+# base64 HMAC-SHA256 of its key fields under the hex HMAC key; each item is one event,
+# all in one transaction; the reply is `[accepted]`. No timestamp is signed.
+ADYEN = SenderProfile(
+    name="adyen", scheme=ItemSignatures(), event_id=AdyenId(),
+    event_type=BodyPath.of("eventCode"), id_is_signed=True, batch_items=adyen_items,
+    success_body="[accepted]",
+    covers="each item's pspReference:originalReference:merchantAccountCode:"
+           "merchantReference:value:currency:eventCode:success (not its other fields)",
+    secret=SecretFormat(generate=lambda: random.token_hex(32).upper(),
+                        check=_adyen_key_problem),
+    example=_adyen_example,
+)
+
+MORE_PRESETS = (CALENDLY, TWITCH, ZENDESK, HUBSPOT, INTERCOM, TYPEFORM, MAILGUN, ADYEN)

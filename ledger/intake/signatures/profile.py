@@ -15,6 +15,7 @@ from ledger.intake.signatures import _common as common
 from ledger.intake.signatures.base import EventIdentity, HeaderMap, Verified
 from ledger.intake.signatures.body_signature import BodySignature
 from ledger.intake.signatures.fields import BodyPath, Field, Fixed
+from ledger.intake.signatures.item_signatures import ItemSignatures
 from ledger.intake.signatures.schemes import SignedContent
 from ledger.intake.signatures.shared_token import SharedToken
 
@@ -74,7 +75,7 @@ class SenderProfile:
     """One sender's scheme, where its event id and type live, and what its body is."""
 
     name: str
-    scheme: SignedContent | SharedToken | BodySignature
+    scheme: SignedContent | SharedToken | BodySignature | ItemSignatures
     event_id: Field
     event_type: Field
     # False when the event id is not covered by the signature: a captured body
@@ -100,6 +101,9 @@ class SenderProfile:
     # Text answered (text/plain) instead of the JSON body when a delivery is taken:
     # some senders want a literal reply (Adyen's `[accepted]`).
     success_body: str | None = None
+    # The events of a batch inside an object body (Adyen's notificationItems): each
+    # gets its own receipt, as a JSON-array body's elements do.
+    batch_items: Callable[[Any], list[Any] | None] | None = None
     example: Callable[[str, str, dict[str, Any]], dict[str, Any]] | None = None
 
     @property
@@ -147,12 +151,12 @@ class SenderProfile:
 
     @property
     def signature_in_body(self) -> bool:
-        """Tell whether the signature travels inside the body (Mailgun): see `seal`."""
-        return isinstance(self.scheme, BodySignature)
+        """Tell whether the signature travels inside the body (Mailgun, Adyen): see `seal`."""
+        return isinstance(self.scheme, BodySignature | ItemSignatures)
 
     def seal(self, secret: str, body: bytes, timestamp: int) -> bytes:
         """Return `body` as the sender sends it: with its signature inside, if it has one."""
-        if isinstance(self.scheme, BodySignature):
+        if isinstance(self.scheme, BodySignature | ItemSignatures):
             return self.scheme.seal(secret, body, timestamp)
         return body
 
