@@ -25,6 +25,7 @@ from ledger.access.integrations import create_integration, profile_settings
 from ledger.clock import unix
 from ledger.intake.signatures import PROFILES, SenderProfile, profile_for
 from ledger.intake.signatures.keys import WHPK, WHSK, ed25519_pair, p256_pair
+from ledger.intake.signatures.sns import sns_pair
 
 if TYPE_CHECKING:
     from ledger.services import Services
@@ -55,6 +56,8 @@ def _key_pair(name: str) -> tuple[str | None, str | None]:
     if name == "sendgrid":
         private, public_der = p256_pair()
         return public_der, private
+    if name == "aws-sns":
+        return sns_pair()
     if name == "standard-webhooks-v1a":
         seed, public = ed25519_pair()
         return WHPK + base64.b64encode(public).decode(), WHSK + base64.b64encode(seed).decode()

@@ -270,3 +270,23 @@ def test_adyen_one_tampered_item_refuses_the_whole_body(app, live) -> None:
     tampered = {**adyen_item("8815"), "amount": {"value": 1, "currency": "EUR"}}
     assert send(live, sender, adyen_body(adyen_item("8814"), tampered), {}).status_code == 401
     assert ledger_counts(app) == NOTHING
+
+
+def test_aws_sns_confirmation_is_recorded_not_fetched_and_notifications_accepted(
+        app, live) -> None:
+    """SNS posts text/plain JSON; the confirmation becomes a receipt holding SubscribeURL."""
+    from tests.unit.test_aws_sns import CONFIRMATION, NOTIFICATION, signed
+
+    sender = connect(app, "aws-sns")
+    plain = {"Content-Type": "text/plain; charset=UTF-8",
+             "x-amz-sns-message-type": "SubscriptionConfirmation"}
+    confirmation = signed({**CONFIRMATION, "Timestamp": rfc3339(time.time())})
+    assert send(live, sender, confirmation, plain).status_code == 202
+    note = signed({**NOTIFICATION, "Timestamp": rfc3339(time.time())}, "2")
+    assert send(live, sender, note, {**plain, "x-amz-sns-message-type": "Notification"}).ok
+    assert receipt_rows(app) == [
+        (CONFIRMATION["MessageId"], "SubscriptionConfirmation"),
+        (NOTIFICATION["MessageId"], "Notification")]
+    forged = note.replace(b"orders", b"refunds")
+    assert send(live, sender, forged, plain).status_code == 401
+    assert ledger_counts(app)["receipts"] == 2

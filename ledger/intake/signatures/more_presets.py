@@ -5,6 +5,7 @@ covers and what it leaves.
 
 from __future__ import annotations
 
+import json
 import secrets as random
 import time
 from dataclasses import dataclass
@@ -15,8 +16,14 @@ from ledger.intake.signatures.base import HeaderMap
 from ledger.intake.signatures.body_signature import BodySignature
 from ledger.intake.signatures.fields import BodyDigestId, BodyPath, First, Header, Text
 from ledger.intake.signatures.item_signatures import ItemSignatures, adyen_items, adyen_key
-from ledger.intake.signatures.profile import JSON_ARRAY, SecretFormat, SenderProfile
+from ledger.intake.signatures.profile import (
+    JSON_ARRAY,
+    SecretFormat,
+    SenderProfile,
+    public_key_format,
+)
 from ledger.intake.signatures.schemes import Entries, HeaderSet, SignedContent, Single, Template
+from ledger.intake.signatures.sns import SnsSignature, sns_public_key
 
 BODY = Template("{body}")
 DIGEST_ID = BodyDigestId()
@@ -202,4 +209,19 @@ ADYEN = SenderProfile(
     example=_adyen_example,
 )
 
-MORE_PRESETS = (CALENDLY, TWITCH, ZENDESK, HUBSPOT, INTERCOM, TYPEFORM, MAILGUN, ADYEN)
+# AWS SNS (docs.aws.amazon.com/sns "Verifying the signatures of Amazon SNS messages"):
+# RSA over the canonical fields, by the certificate the operator pins (never fetched
+# at request time); a SubscriptionConfirmation is recorded for an operator to confirm.
+AWS_SNS = SenderProfile(
+    name="aws-sns", scheme=SnsSignature(), event_id=BodyPath.of("MessageId"),
+    event_type=BodyPath.of("Type"), id_is_signed=True,
+    covers="Message, MessageId, Subject, Timestamp, TopicArn, Type (Notification); "
+           "also SubscribeURL and Token (confirmations)",
+    secret=public_key_format(sns_public_key, "base64 DER SNS signing certificate"),
+    example=lambda i, t, data: {"Type": "Notification", "MessageId": i,
+                                "TopicArn": "arn:aws:sns:us-east-1:123456789012:ledger",
+                                "Message": json.dumps(data)},
+)
+
+MORE_PRESETS = (CALENDLY, TWITCH, ZENDESK, HUBSPOT, INTERCOM, TYPEFORM, MAILGUN, ADYEN,
+                AWS_SNS)

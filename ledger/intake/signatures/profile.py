@@ -18,6 +18,7 @@ from ledger.intake.signatures.fields import BodyPath, Field, Fixed
 from ledger.intake.signatures.item_signatures import ItemSignatures
 from ledger.intake.signatures.schemes import SignedContent
 from ledger.intake.signatures.shared_token import SharedToken
+from ledger.intake.signatures.sns import SnsSignature
 
 MAX_SECRET_LENGTH = 512
 
@@ -75,7 +76,7 @@ class SenderProfile:
     """One sender's scheme, where its event id and type live, and what its body is."""
 
     name: str
-    scheme: SignedContent | SharedToken | BodySignature | ItemSignatures
+    scheme: SignedContent | SharedToken | BodySignature | ItemSignatures | SnsSignature
     event_id: Field
     event_type: Field
     # False when the event id is not covered by the signature: a captured body
@@ -152,11 +153,11 @@ class SenderProfile:
     @property
     def signature_in_body(self) -> bool:
         """Tell whether the signature travels inside the body (Mailgun, Adyen): see `seal`."""
-        return isinstance(self.scheme, BodySignature | ItemSignatures)
+        return isinstance(self.scheme, BodySignature | ItemSignatures | SnsSignature)
 
     def seal(self, secret: str, body: bytes, timestamp: int) -> bytes:
         """Return `body` as the sender sends it: with its signature inside, if it has one."""
-        if isinstance(self.scheme, BodySignature | ItemSignatures):
+        if isinstance(self.scheme, BodySignature | ItemSignatures | SnsSignature):
             return self.scheme.seal(secret, body, timestamp)
         return body
 
