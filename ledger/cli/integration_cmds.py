@@ -44,6 +44,7 @@ TOKEN_FLAGS = {
     "allow_plaintext": "Accept the token over plain HTTP in production (token profile).",
 }
 SWITCHES = ("basic", "allow_plaintext", "signature_entries")
+SHARED_TOKEN_PROFILES = ("token", "gitlab")  # a secret sent as-is: it signs nothing
 FLAGS_OF = {"hmac": set(HMAC_FLAGS),
             "token": {*TOKEN_FLAGS, "id_header", "id_path", "type_header"}}
 OPTION_OF_FLAG = {"signature_prefix": "prefix", "signed_content": "content",
@@ -118,7 +119,9 @@ def integration_create(account: str, name: str, profile: str, tolerance: int,
              f"POST /hooks/{integration.public_id}\n"
              f"key {credential.key_id} " + (
                  f"secret (shown once): {credential.secret}" if not credential.public
-                 else "public key stored")))
+                 else "public key stored")
+             + ("\nnote: this token authenticates the sender, not the body (use HTTPS)"
+                if profile in SHARED_TOKEN_PROFILES else "")))
 
 
 

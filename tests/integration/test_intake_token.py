@@ -203,3 +203,12 @@ def test_integration_create_help_says_a_token_authenticates_the_sender_not_the_b
     """The operator is told what a shared token does and does not prove."""
     shown = runner.invoke(args=["ledger", "integration", "create", "--help"]).output
     assert "token" in shown and "not the body" in shown
+
+
+def test_integration_create_text_output_warns_a_token_signs_nothing(runner) -> None:
+    """Without --json, creating a token integration says what the token proves."""
+    args = ["ledger", "integration", "create", "--account", "acme", "--name", "t",
+            "--profile", "token", "--token-header", "X-Token"]
+    shown = runner.invoke(args=args)
+    assert shown.exit_code == 0, shown.output
+    assert "authenticates the sender, not the body" in shown.output
