@@ -312,6 +312,8 @@ class SignedContent:
         the same id and timestamp (which set is signed is then no question).
         """
         found = [names for names in self.headers if headers.get(names.signature_key)]
+        if len(found) < 2:
+            return found
         for other in found[1:]:
             for mine, theirs in ((found[0].id_key, other.id_key),
                                  (found[0].timestamp_key, other.timestamp_key)):
@@ -322,7 +324,11 @@ class SignedContent:
 
     def _signature_value(self, headers: HeaderMap) -> tuple[HeaderSet, str]:
         """Return the set used and its signature; with several sets, every set's entries."""
-        found = self._present(headers) or [self.headers[0]]
+        found = self._present(headers)
+        if len(found) < 2:  # the usual delivery: one set (or none: missing_signature)
+            names = found[0] if found else self.headers[0]
+            return names, common.required_header(headers, names.signature_key,
+                                                 "missing_signature")
         values = [common.required_header(headers, names.signature_key, "missing_signature")
                   for names in found]
         if len(values) > 1 and isinstance(self.format, Entries):
