@@ -1,7 +1,7 @@
 """The drill's every-profile step: each sender's key is accepted, then refused once revoked.
 
 One sandbox integration per preset profile (plus a `whpk_` Standard Webhooks key
-and an `hmac` integration), each signed the sender's way over real HTTP. All keys
+and `hmac` and `token` integrations), each signed the sender's way over real HTTP. All keys
 are revoked at once, so the whole step waits one revocation bound, not one per
 profile. Public-key senders (Discord, SendGrid, v1a) get a fresh key pair: the
 ledger stores the public half, the drill signs with the private half.
@@ -32,8 +32,13 @@ if TYPE_CHECKING:
 
 HTTP_TIMEOUT_SECONDS = 10.0
 POLL_SECONDS = 0.2
-DRILL_HMAC = {"signature_header": "x-drill-signature", "content": "{timestamp}.{body}",
-              "timestamp_header": "x-drill-timestamp", "id_path": "id"}
+DRILL_HMAC: dict[str, Any] = {
+    "signature_header": "x-drill-signature", "content": "{timestamp}.{body}",
+    "timestamp_header": "x-drill-timestamp", "id_path": "id"}
+# The drill talks to a loopback server, often over plain HTTP: a sandbox token may.
+DRILL_TOKEN: dict[str, Any] = {"token_header": "x-drill-token", "id_path": "id",
+                               "allow_plaintext": True}
+DRILL_OPTIONS = {"hmac": DRILL_HMAC, "token": DRILL_TOKEN}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -97,7 +102,7 @@ class ProfileDrill:
 
     def create(self) -> None:
         """Create one sandbox integration per profile (the ids go to cleanup at once)."""
-        labels = [*sorted(PROFILES), "standard-webhooks-v1a", "hmac"]
+        labels = [*sorted(PROFILES), "standard-webhooks-v1a", *DRILL_OPTIONS]
         for label in labels:
             name = "standard-webhooks" if label.startswith("standard-webhooks") else label
             stored, signing = _key_pair(label)
@@ -105,7 +110,7 @@ class ProfileDrill:
             url = (f"{self.base_url.rstrip('/')}/hooks/drill-{label}"
                    if getattr(scheme, "needs_url", False) else None)
             settings = profile_settings(name, endpoint_url=url,
-                                        hmac_options=DRILL_HMAC if name == "hmac" else None)
+                                        hmac_options=DRILL_OPTIONS.get(name))
             with self.svc.engine.begin() as conn:
                 integration, cred = create_integration(
                     conn, self.svc.box, self.actor, account=self.account,
@@ -120,7 +125,7 @@ class ProfileDrill:
         """Deliver one event in the sender's shape; return the status."""
         profile = sender.profile
         body = profile.compose(event_id, "drill.check", {"drill": event_id})
-        if sender.label == "hmac":
+        if sender.label in DRILL_OPTIONS:
             body = json.dumps({"id": event_id, "type": "drill.check"}).encode()
         now = unix(self.svc.clock.now())
         body = profile.seal(sender.signing, body, now)  # Mailgun signs inside the body
