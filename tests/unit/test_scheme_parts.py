@@ -9,8 +9,8 @@ import pytest
 
 from ledger.errors import AuthenticationFailed
 from ledger.intake.signatures import _common as common
-from ledger.intake.signatures.schemes import Template, default_port_variant
 from ledger.intake.signatures.shared_token import PLAINTEXT_KEY, QUERY_KEY, SharedToken
+from ledger.intake.signatures.template import Template, default_port_variant
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
