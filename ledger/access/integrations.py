@@ -43,6 +43,8 @@ def profile_settings(profile: str, *, type_path: str | None = None,
     if event_type and not EVENT_TYPE.fullmatch(event_type):
         raise Refused("event-type must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
     options = _profile_options(profile, hmac_options)
+    if (type_path or event_type) and (hmac_options or {}).get("type_header"):
+        raise Refused("give one type source: --type-header, --type-path or --event-type")
     preset = PROFILES.get(profile)
     needs_url = bool(preset and getattr(preset.scheme, "needs_url", False)) or (
         profile == HMAC and "{url}" in str(json.loads(options or "{}").get("content", "")))

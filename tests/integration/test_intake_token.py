@@ -192,7 +192,9 @@ def test_cli_creates_token_integrations_and_refuses_stray_flags(app, runner, liv
                        (["--profile", "hmac", "--basic", "--signature-header", "x"], 2),
                        (["--profile", "token"], 1),
                        (["--profile", "token", "--basic", "--token-query", "k"], 1),
-                       (["--profile", "token", "--token-header", "bad header"], 1)):
+                       (["--profile", "token", "--token-header", "bad header"], 1),
+                       (["--profile", "token", "--token-header", "X-T", "--type-header", "X-Y",
+                         "--event-type", "x"], 1)):
         refused = runner.invoke(args=[*CREATE, "--name", "other", *args])
         assert refused.exit_code == code, (args, refused.output)
     assert ledger_counts(app)["receipts"] == 1
