@@ -129,12 +129,15 @@ def test_json_array_batch_with_a_text_success_body(app, live) -> None:
     ({"timestamp_format": "iso"}, "timestamp-format"),
     ({"body_format": "xml"}, "body-format"),
     ({"content": "{url}{body}"}, "--url"),
+    ({"body_format": "json-array", "id_header": "X-Id"}, "from id-path"),
 ])
 def test_options_that_cannot_work_are_refused_with_nothing_written(app, runner, options,
                                                                    problem) -> None:
     """Bad options: exit 1, a clear reason, no integration."""
     args = ["ledger", "integration", "create", "--account", "acme", "--name", "x",
-            "--profile", "hmac", "--signature-header", "X-Sig", "--id-path", "id"]
+            "--profile", "hmac", "--signature-header", "X-Sig"]
+    if "id_header" not in options:
+        args += ["--id-path", "id"]
     for name, value in options.items():
         flag = "--" + {"content": "signed-content", "prefix": "signature-prefix"}.get(
             name, name).replace("_", "-")

@@ -109,6 +109,8 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
     found["id_path"] = options.get("id_path") or None
     if bool(found["id_header"]) == bool(found["id_path"]):
         raise ValueError("give exactly one of id-header and id-path")
+    if found["body_format"] == JSON_ARRAY and found["id_header"]:
+        raise ValueError("a json-array batch takes each event's id from id-path")
     defaults = {"timestamp_format": "unix", "body_format": JSON}
     return {name: value for name, value in found.items()
             if value and defaults.get(name) != value}
