@@ -88,7 +88,8 @@ def integration_group() -> None:
               help="Read the event type from this dotted body path instead.")
 @click.option("--event-type", default=None, help="Fix the event type (events carry none).")
 @click.option("--url", "endpoint_url", default=None,
-              help="The endpoint URL as the sender signs it (twilio, square).")
+              help="The endpoint URL as the sender signs it "
+                   "(twilio, square, hubspot; hmac with {url}).")
 @_profile_flags
 @click.option("--secret-stdin", is_flag=True,
               help="Read the first secret (or the sender's public key) from stdin.")
