@@ -99,7 +99,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *,
         # why (the ignore): wrapping wsgi_app is Flask's documented middleware hook; mypy
         # sees a method being replaced.
         app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
-            app.wsgi_app, x_for=settings.trusted_proxies)
+            app.wsgi_app, x_for=settings.trusted_proxies, x_proto=settings.trusted_proxies)
     app.register_blueprint(ops.bp)
     register_dashboard(app)  # sessions, CSRF, dashboard pages, /api/v1
     read_source.init_app(app)  # where the dashboard's and the API's reads ran

@@ -59,7 +59,10 @@ def event_body(profile: str | Sender, event_id: str, event_type: str = "demo.cre
     """Return a body in the sender's shape."""
     data = data if data is not None else {"amount": 1}
     found = profile.signer if isinstance(profile, Sender) else get_profile(profile)
-    return found.compose(event_id, event_type, data)
+    body = found.compose(event_id, event_type, data)
+    if isinstance(profile, Sender):  # Mailgun's signature is inside the body
+        body = found.seal(profile.secret, body, int(time.time()))
+    return body
 
 
 def signed_headers(sender: Sender, body: bytes, event_id: str,

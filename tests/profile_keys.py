@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from ledger.intake.signatures import PROFILES, SenderProfile
+from ledger.intake.signatures.sns import sns_pair
 
 URL = "https://hooks.example.com/hooks/in_example"
 
@@ -55,6 +56,11 @@ def _whpk(seed: bytes) -> KeyPair:
     return KeyPair("whpk_" + public_b64, "whsk_" + seed_b64)
 
 
+def _sns_certificate(name: str) -> KeyPair:
+    """Return an SNS-like pair: a self-signed RSA certificate stored, its private key signing."""
+    return KeyPair(*sns_pair(name))
+
+
 def _shared(secret: str) -> KeyPair:
     return KeyPair(secret, secret)
 
@@ -74,6 +80,15 @@ KEYS: dict[str, KeyPair] = {
     "sendgrid": _p256(0x5EED),
     "twilio": _shared("12345"),
     "square": _shared("square-signature-key"),
+    "calendly": _shared("calendly-webhook-signing-key"),
+    "twitch": _shared("twitch-eventsub-secret-0123456789"),
+    "zendesk": _shared("dGhpc19zZWNyZXRfaXNfZm9yX3Rlc3RpbmdfcHVycG9zZXNfb25seQ=="),
+    "hubspot": _shared("hubspot-app-client-secret"),
+    "intercom": _shared("intercom-client-secret"),
+    "typeform": _shared("typeform-webhook-secret"),
+    "mailgun": _shared("key-mailgun-webhook-signing-key"),
+    "adyen": _shared("44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"),
+    "aws-sns": _sns_certificate("sns.us-east-1.amazonaws.com"),
 }
 OTHER_KEYS: dict[str, KeyPair] = {
     "standard-webhooks": _shared("whsec_" + base64.b64encode(b"another key of 24 bytes!").decode()),
@@ -83,7 +98,10 @@ OTHER_KEYS: dict[str, KeyPair] = {
     "sendgrid": _p256(0xC0FFEE),
     **{name: _shared(f"another {name} secret") for name in (
         "slack", "shopify", "gitlab", "linear", "paddle", "pagerduty", "zoom", "twilio",
-        "square")},
+        "square", "calendly", "twitch", "zendesk", "hubspot", "intercom", "typeform",
+        "mailgun")},
+    "adyen": _shared("A0" * 32),
+    "aws-sns": _sns_certificate("another.sns.example"),
 }
 V1A = _whpk(bytes(range(100, 132)))
 V1A_OTHER = _whpk(bytes(range(140, 172)))

@@ -185,65 +185,21 @@ def metrics_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _field_text(found: Any) -> str:
-    """Return where a profile finds its event id or type, in words."""
-    kind = type(found).__name__
-    if kind == "Header":
-        return f"header `{found.name}`"
-    if kind == "BodyPath":
-        return f"body `{'.'.join(found.path)}`"
-    if kind == "Fixed":
-        return f"fixed `{found.value}`"
-    if kind == "BodyDigest":
-        return f"`{found.prefix}` + digest of the body"
-    if kind == "HeaderSetId":
-        return "the id header of the signed header set"
-    if kind == "Dotted":
-        return f"{_field_text(found.first)} + `.` + {_field_text(found.second)}"
-    if kind == "First":
-        return " or ".join(_field_text(f) for f in found.fields)
-    if kind == "ByShape":
-        shapes = [f"with {_field_text(marker)}: {_field_text(inner)}"
-                  for marker, inner in found.shapes]
-        return "; ".join([*shapes, f"otherwise {_field_text(found.otherwise)}"])
-    if kind == "Named":
-        return f"{_field_text(found.inner)}, its number named"
-    if kind == "Wrapped":
-        return (f"{_field_text(found.inner)} when {_field_text(found.outer)} is "
-                f"`{found.envelope}`, else {_field_text(found.outer)}")
-    return kind
-
-
-def _signature_text(scheme: Any) -> str:
-    """Return the header(s) a profile's signature arrives in."""
-    if type(scheme).__name__ == "SharedToken":
-        return f"`{scheme.header}` repeats the secret (signs nothing)"
-    return ", ".join(f"`{h.signature}`" for h in scheme.headers)
-
-
 def profiles_page() -> str:
-    """Return every sender profile from its declaration (ledger/intake/signatures/presets.py)."""
-    from ledger.intake.signatures import PROFILE_NAMES, PROFILES
+    """Return every sender profile from its card (ledger/intake/signatures/catalog.py)."""
+    from ledger.intake.signatures.catalog import cards
 
     lines = ["# Sender profiles", "",
-             "Generated from the declarations in `ledger/intake/signatures/presets.py`.",
+             "Generated from each profile's declaration, through the same cards that",
+             "`ledger integration create --help` and the dashboard's *Connect a sender* show.",
              "*Unsigned id*: the signature does not cover the event id, so the body-digest",
              "guard applies (the same body under another id is a duplicate). *Freshness*: a",
              "signed timestamp checked against the integration's tolerance (default 300 s).",
              "How to connect each sender: [Senders](../senders/index.md).", "",
-             "| profile | signature | event id | event type | freshness | id | body |",
-             "|---|---|---|---|---|---|---|"]
-    for name in PROFILE_NAMES:
-        profile = PROFILES.get(name)
-        if profile is None:
-            lines.append(f"| `{name}` | configurable (`--signature-header`, …) | "
-                         "configurable | configurable | optional | configurable | JSON |")
-            continue
-        body = profile.body_format + (f" or {profile.alternate_format}"
-                                      if profile.alternate_format else "")
-        lines.append(
-            f"| `{name}` | {_signature_text(profile.scheme)} | "
-            f"{_field_text(profile.event_id)} | {_field_text(profile.event_type)} | "
-            f"{'yes' if profile.has_timestamp else '**none**'} | "
-            f"{'signed' if profile.id_is_signed else '**unsigned**'} | {body} |")
+             "| profile | the signature covers | event id | event type | freshness |",
+             "|---|---|---|---|---|"]
+    for found in cards():
+        cells = [f"`{found.name}`", found.covers, found.event_id, found.event_type,
+                 found.freshness]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -19,10 +19,13 @@ from ledger.errors import NotFound, Refused
 from ledger.ids import EVENT_TYPE, INTEGRATION_ID, SLUG, new_integration_id
 from ledger.intake.signatures import HMAC, PROFILE_NAMES, PROFILES
 from ledger.intake.signatures.configurable import check_options
+from ledger.intake.signatures.token_profile import TOKEN, check_token_options
 
 if TYPE_CHECKING:
     from ledger.access.credentials import NewCredential
 
+# The profiles an integration describes itself (options stored in `hmac_options`).
+OPTION_CHECKS = {HMAC: check_options, TOKEN: check_token_options}
 TYPE_PATH = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}")
 URL = re.compile(r"https?://[!-~]{1,2040}")
 
@@ -39,24 +42,33 @@ def profile_settings(profile: str, *, type_path: str | None = None,
         raise Refused("type-path is a dotted path of field names, e.g. data.kind")
     if event_type and not EVENT_TYPE.fullmatch(event_type):
         raise Refused("event-type must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+    options = _profile_options(profile, hmac_options)
+    if (type_path or event_type) and (hmac_options or {}).get("type_header"):
+        raise Refused("give one type source: --type-header, --type-path or --event-type")
     preset = PROFILES.get(profile)
-    needs_url = bool(preset and getattr(preset.scheme, "needs_url", False))
+    needs_url = bool(preset and getattr(preset.scheme, "needs_url", False)) or (
+        profile == HMAC and "{url}" in str(json.loads(options or "{}").get("content", "")))
     if needs_url and not endpoint_url:
         raise Refused(f"{profile} signs the endpoint URL: give --url as configured there")
     if endpoint_url and not needs_url:
         raise Refused(f"{profile} does not sign the endpoint URL; --url is not used")
     if endpoint_url and not URL.fullmatch(endpoint_url):
         raise Refused("url must be an http(s) URL of printable ASCII")
-    options = None
-    if profile == HMAC:
-        try:
-            options = json.dumps(check_options(hmac_options or {}), sort_keys=True)
-        except ValueError as error:
-            raise Refused(str(error)) from None
-    elif hmac_options:
-        raise Refused("hmac options apply to --profile hmac only")
     return {"type_path": type_path or None, "fixed_event_type": event_type or None,
             "endpoint_url": endpoint_url or None, "hmac_options": options}
+
+
+def _profile_options(profile: str, given: dict[str, Any] | None) -> str | None:
+    """Return the hmac or token options as stored (JSON), or refuse them."""
+    check = OPTION_CHECKS.get(profile)
+    if check is None:
+        if given:
+            raise Refused("hmac and token options apply to --profile hmac or token only")
+        return None
+    try:
+        return json.dumps(check(given or {}), sort_keys=True)
+    except ValueError as error:
+        raise Refused(str(error)) from None
 
 
 def create_integration(

@@ -1,7 +1,7 @@
 """The drill's every-profile step: each sender's key is accepted, then refused once revoked.
 
 One sandbox integration per preset profile (plus a `whpk_` Standard Webhooks key
-and an `hmac` integration), each signed the sender's way over real HTTP. All keys
+and `hmac` and `token` integrations), each signed the sender's way over real HTTP. All keys
 are revoked at once, so the whole step waits one revocation bound, not one per
 profile. Public-key senders (Discord, SendGrid, v1a) get a fresh key pair: the
 ledger stores the public half, the drill signs with the private half.
@@ -25,14 +25,20 @@ from ledger.access.integrations import create_integration, profile_settings
 from ledger.clock import unix
 from ledger.intake.signatures import PROFILES, SenderProfile, profile_for
 from ledger.intake.signatures.keys import WHPK, WHSK, ed25519_pair, p256_pair
+from ledger.intake.signatures.sns import sns_pair
 
 if TYPE_CHECKING:
     from ledger.services import Services
 
 HTTP_TIMEOUT_SECONDS = 10.0
 POLL_SECONDS = 0.2
-DRILL_HMAC = {"signature_header": "x-drill-signature", "content": "{timestamp}.{body}",
-              "timestamp_header": "x-drill-timestamp", "id_path": "id"}
+DRILL_HMAC: dict[str, Any] = {
+    "signature_header": "x-drill-signature", "content": "{timestamp}.{body}",
+    "timestamp_header": "x-drill-timestamp", "id_path": "id"}
+# The drill talks to a loopback server, often over plain HTTP: a sandbox token may.
+DRILL_TOKEN: dict[str, Any] = {"token_header": "x-drill-token", "id_path": "id",
+                               "allow_plaintext": True}
+DRILL_OPTIONS = {"hmac": DRILL_HMAC, "token": DRILL_TOKEN}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -55,6 +61,8 @@ def _key_pair(name: str) -> tuple[str | None, str | None]:
     if name == "sendgrid":
         private, public_der = p256_pair()
         return public_der, private
+    if name == "aws-sns":
+        return sns_pair()
     if name == "standard-webhooks-v1a":
         seed, public = ed25519_pair()
         return WHPK + base64.b64encode(public).decode(), WHSK + base64.b64encode(seed).decode()
@@ -68,7 +76,10 @@ def post_signed(base_url: str, public_id: str, body: bytes,
                                      headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_SECONDS) as response:
-            return response.status, json.loads(response.read() or b"{}")
+            raw = response.read()
+            is_json = response.headers.get_content_type() == "application/json"
+            # A profile may answer a literal text (Adyen's `[accepted]`).
+            return response.status, json.loads(raw or b"{}") if is_json else {}
     except urllib.error.HTTPError as error:
         with error:
             raw = error.read()
@@ -91,7 +102,7 @@ class ProfileDrill:
 
     def create(self) -> None:
         """Create one sandbox integration per profile (the ids go to cleanup at once)."""
-        labels = [*sorted(PROFILES), "standard-webhooks-v1a", "hmac"]
+        labels = [*sorted(PROFILES), "standard-webhooks-v1a", *DRILL_OPTIONS]
         for label in labels:
             name = "standard-webhooks" if label.startswith("standard-webhooks") else label
             stored, signing = _key_pair(label)
@@ -99,7 +110,7 @@ class ProfileDrill:
             url = (f"{self.base_url.rstrip('/')}/hooks/drill-{label}"
                    if getattr(scheme, "needs_url", False) else None)
             settings = profile_settings(name, endpoint_url=url,
-                                        hmac_options=DRILL_HMAC if name == "hmac" else None)
+                                        hmac_options=DRILL_OPTIONS.get(name))
             with self.svc.engine.begin() as conn:
                 integration, cred = create_integration(
                     conn, self.svc.box, self.actor, account=self.account,
@@ -114,10 +125,12 @@ class ProfileDrill:
         """Deliver one event in the sender's shape; return the status."""
         profile = sender.profile
         body = profile.compose(event_id, "drill.check", {"drill": event_id})
-        if sender.label == "hmac":
+        if sender.label in DRILL_OPTIONS:
             body = json.dumps({"id": event_id, "type": "drill.check"}).encode()
+        now = unix(self.svc.clock.now())
+        body = profile.seal(sender.signing, body, now)  # Mailgun signs inside the body
         headers = profile.sign(sender.signing, body, event_id=event_id, event_type="drill.check",
-                               timestamp=unix(self.svc.clock.now()))
+                               timestamp=now)
         form = profile.body_format == "form"
         headers["Content-Type"] = ("application/x-www-form-urlencoded" if form
                                    else "application/json")

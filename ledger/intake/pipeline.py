@@ -26,6 +26,7 @@ from ledger.errors import (
 from ledger.ids import EVENT_ID, EVENT_TYPE
 from ledger.intake.credential_view import CredentialView, IntegrationAuth, KeyMaterial
 from ledger.intake.signatures import HeaderMap, SenderProfile, profile_for
+from ledger.intake.signatures.fields import DIGEST_ID, digest_id
 from ledger.intake.signatures.profile import FORM, JSON, JSON_ARRAY
 from ledger.intake.store import (
     DriverClaim,
@@ -52,6 +53,8 @@ class IntakeAnswer:
     event_type: str
     outcome: str  # accepted, duplicate, conflict, batch or handshake (logs and metrics)
     key_id: str  # the credential whose signature matched (the delivery log)
+    # A text/plain answer instead of `body` (a handshake's echo, a profile's success_body).
+    text: str | None = None
 
 
 # A tolerance no timestamp is outside of: finds the key that signed a stale delivery.
@@ -127,24 +130,33 @@ class Intake:
         if profile.handshake is not None:
             reply = profile.handshake(payload, key.secret)
             if reply is not None:  # answered at once, after authentication; nothing written
-                return IntakeAnswer(status=reply[0], body=reply[1], scope=integration.scope,
-                                    event_id="", event_type="", outcome="handshake",
-                                    key_id=key.key_id)
+                status, said = reply
+                text = said if isinstance(said, str) else None
+                return IntakeAnswer(status=status, body=said if isinstance(said, dict) else {},
+                                    scope=integration.scope, event_id="", event_type="",
+                                    outcome="handshake", key_id=key.key_id, text=text)
         if isinstance(payload, list):  # a JSON_ARRAY profile's batch (parse_body)
             return self._accept_batch(auth, profile, key, headers, payload, now)
+        if profile.batch_items is not None:  # a batch inside an object (Adyen)
+            events = profile.batch_items(payload)
+            if events is None:
+                raise InvalidEvent("body holds no batch of events")
+            return self._accept_batch(auth, profile, key, headers, events, now)
         event = self._new_event(integration.id, profile, headers, payload, body, now,
                                 form=body_format == FORM)
         with storage_guard():
             answer = self._claim(event, id_is_signed=profile.id_is_signed)
         return IntakeAnswer(status=answer[0], body=answer[1], scope=integration.scope,
                             event_id=event.event_id, event_type=event.event_type,
-                            outcome=answer[1]["status"], key_id=key.key_id)
+                            outcome=answer[1]["status"], key_id=key.key_id,
+                            text=profile.success_body if answer[0] < 300 else None)
 
     def _new_event(self, scope_id: int, profile: SenderProfile, headers: HeaderMap,
                    payload: Any, body: bytes, now: Any, *, form: bool = False) -> NewEvent:
         """Validate the event's id and type; the job carries the body (a form, decoded)."""
         # The fields directly (SenderProfile.identity, minus a call on the hot path).
-        event_id = validate_event_id(profile.event_id.read(headers, payload, body))
+        raw_id = profile.event_id.read(headers, payload, body)
+        event_id = raw_id if raw_id is DIGEST_ID else validate_event_id(raw_id)
         event_type = validate_event_type(profile.event_type.read(headers, payload, body))
         # The digest covers what the signature covers (Twilio: the sorted decoded pairs,
         # so `b=2&a=1`, `a=1&a=1&=` and `a=1` are one body): a signature-equivalent
@@ -155,6 +167,8 @@ class Intake:
                               separators=(",", ":"))
         else:
             text = body.decode("utf-8")
+        if event_id is DIGEST_ID:  # an id-less delivery the sender documents
+            event_id = digest_id(digest)
         return NewEvent(scope_id=scope_id, event_id=event_id, event_type=event_type,
                         body_sha256=digest, payload=text, accepted_at=now)
 
@@ -185,7 +199,7 @@ class Intake:
                             body={"status": "batch", "events": [a[1] for a in answers]},
                             scope=integration.scope, event_id=batch[0].event_id,
                             event_type=batch[0].event_type, outcome="batch",
-                            key_id=key.key_id)
+                            key_id=key.key_id, text=profile.success_body)
 
     def _authenticate_fresh(self, auth: IntegrationAuth, profile: SenderProfile,
                             headers: HeaderMap, body: bytes) -> KeyMaterial:

@@ -38,6 +38,9 @@ from ledger.errors import (
 from ledger.ids import INTEGRATION_ID
 from ledger.intake.credential_view import IntegrationAuth
 from ledger.intake.delivery_log import Delivery
+from ledger.intake.signatures import PROFILE_BODY_LIMITS
+from ledger.intake.signatures.shared_token import PLAINTEXT_KEY, QUERY_KEY
+from ledger.intake.signatures.token_profile import TOKEN
 from ledger.logs import event_ref, get_logger
 from ledger.services import Services
 from ledger.web.body_deadline import BodyReadTimeout
@@ -51,6 +54,7 @@ ROUTE = "/hooks/<public_id>"
 PREFIX = "/hooks/"
 RETRY_AFTER_SECONDS = "5"
 JSON_TYPE = "application/json"
+TEXT_TYPE = "text/plain; charset=utf-8"
 NO_CONTENT = 204
 StartResponse = Callable[..., Any]
 
@@ -62,6 +66,16 @@ class HookAnswer:
     status: int
     body: dict[str, Any]
     headers: list[tuple[str, str]] = field(default_factory=list)
+    text: str | None = None  # answered as text/plain instead of the JSON body
+
+    @property
+    def media_type(self) -> str:
+        """Return the answer's Content-Type."""
+        return JSON_TYPE if self.text is None else TEXT_TYPE
+
+    def payload(self) -> bytes:
+        """Return the answer's bytes."""
+        return encode(self.body, self.status) if self.text is None else self.text.encode()
 
 
 def read_body_within(stream: IO[bytes], declared: int | None, limit: int) -> bytes:
@@ -100,6 +114,19 @@ def environ_headers(environ: dict[str, Any]) -> dict[str, list[str]]:
             continue
         headers.setdefault(name, []).append(value)
     return headers
+
+
+def add_request_facts(headers: dict[str, list[str]], environ: dict[str, Any], *,
+                      production: bool) -> None:
+    """Add what a shared-token profile reads besides headers, as pseudo-headers.
+
+    The scheme is the request's after LEDGER_TRUSTED_PROXIES (ProxyFix applies their
+    X-Forwarded-Proto; a client's own is ignored), so a token that reached the
+    ledger over plain HTTP is seen as such.
+    """
+    headers[QUERY_KEY] = [environ.get("QUERY_STRING") or ""]
+    if production and environ.get("wsgi.url_scheme") != "https":
+        headers[PLAINTEXT_KEY] = ["1"]
 
 
 @dataclass(slots=True)
@@ -190,13 +217,19 @@ def _deliver(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen
     started = time.perf_counter()
     auth = seen.auth = svc.intake.lookup(public_id)
     limit = svc.settings.max_body_bytes
-    if auth is not None and auth.integration.max_body_bytes:
-        limit = auth.integration.max_body_bytes
+    if auth is not None:
+        # The integration's own limit, else its sender's cap (GitHub's 25 MB), else the global.
+        integration = auth.integration
+        limit = (integration.max_body_bytes or PROFILE_BODY_LIMITS.get(integration.profile)
+                 or limit)
     body = read_body_within(get_input_stream(environ), get_content_length(environ), limit)
     if auth is None:
         raise UnknownIntegration()
+    headers = environ_headers(environ)
+    if auth.integration.profile == TOKEN:  # only a token profile pays for these facts
+        add_request_facts(headers, environ, production=svc.settings.production)
     try:
-        answer = svc.intake.accept(auth, environ_headers(environ), body)
+        answer = svc.intake.accept(auth, headers, body)
     except AuthenticationFailed as failure:
         log.warning("delivery.unauthenticated", integration=public_id,
                     scope=auth.integration.scope, reason=failure.reason,
@@ -213,7 +246,7 @@ def _deliver(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen
     log.info("delivery." + outcome, outcome=outcome, scope=answer.scope,
              event_ref=event_ref(answer.scope, answer.event_id), event_type=answer.event_type,
              http_status=answer.status, latency_ms=round(elapsed * 1000, 2))
-    return HookAnswer(answer.status, answer.body)
+    return HookAnswer(answer.status, answer.body, text=answer.text)
 
 
 def encode(body: dict[str, Any], status: int = 200) -> bytes:
@@ -227,8 +260,8 @@ def encode(body: dict[str, Any], status: int = 200) -> bytes:
 def receive(public_id: str) -> Response:
     """Serve a delivery that reached Flask (the fast path normally answers first)."""
     answer = answer_delivery(current_app.extensions["ledger"], public_id, request.environ)
-    return current_app.response_class(encode(answer.body, answer.status), status=answer.status,
-                                      headers=answer.headers, mimetype=JSON_TYPE)
+    return current_app.response_class(answer.payload(), status=answer.status,
+                                      headers=answer.headers, content_type=answer.media_type)
 
 
 class IntakeFastPath:
@@ -265,8 +298,8 @@ class IntakeFastPath:
                              latency_ms=round((time.perf_counter() - started) * 1000, 2))
         finally:
             structlog.contextvars.clear_contextvars()
-        payload = encode(answer.body, answer.status)
-        headers = [("Content-Type", JSON_TYPE), ("Content-Length", str(len(payload))),
+        payload = answer.payload()
+        headers = [("Content-Type", answer.media_type), ("Content-Length", str(len(payload))),
                    *answer.headers, (REQUEST_ID_HEADER, request_id)]
         start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)
         return [payload]

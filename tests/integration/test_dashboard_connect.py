@@ -67,3 +67,36 @@ def test_a_public_key_sender_shows_no_secret(app) -> None:  # type: ignore[no-un
     page = answer.get_data(as_text=True)
     assert answer.status_code == 200 and "Connected acme/bot (discord)" in page
     assert "shown once" not in page
+
+
+def test_connect_shows_each_profiles_catalog_card(app) -> None:  # type: ignore[no-untyped-def]
+    """Every profile's id, type, freshness and what its signature covers, from its declaration."""
+    from ledger.intake.signatures import PROFILE_NAMES
+    from ledger.intake.signatures.catalog import cards
+
+    page = logged_in(app, "security").get("/credentials").get_data(as_text=True)
+    shown = cards()
+    assert sorted(card.name for card in shown) == sorted(PROFILE_NAMES)
+    for card in shown:
+        assert f'<th scope="row">{card.name}</th>' in page
+    assert "a shared token authenticates the sender, not the body" in page
+    assert "none: the sender signs no timestamp" in page
+
+
+def test_security_connects_a_token_sender(app, client) -> None:  # type: ignore[no-untyped-def]
+    """The token profile's fields connect a sender whose header token then authenticates."""
+    security = logged_in(app, "security")
+    answer = post(security, "/credentials/connect",
+                  {"account": "acme", "name": "pm", "profile": "token",
+                   "tok_token_header": "X-Token", "tok_id_path": "id",
+                   "secret": "postmark-token-0123456789"})
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    public_id = _public_id(app, "pm")
+    sent = client.post(f"/hooks/{public_id}", data=b'{"id": "m-1", "type": "Bounce"}',
+                       headers={"X-Token": "postmark-token-0123456789",
+                                "Content-Type": "application/json"})
+    assert sent.status_code == 202
+    refused = post(security, "/credentials/connect",
+                   {"account": "acme", "name": "pm2", "profile": "token"})
+    assert refused.status_code == 400
+    assert "token-header" in refused.get_data(as_text=True)

@@ -14,6 +14,7 @@ from ledger.access import audit
 from ledger.cli.drill_cmds import local_server
 from ledger.db.schema import audit_log, credentials, integrations, jobs, receipts
 from ledger.drill.run import delete_sandbox_integrations, run_drill
+from ledger.intake.signatures import PROFILES
 from tests.helpers import deliver, make_sender
 from tests.servers import BIN
 
@@ -58,8 +59,9 @@ def test_drill_passes_and_leaves_real_accounts_and_the_audit_trail(drill_app):
     after = {t.name: _rows(drill_app, t) for t in (receipts, jobs, credentials, integrations)}
     assert after == before  # the sandbox is gone and the real account is untouched
     actions = [row[4] for row in _rows(drill_app, audit_log, actor="drill-test")]
-    # Two leaked-key accounts, and one integration per profile (14 presets, v1a, hmac).
-    assert actions.count("integration.create") == 2 + 16
+    # Two leaked-key accounts, and one integration per profile (every preset, v1a, hmac,
+    # token).
+    assert actions.count("integration.create") == 2 + len(PROFILES) + 3
     assert {"credential.revoke", "credential.rotate", "drill.cleanup"} <= set(actions)
     with drill_app.extensions["ledger"].engine.connect() as conn:
         assert audit.verify_chain(conn)["ok"] is True

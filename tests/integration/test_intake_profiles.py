@@ -51,7 +51,8 @@ def post(client: Any, sender: Sender, body: bytes, headers: dict[str, str]) -> A
     return client.post(f"/hooks/{sender.public_id}", data=body, headers=headers)
 
 
-ALL = sorted(PROFILES)
+# Mailgun signs inside the body: tests/integration/test_intake_more_presets.py has its cases.
+ALL = sorted(name for name, profile in PROFILES.items() if not profile.signature_in_body)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -65,7 +66,7 @@ def test_each_profile_accepts_its_senders_delivery_once(app, client, name: str) 
     again = post(client, sender, body, headers)
     assert again.status_code == 202
     answers = [first.get_json(), again.get_json()]
-    if name == "sendgrid":  # a batch of one
+    if PROFILES[name].body_format == "json-array":  # a batch of one
         answers = [a["events"][0] for a in answers]
     assert [a["status"] for a in answers] == ["accepted", "duplicate"]
     assert ledger_counts(app) == {"receipts": 1, "jobs": 1, "conflicts": 0}
@@ -114,7 +115,7 @@ def _matrix(name: str, sender: Sender) -> list[tuple[str, bytes, dict[str, str],
     # Linear's freshness is inside the JSON body: no JSON, no proof of freshness.
     cases.append(("body not parseable", not_parsed,
                   signed_headers(sender, not_parsed, "evt_9"), 401 if name == "linear" else 400))
-    if name != "zoom":  # Zoom's id is made from the body
+    if name not in ("zoom", "calendly"):  # their ids are made from the body
         bad_id = event_body(sender, "has space")
         cases.append(("bad event id", bad_id, signed_headers(sender, bad_id, "has space"), 400))
     if name != "twilio":  # Twilio's type is fixed per integration

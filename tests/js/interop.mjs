@@ -38,6 +38,9 @@ const output = {
   accepted: {
     svix_svix_headers: accepts(() => new SvixWebhook(secrets.standard).verify(body, svixHeaders)),
     svix_webhook_headers: accepts(() => new SvixWebhook(secrets.standard).verify(body, ours.standard)),
+    // Both header sets at once, naming one message: svix accepts it, and so must we.
+    svix_both_sets: accepts(() => new SvixWebhook(secrets.standard).verify(
+      body, { ...ours.standard, ...svixHeaders })),
     standardwebhooks: accepts(() => new StandardWebhook(secrets.standard).verify(body, ours.standard)),
     stripe: accepts(() => stripe.webhooks.constructEvent(body, ours.stripe, secrets.stripe)),
     stripe_potato: accepts(() => stripe.webhooks.constructEvent(

@@ -61,7 +61,8 @@ def test_javascript_libraries_and_ours_accept_each_other() -> None:
                              "stripe": sign["stripe"]["Stripe-Signature"],
                              "github": sign["github"]["X-Hub-Signature-256"]})
     assert result["accepted"] == {"svix_svix_headers": True, "svix_webhook_headers": True,
-                                  "standardwebhooks": True, "stripe": True,
+                                  "svix_both_sets": True, "standardwebhooks": True,
+                                  "stripe": True,
                                   "stripe_potato": True, "octokit": True}
     signed = result["signed"]
 
@@ -74,5 +75,8 @@ def test_javascript_libraries_and_ours_accept_each_other() -> None:
     assert verify("standard-webhooks", {"webhook-id": "msg_js_std",
                                         "webhook-timestamp": str(now),
                                         "webhook-signature": str(signed["standardwebhooks"])}) == 0
+    both = {f"{prefix}-{part}": value for prefix in ("svix", "webhook") for part, value in
+            (("id", "msg_js_svix"), ("timestamp", str(now)), ("signature", str(signed["svix"])))}
+    assert verify("standard-webhooks", both) == 0  # both sets, one message (third edition)
     assert verify("stripe", {"Stripe-Signature": str(signed["stripe"]) + ",v1=potato"}) == 0
     assert verify("github", {"X-Hub-Signature-256": str(signed["octokit"])}) == 0

@@ -96,8 +96,8 @@ def test_our_signature_passes_the_svix_library_under_svix_names() -> None:
     standardwebhooks.Webhook(SW_SECRET).verify(BODY, sent)
 
 
-def test_both_header_sets_at_once_are_refused() -> None:
-    """Two signed header sets in one delivery: which one is authoritative is ambiguous."""
+def test_both_header_sets_naming_different_messages_are_refused() -> None:
+    """Two header sets naming different ids: which one is authoritative is ambiguous."""
     now = int(time.time())
     headers = received({**svix_headers("msg_a", now, BODY), **svix_headers("msg_b", now, BODY,
                                                                           "webhook")})

@@ -8,18 +8,26 @@ from typing import TYPE_CHECKING
 from ledger.errors import AuthenticationFailed
 from ledger.intake.signatures.base import EventIdentity, HeaderMap, Profile, Verified
 from ledger.intake.signatures.configurable import hmac_profile
+from ledger.intake.signatures.more_presets import MORE_PRESETS
 from ledger.intake.signatures.presets import PRESETS
 from ledger.intake.signatures.profile import SenderProfile
+from ledger.intake.signatures.token_profile import TOKEN, token_profile
 
 if TYPE_CHECKING:
     from ledger.domain import Integration
 
-__all__ = ["PROFILES", "PROFILE_NAMES", "EventIdentity", "HeaderMap", "Profile",
-           "SenderProfile", "Verified", "get_profile", "profile_for"]
+__all__ = ["PROFILES", "PROFILE_BODY_LIMITS", "PROFILE_NAMES", "EventIdentity", "HeaderMap",
+           "Profile", "SenderProfile", "Verified", "get_profile", "profile_for"]
 
-PROFILES: dict[str, SenderProfile] = {profile.name: profile for profile in PRESETS}
+PROFILES: dict[str, SenderProfile] = {
+    profile.name: profile for profile in (*PRESETS, *MORE_PRESETS)}
 HMAC = "hmac"
-PROFILE_NAMES: tuple[str, ...] = tuple(sorted([*PROFILES, HMAC]))
+# Profiles built from an integration's own options (stored in its `hmac_options` column).
+CONFIGURABLE = {HMAC: hmac_profile, TOKEN: token_profile}
+PROFILE_NAMES: tuple[str, ...] = tuple(sorted([*PROFILES, *CONFIGURABLE]))
+# Body limits fitted to a sender's own cap, where it exceeds the global default.
+PROFILE_BODY_LIMITS: dict[str, int] = {
+    name: profile.max_body_bytes for name, profile in PROFILES.items() if profile.max_body_bytes}
 
 
 def get_profile(name: str | None) -> SenderProfile:
@@ -41,11 +49,12 @@ def profile_for(integration: Integration) -> SenderProfile:
 def _configured(name: str, type_path: str | None, event_type: str | None, url: str | None,
                 hmac_options: str | None) -> SenderProfile:
     """Build (once per process and setting) the profile with an integration's settings."""
-    if name == HMAC:
+    build = CONFIGURABLE.get(name)
+    if build is not None:
         if not hmac_options:
             raise AuthenticationFailed("unknown_profile")
         try:
-            base = hmac_profile(hmac_options)
+            base = build(hmac_options)
         except ValueError:
             raise AuthenticationFailed("unknown_profile") from None
     else:

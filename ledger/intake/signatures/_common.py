@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import re
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from ledger.errors import AuthenticationFailed
@@ -21,6 +22,10 @@ from ledger.intake.signatures.base import HeaderMap
 _TIMESTAMP = re.compile(r"[1-9][0-9]{0,14}")
 # Senders emit lowercase hex; accepting other spellings would only widen the input.
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_MILLIS = re.compile(r"[1-9][0-9]{0,17}")
+# A full date-time with an explicit offset (RFC 3339 section 5.6): no local times.
+_RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}"
+                      r"(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})")
 
 
 def is_printable_ascii(value: str) -> bool:
@@ -80,6 +85,38 @@ def parse_timestamp(value: str) -> int:
     if not _TIMESTAMP.fullmatch(value):
         raise AuthenticationFailed("malformed_timestamp")
     return int(value)
+
+
+def parse_millis(value: str) -> int:
+    """Return the unix seconds in a unix-milliseconds `value` (HubSpot), or raise."""
+    if not _MILLIS.fullmatch(value):
+        raise AuthenticationFailed("malformed_timestamp")
+    return int(value) // 1000
+
+
+def parse_rfc3339(value: str) -> int:
+    """Return the unix seconds of an RFC 3339 time with an offset (Twitch, Zendesk), or raise."""
+    if not _RFC3339.fullmatch(value):
+        raise AuthenticationFailed("malformed_timestamp")
+    fraction = value.find(".")
+    if fraction != -1:  # nanoseconds (Twitch) are more than datetime holds: cut to micro
+        end = fraction + 1
+        while end < len(value) and value[end].isdigit():
+            end += 1
+        value = value[:min(end, fraction + 7)] + value[end:]
+    try:
+        return int(datetime.fromisoformat(value.upper()).timestamp())
+    except ValueError:
+        raise AuthenticationFailed("malformed_timestamp") from None
+
+
+TIMESTAMP_PARSERS: dict[str, Callable[[str], int]] = {
+    "unix": parse_timestamp, "unix-ms": parse_millis, "rfc3339": parse_rfc3339}
+# How a sender spells unix seconds in each format (signing: tests, drills, demos).
+TIMESTAMP_FORMATTERS: dict[str, Callable[[int], str]] = {
+    "unix": str, "unix-ms": lambda seconds: str(seconds * 1000),
+    "rfc3339": lambda seconds: datetime.fromtimestamp(seconds, UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")}
 
 
 def check_freshness(timestamp: int, *, now: int, tolerance: int) -> None:

@@ -81,6 +81,24 @@ class BodyPath:
 
 
 @dataclass(frozen=True, slots=True)
+class Text:
+    """A field whose whole-number value is the id in decimal (HubSpot's numeric eventId)."""
+
+    inner: Field
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return a whole number as its decimal text; anything else as sent."""
+        value = self.inner.read(headers, payload, body)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return str(value)
+        return value
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Write the value as given."""
+        self.inner.put(value, headers, payload)
+
+
+@dataclass(frozen=True, slots=True)
 class Fixed:
     """A type fixed per integration, for senders whose events carry none."""
 
@@ -168,6 +186,58 @@ class BodyDigest:
 
     def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
         """Nothing to write: the id follows from the body."""
+
+
+class _DigestIdMarker:
+    """The type of DIGEST_ID (a sentinel the pipeline recognises by identity)."""
+
+    def __repr__(self) -> str:
+        return "DIGEST_ID"
+
+
+# What BodyDigestId reads: the pipeline turns it into `sha256:<first 32 hex of the
+# receipt's body digest>`, so the id follows the same digest the dedup compares.
+DIGEST_ID: Any = _DigestIdMarker()
+DIGEST_ID_PREFIX = "sha256:"
+DIGEST_ID_HEX = 32
+
+
+def digest_id(body_sha256: bytes) -> str:
+    """Return the event id of an id-less delivery whose body digest is `body_sha256`."""
+    return DIGEST_ID_PREFIX + body_sha256.hex()[:DIGEST_ID_HEX]
+
+
+@dataclass(frozen=True, slots=True)
+class BodyDigestId:
+    """The id of a delivery the sender documents without one (CONTRACT section 2)."""
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the marker the pipeline replaces with the body-digest id."""
+        return DIGEST_ID
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Nothing to write: the id follows from the body."""
+
+
+@dataclass(frozen=True, slots=True)
+class Matching:
+    """`then` when the body field `marker` equals `value`, else `otherwise` (Slack's
+    `app_rate_limited`, the one Slack delivery documented without an event_id)."""
+
+    marker: BodyPath
+    value: str
+    then: Field
+    otherwise: Field
+
+    def read(self, headers: HeaderMap, payload: Any, body: bytes) -> Any:
+        """Return the value from the field the marker selects."""
+        chosen = self.then if self.marker.read(headers, payload, body) == self.value else (
+            self.otherwise)
+        return chosen.read(headers, payload, body)
+
+    def put(self, value: Any, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        """Write where the main shape keeps it."""
+        self.otherwise.put(value, headers, payload)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,14 @@ from typing import Any
 from ledger.intake.signatures import keys
 from ledger.intake.signatures.fields import (
     BodyDigest,
+    BodyDigestId,
     BodyPath,
     ByShape,
     Dotted,
     First,
     Fixed,
     Header,
+    Matching,
     Named,
     Wrapped,
 )
@@ -37,13 +39,13 @@ from ledger.intake.signatures.profile import (
 from ledger.intake.signatures.schemes import (
     Entries,
     HeaderSet,
-    SharedToken,
     SignedContent,
     Single,
     Template,
     form_content,
     twilio_json_content,
 )
+from ledger.intake.signatures.shared_token import SharedToken
 
 BODY = Template("{body}")
 MIN_WHSEC_BYTES = 16
@@ -94,8 +96,14 @@ STRIPE = SenderProfile(
     secret=STRIPE_SECRET, example=lambda i, t, data: {"object": "event", "data": data},
 )
 
+# What an id-less delivery a sender documents gets: `sha256:<32 hex of the body digest>`.
+DIGEST_ID = BodyDigestId()
+
 # GitHub (docs.github.com "Validating webhook deliveries"): HMAC-SHA256 hex of the
-# body; no timestamp; the delivery id and event name are unsigned headers.
+# body; no timestamp; the delivery id and event name are unsigned headers. A hook
+# whose content type is `form` (the REST API's default) posts `payload=<JSON>`: the
+# raw bytes are signed, the decoded `payload` is stored. GitHub caps payloads at 25 MB.
+GITHUB_MAX_BODY_BYTES = 25 * 1024 * 1024
 GITHUB = SenderProfile(
     name="github",
     scheme=SignedContent(
@@ -103,7 +111,10 @@ GITHUB = SenderProfile(
         format=Single(prefix="sha256=", version="sha256"), encoding="hex",
         algorithms={"sha256": keys.HMAC_SHA256}, content=BODY),
     event_id=Header("X-GitHub-Delivery"),
-    event_type=Dotted(Header("X-GitHub-Event"), BodyPath.of("action")), id_is_signed=False,
+    event_type=Dotted(Header("X-GitHub-Event"),
+                      First((BodyPath.of("action"), BodyPath.of("payload.action")))),
+    id_is_signed=False, alternate_format=FORM, form_json_field="payload",
+    max_body_bytes=GITHUB_MAX_BODY_BYTES,
 )
 
 
@@ -138,7 +149,8 @@ SLACK = SenderProfile(
     event_id=ByShape(((SLACK_COMMAND, BodyPath.of("trigger_id")),
                       (SLACK_PAYLOAD, First((BodyPath.of("payload.trigger_id"),
                                              BodyDigest("sl_"))))),
-                     otherwise=BodyPath.of("event_id")),
+                     otherwise=Matching(BodyPath.of("type"), "app_rate_limited", DIGEST_ID,
+                                        BodyPath.of("event_id"))),
     event_type=ByShape(((SLACK_COMMAND, Fixed(SLASH_COMMAND)),
                         (SLACK_PAYLOAD, BodyPath.of("payload.type"))),
                        otherwise=Wrapped("event_callback", BodyPath.of("type"),
@@ -149,13 +161,18 @@ SLACK = SenderProfile(
 )
 
 # Shopify (shopify.dev "Verify webhooks"): base64 HMAC-SHA256 of the body under the
-# app's client secret; no timestamp; event id and topic are unsigned headers.
+# app's client secret; no timestamp; event id and topic are unsigned headers, sent
+# as `X-Shopify-*` or unprefixed (`shopify-*`). Without an event id the webhook id
+# stands in, as in Shopify's own library.
 SHOPIFY = SenderProfile(
     name="shopify",
     scheme=SignedContent(
-        headers=(HeaderSet(signature="X-Shopify-Hmac-Sha256"),), format=Single(),
+        headers=(HeaderSet(signature="X-Shopify-Hmac-Sha256"),
+                 HeaderSet(signature="shopify-hmac-sha256")), format=Single(),
         encoding="base64", algorithms={"sig": keys.HMAC_SHA256}, content=BODY),
-    event_id=Header("X-Shopify-Event-Id"), event_type=Header("X-Shopify-Topic", True),
+    event_id=First((Header("X-Shopify-Event-Id"), Header("shopify-event-id"),
+                    Header("X-Shopify-Webhook-Id"), Header("shopify-webhook-id"))),
+    event_type=First((Header("X-Shopify-Topic", True), Header("shopify-topic", True))),
     id_is_signed=False,
 )
 
@@ -288,7 +305,8 @@ SENDGRID = SenderProfile(
 # the body's `bodySHA256` appended. Shared keys (twilio.com/docs/usage/webhooks/
 # webhook-shared-keys, Public Beta) sign the same content with the key's algorithm,
 # named in X-Twilio-Webhooks-Signature-Settings. No timestamp; the id is the
-# unsigned I-Twilio-Idempotency-Token header. Needs the URL configured in Twilio.
+# unsigned I-Twilio-Idempotency-Token header, or the body-digest id when Twilio sends
+# none. Needs the URL configured in Twilio; it verifies with or without the default port.
 TWILIO = SenderProfile(
     name="twilio",
     scheme=SignedContent(
@@ -297,8 +315,9 @@ TWILIO = SenderProfile(
                                        "HMAC_SHA256": keys.HMAC_SHA256},
         content=form_content, needs_url=True,
         algorithm_header="X-Twilio-Webhooks-Signature-Settings",
-        json_content=twilio_json_content),
-    event_id=Header("I-Twilio-Idempotency-Token"), event_type=Fixed("twilio.request"),
+        json_content=twilio_json_content, port_variants=True),
+    event_id=First((Header("I-Twilio-Idempotency-Token"), DIGEST_ID)),
+    event_type=Fixed("twilio.request"),
     id_is_signed=False, body_format=FORM, alternate_format=JSON, signs_decoded_form=True,
     example=lambda i, t, data: {"AccountSid": "AC0001", **{k: str(v) for k, v in data.items()}},
 )

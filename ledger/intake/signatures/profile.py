@@ -14,8 +14,12 @@ from urllib.parse import urlencode
 from ledger.ids import random_base62
 from ledger.intake.signatures import _common as common
 from ledger.intake.signatures.base import EventIdentity, HeaderMap, Verified
+from ledger.intake.signatures.body_signature import BodySignature
 from ledger.intake.signatures.fields import BodyPath, Field, Fixed
-from ledger.intake.signatures.schemes import SharedToken, SignedContent, form_signed_params
+from ledger.intake.signatures.item_signatures import ItemSignatures
+from ledger.intake.signatures.schemes import SignedContent, form_signed_params
+from ledger.intake.signatures.shared_token import SharedToken
+from ledger.intake.signatures.sns import SnsSignature
 
 MAX_SECRET_LENGTH = 512
 
@@ -27,9 +31,10 @@ FORM = "form"
 MEDIA_TYPES = {FORM: "application/x-www-form-urlencoded", JSON: "application/json"}
 
 # A handshake gets the parsed body and the secret that verified it; it returns the
-# status and body to answer at once (no receipt; 204 answers no body), or None when
-# the delivery is an event.
-Handshake = Callable[[Any, str], tuple[int, dict[str, Any]] | None]
+# status and body to answer at once (no receipt; 204 answers no body; a str is
+# answered as text/plain, as Twitch wants its challenge), or None when the
+# delivery is an event.
+Handshake = Callable[[Any, str], tuple[int, dict[str, Any] | str] | None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,15 +46,15 @@ class SecretFormat:
     is_public: Callable[[str], bool] = lambda secret: False
 
 
-def _printable(secret: str) -> str | None:
+def printable(secret: str) -> str | None:
     """Refuse secrets nobody could have typed into the sender's console."""
     if not secret or len(secret) > MAX_SECRET_LENGTH or not secret.isprintable():
         return f"secret must be 1-{MAX_SECRET_LENGTH} printable characters"
     return None
 
 
-RAW_SECRET = SecretFormat(generate=lambda: random.token_urlsafe(32), check=_printable)
-STRIPE_SECRET = SecretFormat(generate=lambda: "whsec_" + random_base62(32), check=_printable)
+RAW_SECRET = SecretFormat(generate=lambda: random.token_urlsafe(32), check=printable)
+STRIPE_SECRET = SecretFormat(generate=lambda: "whsec_" + random_base62(32), check=printable)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,7 +77,7 @@ class SenderProfile:
     """One sender's scheme, where its event id and type live, and what its body is."""
 
     name: str
-    scheme: SignedContent | SharedToken
+    scheme: SignedContent | SharedToken | BodySignature | ItemSignatures | SnsSignature
     event_id: Field
     event_type: Field
     # False when the event id is not covered by the signature: a captured body
@@ -89,6 +94,18 @@ class SenderProfile:
     # True when the signature covers the decoded form fields, not the bytes (Twilio).
     signs_decoded_form: bool = False
     handshake: Handshake | None = None
+    # The body limit when the integration sets none, fitted to the sender's own cap
+    # (GitHub's 25 MB); None: LEDGER_MAX_BODY_BYTES.
+    max_body_bytes: int | None = None
+    # What the signature covers, in words, when the scheme's template does not say it
+    # all (catalog.py shows it in `integration create --help` and the dashboard).
+    covers: str | None = None
+    # Text answered (text/plain) instead of the JSON body when a delivery is taken:
+    # some senders want a literal reply (Adyen's `[accepted]`).
+    success_body: str | None = None
+    # The events of a batch inside an object body (Adyen's notificationItems): each
+    # gets its own receipt, as a JSON-array body's elements do.
+    batch_items: Callable[[Any], list[Any] | None] | None = None
     example: Callable[[str, str, dict[str, Any]], dict[str, Any]] | None = None
 
     @property
@@ -143,6 +160,17 @@ class SenderProfile:
             return urlencode(payload).encode()
         body = [payload] if self.body_format == JSON_ARRAY else payload
         return json.dumps(body, separators=(",", ":")).encode()
+
+    @property
+    def signature_in_body(self) -> bool:
+        """Tell whether the signature travels inside the body (Mailgun, Adyen): see `seal`."""
+        return isinstance(self.scheme, BodySignature | ItemSignatures | SnsSignature)
+
+    def seal(self, secret: str, body: bytes, timestamp: int) -> bytes:
+        """Return `body` as the sender sends it: with its signature inside, if it has one."""
+        if isinstance(self.scheme, BodySignature | ItemSignatures | SnsSignature):
+            return self.scheme.seal(secret, body, timestamp)
+        return body
 
     def generate_secret(self) -> str:
         """Return a fresh signing secret in the sender's format."""

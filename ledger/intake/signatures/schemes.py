@@ -7,7 +7,7 @@ Every preset profile is a declaration over two schemes:
   event id, the timestamp, the raw body and the endpoint URL (or a function, for
   Twilio's sorted form parameters), and per entry name the algorithm that checks
   it: HMAC (any digest, hex or base64), ed25519 or ECDSA P-256 (`keys.py`).
-* `SharedToken`: the sender repeats a shared secret in a header (GitLab).
+* `SharedToken` (shared_token.py): the sender repeats a shared secret (GitLab, `token`).
 
 Entries that are malformed or of an unknown name are skipped: they never spoil a
 valid one (the senders' own libraries do the same). Freshness is checked after
@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -30,9 +29,11 @@ from urllib.parse import parse_qsl
 from ledger.errors import AuthenticationFailed
 from ledger.intake.signatures import _common as common
 from ledger.intake.signatures.base import HeaderMap, Verified
+from ledger.intake.signatures.template import Template as Template
+from ledger.intake.signatures.template import default_port_variant
 
+JSON_TYPE = "application/json"
 _LOWER_HEX = re.compile(r"[0-9a-f]+")
-_PLACEHOLDER = re.compile(r"(\{id\}|\{timestamp\}|\{body\}|\{url\})")
 
 
 class Algorithm(Protocol):
@@ -142,41 +143,6 @@ def encode_signature(encoding: str, raw: bytes) -> str:
     return raw.hex() if encoding == "hex" else base64.b64encode(raw).decode("ascii")
 
 
-@dataclass(frozen=True, slots=True)
-class Template:
-    """A signed-content template over `{id}`, `{timestamp}`, `{body}` and `{url}`."""
-
-    text: str
-    # Compiled once, so the hot path pays one str.format and one encode: the text
-    # before `{body}` as a format string, the literal text after it as bytes.
-    _head: str = field(init=False, repr=False)
-    _tail: bytes = field(init=False, repr=False)
-    _names: tuple[str, ...] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        parts = _PLACEHOLDER.split(self.text)
-        names = tuple(part[1:-1] for part in parts if _PLACEHOLDER.fullmatch(part))
-        if names.count("body") != 1 or any(_PLACEHOLDER.fullmatch(p)
-                                           for p in parts[parts.index("{body}") + 1:]):
-            raise ValueError("the signed content holds {body} once, after every other field")
-        at = parts.index("{body}")
-        head = "".join(part if _PLACEHOLDER.fullmatch(part)
-                       else part.replace("{", "{{").replace("}", "}}") for part in parts[:at])
-        object.__setattr__(self, "_head", head)
-        object.__setattr__(self, "_tail", "".join(parts[at + 1:]).encode())
-        object.__setattr__(self, "_names", names)
-
-    def __call__(self, msg_id: str, raw_timestamp: str, body: bytes, url: str) -> bytes:
-        """Return the bytes the sender signs."""
-        head = self._head.format(id=msg_id, timestamp=raw_timestamp, url=url).encode()
-        return head + body + self._tail if self._tail else head + body
-
-    @property
-    def placeholders(self) -> set[str]:
-        """Return the placeholders the template uses."""
-        return {"{" + name + "}" for name in self._names}
-
-
 # Far more parameters than any Twilio webhook sends (a few dozen); a form with more is not
 # Twilio's and is refused before it costs a parse.
 MAX_FORM_FIELDS = 1000
@@ -264,11 +230,21 @@ class SignedContent:
     algorithm_header: str | None = None
     # The signed content of a delivery whose Content-Type is JSON (Twilio's bodySHA256).
     json_content: Callable[[bytes, str], bytes] | None = None
+    # True when the sender may sign the URL with or without its scheme's default port
+    # (Twilio's libraries try both): the configured URL's other spelling verifies too.
+    port_variants: bool = False
+    timestamp_format: str = "unix"  # or "unix-ms" (HubSpot), "rfc3339" (Twitch, Zendesk)
     has_timestamp: bool = field(init=False)
+    _urls: tuple[str, ...] = field(init=False, repr=False)
+    _parse_timestamp: Callable[[str], int] = field(init=False, repr=False)
     _only: HeaderSet | None = field(init=False, repr=False)  # the one set, if only one
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_only", self.headers[0] if len(self.headers) == 1 else None)
+        object.__setattr__(self, "_parse_timestamp",
+                           common.TIMESTAMP_PARSERS[self.timestamp_format])
+        object.__setattr__(self, "_urls", (self.url, *(
+            [other] if self.port_variants and (other := default_port_variant(self.url)) else [])))
         timed = any(names.timestamp for names in self.headers)
         stamped = isinstance(self.format, Entries) and self.format.timestamp is not None
         object.__setattr__(self, "has_timestamp",
@@ -278,20 +254,50 @@ class SignedContent:
         """Return the header names this delivery uses (svix-* or webhook-*, say)."""
         if self._only is not None:
             return self._only
-        found = None
-        for names in self.headers:
-            if headers.get(names.signature_key):
-                if found is not None:
-                    raise AuthenticationFailed("duplicate_header")  # which set is signed?
-                found = names
-        return found or self.headers[0]
+        found = self._present(headers)
+        return found[0] if found else self.headers[0]
+
+    def _present(self, headers: HeaderMap) -> list[HeaderSet]:
+        """Return the sets the delivery carries; several only when they name one message.
+
+        Svix can send its headers under both prefixes: accepted when both sets carry
+        the same id and timestamp (which set is signed is then no question).
+        """
+        found = [names for names in self.headers if headers.get(names.signature_key)]
+        if len(found) < 2:
+            return found
+        for other in found[1:]:
+            for mine, theirs in ((found[0].id_key, other.id_key),
+                                 (found[0].timestamp_key, other.timestamp_key)):
+                if (mine is None) != (theirs is None) or (
+                        mine and theirs and headers.get(mine) != headers.get(theirs)):
+                    raise AuthenticationFailed("duplicate_header")
+        return found
+
+    def _signature_value(self, headers: HeaderMap) -> tuple[HeaderSet, str]:
+        """Return the set used and its signature; with several sets, every set's entries."""
+        found = self._present(headers)
+        if len(found) < 2:  # the usual delivery: one set (or none: missing_signature)
+            names = found[0] if found else self.headers[0]
+            return names, common.required_header(headers, names.signature_key,
+                                                 "missing_signature")
+        values = [common.required_header(headers, names.signature_key, "missing_signature")
+                  for names in found]
+        if len(values) > 1 and isinstance(self.format, Entries):
+            return found[0], self.format.separator.join(values)
+        if len(set(values)) > 1:
+            raise AuthenticationFailed("duplicate_header")  # two different single signatures
+        return found[0], values[0]
 
     def verify(self, headers: HeaderMap, body: bytes, secrets: Sequence[str], *,
                now: int, tolerance: int) -> Verified:
         """Return which secret signed the delivery, or raise AuthenticationFailed."""
         common.require_secrets(secrets)
-        names = self.header_set(headers)
-        value = common.required_header(headers, names.signature_key, "missing_signature")
+        if self._only is not None:
+            names = self._only
+            value = common.required_header(headers, names.signature_key, "missing_signature")
+        else:
+            names, value = self._signature_value(headers)
         msg_id = common.required_header(headers, names.id_key, "missing_id") if names.id_key else ""
         raw_timestamp, entries = self.format.parse(value)
         if self.algorithm_header is not None:
@@ -301,15 +307,22 @@ class SignedContent:
                                                    "missing_timestamp")
         elif isinstance(self.format, Entries) and self.format.timestamp and not raw_timestamp:
             raise AuthenticationFailed("missing_timestamp")
-        timestamp = common.parse_timestamp(raw_timestamp) if raw_timestamp else None
+        timestamp = self._parse_timestamp(raw_timestamp) if raw_timestamp else None
         if self.needs_url and not self.url:
             raise AuthenticationFailed("no_endpoint_url")
         candidates = self._candidates(entries)
-        if self.json_content is not None and common.media_type(headers) == "application/json":
-            message = self.json_content(body, self.url)
-        else:
-            message = self.content(msg_id, raw_timestamp or "", body, self.url)
-        index = self._match(secrets, message, candidates)
+        index = -1
+        for url in self._urls:
+            if self.json_content is not None and common.media_type(headers) == JSON_TYPE:
+                message = self.json_content(body, url)
+            else:
+                message = self.content(msg_id, raw_timestamp or "", body, url)
+            try:
+                index = self._match(secrets, message, candidates)
+                break
+            except AuthenticationFailed:
+                if url is self._urls[-1]:
+                    raise
         if self.body_timestamp is not None:
             timestamp = body_timestamp_ms(body, self.body_timestamp)
         if timestamp is not None:
@@ -360,7 +373,7 @@ class SignedContent:
     def sign(self, secret: str, body: bytes, *, event_id: str, timestamp: int) -> dict[str, str]:
         """Return the headers the sender attaches; the first algorithm that takes `secret`."""
         names = self.headers[0]
-        raw_timestamp = str(timestamp)
+        raw_timestamp = common.TIMESTAMP_FORMATTERS[self.timestamp_format](timestamp)
         message = self.content(event_id, raw_timestamp, body, self.url)
         for version, algorithm in self.algorithms.items():
             try:
@@ -375,26 +388,3 @@ class SignedContent:
                 headers[names.id] = event_id
             return headers
         raise ValueError("secret is not in this sender's format")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SharedToken:
-    """The sender repeats the shared secret in a header; nothing else is signed."""
-
-    header: str
-    has_timestamp: bool = False
-
-    def verify(self, headers: HeaderMap, body: bytes, secrets: Sequence[str], *,
-               now: int, tolerance: int) -> Verified:
-        """Return which secret the header repeats, or raise AuthenticationFailed."""
-        common.require_secrets(secrets)
-        token = common.required_header(headers, self.header.lower(), "missing_signature").encode()
-        for index, secret in enumerate(secrets):
-            key = common.utf8_key(secret)
-            if key is not None and hmac.compare_digest(key, token):
-                return Verified(secret_index=index, timestamp=None)
-        raise AuthenticationFailed("bad_signature")
-
-    def sign(self, secret: str, body: bytes, *, event_id: str, timestamp: int) -> dict[str, str]:
-        """Return the token header."""
-        return {self.header: secret}

@@ -6,11 +6,14 @@ from flask import Response, request
 
 from ledger.access.integrations import create_integration, profile_settings
 from ledger.errors import LedgerError
-from ledger.intake.signatures.configurable import OPTION_NAMES
+from ledger.intake.signatures.configurable import OPTION_NAMES as HMAC_OPTIONS
+from ledger.intake.signatures.token_profile import OPTION_NAMES as TOKEN_OPTIONS
 from ledger.web.auth import actor, confirm_password, requires, services
 from ledger.web.dashboard import bp
 from ledger.web.dashboard.actions import credentials_answer
 from ledger.web.dashboard.pages import integrations_answer
+
+FORM_OPTIONS = {"hmac": ("hmac_", HMAC_OPTIONS), "token": ("tok_", TOKEN_OPTIONS)}
 
 
 def _field(name: str) -> str | None:
@@ -31,7 +34,9 @@ def integration_connect() -> Response:
     if refused:
         return integrations_answer(status=403, error=refused)
     profile = _field("profile") or ""
-    options = {name: _field("hmac_" + name) for name in OPTION_NAMES}
+    # The option fields of the chosen profile only (hmac_… or tok_… in the form).
+    prefix, names = FORM_OPTIONS.get(profile, ("", ()))
+    options = {name: _field(prefix + name) for name in names}
     options = {name: value for name, value in options.items() if value}
     try:
         tolerance = int(_field("tolerance") or 300)

@@ -15,6 +15,7 @@ from sqlalchemy import Connection
 from ledger.access import audit
 from ledger.errors import NotFound
 from ledger.intake.signatures import PROFILE_NAMES
+from ledger.intake.signatures.catalog import cards
 from ledger.reads import BadCursor, Page
 from ledger.reads.admin import list_audit, list_conflicts, list_integrations, read_credentials
 from ledger.reads.capacity import measure_on
@@ -192,8 +193,8 @@ def integrations_answer(*, status: int = 200, error: str | None = None) -> Respo
     # The newest drill run stays on the page after a reload (security only runs it).
     last_drill = drill_page.last_run() if g.operator.can("security") else None
     return render("integrations.html", "partials/_integrations.html", page=page,
-                  args=request.args, profiles=PROFILE_NAMES, error=error, status=status,
-                  form=request.form, last_drill=last_drill,
+                  args=request.args, profiles=PROFILE_NAMES, cards=cards(), error=error,
+                  status=status, form=request.form, last_drill=last_drill,
                   poll_seconds=drill_page.POLL_SECONDS)
 
 
