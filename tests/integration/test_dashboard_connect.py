@@ -89,7 +89,7 @@ def test_security_connects_a_token_sender(app, client) -> None:  # type: ignore[
     answer = post(security, "/credentials/connect",
                   {"account": "acme", "name": "pm", "profile": "token",
                    "tok_token_header": "X-Token", "tok_id_path": "id",
-                   "secret": "postmark-token-0123456789"})
+                   "secret": "postmark-token-0123456789", "password": PASSWORD})
     assert answer.status_code == 200, answer.get_data(as_text=True)
     public_id = _public_id(app, "pm")
     sent = client.post(f"/hooks/{public_id}", data=b'{"id": "m-1", "type": "Bounce"}',
@@ -97,6 +97,7 @@ def test_security_connects_a_token_sender(app, client) -> None:  # type: ignore[
                                 "Content-Type": "application/json"})
     assert sent.status_code == 202
     refused = post(security, "/credentials/connect",
-                   {"account": "acme", "name": "pm2", "profile": "token"})
+                   {"account": "acme", "name": "pm2", "profile": "token",
+                    "password": PASSWORD})
     assert refused.status_code == 400
     assert "token-header" in refused.get_data(as_text=True)

@@ -226,8 +226,12 @@ def test_parallel_wrong_logins_are_evaluated_at_most_limit_times(test_env, monke
 
         with ThreadPoolExecutor(PARALLEL) as pool:
             statuses = sorted(pool.map(guess, range(PARALLEL)))
-    # Exactly the limit of guesses reached the password check; the rest were refused.
-    assert statuses == [401] * 5 + [429] * (PARALLEL - 5)
+    # Exactly the limit of guesses took a reservation: each reached the password check
+    # (401) or found every hashing slot of its process taken (503, the cap on concurrent
+    # argon2 runs); the rest were refused before any of that (429).
+    assert statuses.count(401) + statuses.count(503) == 5, statuses
+    assert statuses.count(401) >= 1, statuses
+    assert statuses.count(429) == PARALLEL - 5, statuses
 
 
 @pytest.mark.parametrize("proxies", ["0", "1"])
