@@ -31,7 +31,7 @@ from ledger.destinations.forward import (
     Outcome,
 )
 from ledger.destinations.secrets import live_secrets
-from ledger.destinations.store import Destination, destination_for, record_attempt
+from ledger.destinations.store import Destination, answer_attempt, destination_for
 from ledger.worker.retry import RetryPolicy
 
 
@@ -55,7 +55,7 @@ class DeliveryJob:
     scope_id: int
     event_id: str
     event_type: str
-    attempt: int
+    attempt: int  # the attempt's number in the receipt's history (X-Ledger-Attempt)
     body: bytes
     content_type: str
 
@@ -80,6 +80,10 @@ class DestinationDelivery:
         self._clock = clock
         self._retry = retry
 
+    def close(self) -> None:
+        """Close the forwarder's pooled connections."""
+        self._forwarder.close()
+
     def prepare(self, job: DeliveryJob) -> Prepared:
         """Admit, send and record one attempt; never holds a transaction across the call."""
         now = self._clock.now()
@@ -87,7 +91,8 @@ class DestinationDelivery:
             destination = destination_for(conn, job.scope_id, job.event_type)
             if destination is None:
                 return Prepared(destination=None)
-            admission = admit(conn, destination.id, now=now, job=(job.scope_id, job.event_id))
+            admission = admit(conn, destination.id, now=now,
+                              job=(job.scope_id, job.event_id, job.attempt))
             secrets = live_secrets(conn, self._box, destination.id, now=now) \
                 if admission.admitted else []
         if not admission.admitted:
@@ -97,10 +102,10 @@ class DestinationDelivery:
                           secrets=secrets),
             ForwardEvent(scope=job.scope, event_id=job.event_id, event_type=job.event_type,
                          attempt=job.attempt), job.body, job.content_type, now=now)
-        self._record(destination, job, now, result)
+        self._record(destination, admission, result)
         return Prepared(destination=destination, admission=admission, result=result)
 
-    def _record(self, destination: Destination, job: DeliveryJob, started_at: datetime,
+    def _record(self, destination: Destination, admission: Admission,
                 result: ForwardResult) -> None:
         """Keep the answer with the attempt and move the destination's shared backoff.
 
@@ -108,12 +113,11 @@ class DestinationDelivery:
         no jitter: one hold for all of the destination's events.
         """
         ok = result.outcome is Outcome.COMPLETE
+        assert admission.attempt_id is not None
         with self._engine.begin() as conn:
-            record_attempt(conn, destination.id, scope_id=job.scope_id, event_id=job.event_id,
-                           number=job.attempt, started_at=started_at,
-                           latency_ms=result.latency_ms, http_status=result.http_status,
-                           outcome=result.outcome.value, error=result.error,
-                           response_excerpt=result.response_excerpt)
+            answer_attempt(conn, admission.attempt_id, latency_ms=result.latency_ms,
+                           http_status=result.http_status, outcome=result.outcome.value,
+                           error=result.error, response_excerpt=result.response_excerpt)
             # A 4xx that fails one event says nothing about the destination's health.
             if result.outcome is not Outcome.FAILED:
                 note_outcome(conn, destination.id, ok=ok, now=self._clock.now(),
