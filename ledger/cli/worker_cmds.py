@@ -58,6 +58,7 @@ def refuse_destination_conflicts(svc: Services, registry: Registry) -> None:
     if conflicts:
         click.echo("Error: " + "; ".join(conflicts) +
                    " (a type has either a Python handler or a destination)", err=True)
+        svc.close()
         raise SystemExit(2)
 
 
