@@ -34,6 +34,16 @@ from ledger.destinations.secrets import live_secrets
 from ledger.destinations.store import Destination, answer_attempt, destination_for
 from ledger.worker.retry import RetryPolicy
 
+# The attribute naming the failure group of a destination's failed delivery: the
+# destination, in place of the event type (ledger.worker.failure_groups).
+FAILURE_GROUP = "failure_group"
+
+
+def failure_group_of(error: BaseException | None) -> str | None:
+    """Return the failure group a destination's failure belongs to, or None (the type's)."""
+    group = getattr(error, FAILURE_GROUP, None)
+    return group if isinstance(group, str) else None
+
 
 class NotAdmitted(Exception):
     """The destination may not be sent to now: requeue until `not_before`, no attempt spent.
@@ -128,7 +138,13 @@ class DestinationDelivery:
     def apply(_conn: Connection, prepared: Prepared) -> str:
         """Return the result_ref of a delivered event, or raise what the worker must do."""
         if prepared.result is not None:
-            return prepared.result.result_ref_or_raise()
+            try:
+                return prepared.result.result_ref_or_raise()
+            except Exception as error:
+                assert prepared.destination is not None
+                # A failing destination is one problem, whatever its events' types.
+                setattr(error, FAILURE_GROUP, f"destination {prepared.destination.public_id}")
+                raise
         admission = prepared.admission
         if admission is not None and not admission.admitted:
             raise NotAdmitted(admission.reason or "held", admission.not_before)

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from ledger.destinations.delivery import NotAdmitted
+from ledger.destinations.delivery import NotAdmitted, failure_group_of
 from ledger.worker.retry import RandomSource, RetryPolicy
 from ledger.worker.store import (
     ClaimedJob,
@@ -90,7 +90,7 @@ def record_failed_attempt(conn: Connection, job: ClaimedJob, error: BaseExceptio
                                       window_start=job.window_start, rng=rng)
     if decision.run_at is None:
         finish_attempt(conn, job, outcome="failed", now=now, error=summary)
-        fail_job(conn, job, now=now, error=summary)
+        fail_job(conn, job, now=now, error=summary, group_type=failure_group_of(error))
         return Outcome(outcome="failed", error=summary, reason=decision.reason)
     outcome = "interrupted" if interrupted else "retry"
     finish_attempt(conn, job, outcome=outcome, now=now, error=summary)

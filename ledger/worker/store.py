@@ -444,13 +444,15 @@ def unstart_attempt(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> N
     hand_back_attempt(conn, job, run_at=run_at)
 
 
-def fail_job(conn: Connection, job: ClaimedJob, *, now: datetime, error: str | None) -> None:
-    """Make the receipt failed (terminal, reviewable) and count it into its failure group;
-    the job keeps its payload for review."""
+def fail_job(conn: Connection, job: ClaimedJob, *, now: datetime, error: str | None,
+             group_type: str | None = None) -> None:
+    """Make the receipt failed (terminal, reviewable) and count it into its failure group
+    (of its event type, or `group_type`: a destination's); the job keeps its payload."""
     conn.execute(_RECEIPT_FAILED, {"sid": job.scope_id, "eid": job.event_id, "now": now})
     set_job_failed(conn, job.scope_id, job.event_id)
     record_failure(conn, scope_id=job.scope_id, event_id=job.event_id,
-                   event_type=job.event_type, error=error[:ERROR_LIMIT] if error else None,
+                   event_type=group_type or job.event_type,
+                   error=error[:ERROR_LIMIT] if error else None,
                    failed_at=now)
 
 

@@ -23,7 +23,7 @@ from ledger.access import audit
 from ledger.access.integrations import get_integration
 from ledger.cli import ledger_cli
 from ledger.clock import FixedClock, unix
-from ledger.db.schema import jobs
+from ledger.db.schema import failure_members, failure_signatures, jobs
 from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.store import (
     DestinationSettings,
@@ -262,3 +262,22 @@ def test_the_worker_refuses_a_handler_for_a_destination_type(test_env):
                                 env={**test_env, "LEDGER_DEMO_HANDLERS": "1"})
     assert result.exit_code == 2
     assert "demo.credit" in result.output
+
+
+def test_a_failing_destination_is_one_failure_group_whatever_the_types(setup):
+    app, sender, receiver, url = setup
+    svc = app.extensions["ledger"]
+    with svc.engine.begin() as conn:
+        created = create_destination(
+            conn, svc.box, ADMIN, get_integration(conn, sender.public_id),
+            DestinationSettings(url=url + "/in", event_types=["order.paid", "order.shipped"]),
+            policy=LOOPBACK, handled_types=(), now=svc.clock.now())
+    receiver.default = Answer(status=410, body=b"gone")
+    _send(app, sender, "evt_1", "order.paid")
+    _send(app, sender, "evt_2", "order.shipped")
+    _run(app, 1)
+    with svc.engine.connect() as conn:
+        groups = conn.execute(select(failure_signatures.c.event_type)).scalars().all()
+        members = conn.execute(select(failure_members.c.group_id)).scalars().all()
+    assert groups == [f"destination {created.destination.public_id}"]
+    assert len(members) == 2 and len(set(members)) == 1
