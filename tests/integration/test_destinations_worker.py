@@ -34,6 +34,12 @@ from ledger.destinations.store import (
 from ledger.reads.receipts import receipt_detail
 from ledger.worker.handlers import Registry
 from ledger.worker.loop import Worker
+from tests.dashboard_helpers import (
+    fast_hashes,  # noqa: F401  (autouse fixture)
+    logged_in,
+    make_operator,
+    make_token,
+)
 from tests.helpers import deliver, event_body, make_sender
 from tests.receivers import Answer, Receiver, receiving
 
@@ -281,3 +287,36 @@ def test_a_failing_destination_is_one_failure_group_whatever_the_types(setup):
         members = conn.execute(select(failure_members.c.group_id)).scalars().all()
     assert groups == [f"destination {created.destination.public_id}"]
     assert len(members) == 2 and len(set(members)) == 1
+
+
+def test_the_dashboard_shows_a_real_run(setup):
+    app, sender, receiver, url = setup
+    created = _destination(app, sender, url)
+    svc = app.extensions["ledger"]
+    receiver.answer(Answer(status=503, body=b"busy: try later"))
+    _send(app, sender, "evt_1")
+    _send(app, sender, "evt_2")
+    _run(app, 1)
+    svc.clock.advance(120)
+    _run(app, 1)
+    with svc.engine.begin() as conn:
+        set_destination_state(conn, ADMIN, created.destination.public_id,
+                              DestinationState.PAUSED, reason="maintenance", now=svc.clock.now())
+    _send(app, sender, "evt_3")
+    _send(app, sender, "evt_4")
+    _run(app, 1)
+    make_operator(app, "olga", "oncall")
+    token = make_token(app, "olga")
+    answer = app.test_client().get("/api/v1/destinations",
+                                   headers={"Authorization": f"Bearer {token}"})
+    (item,) = answer.get_json()["destinations"]
+    assert (item["state"], item["backlog"], item["attempts_sampled"]) == ("paused", 2, 3)
+    assert item["success_rate"] == round(2 / 3, 4) and item["p95_latency_ms"] > 0
+    (failure,) = item["recent_failures"]
+    assert (failure["event_id"], failure["http_status"]) == ("evt_1", 503)
+    html = logged_in(app, "oncall", "otto").get(
+        f"/receipts/{sender.public_id}/evt_1").get_data(as_text=True)
+    assert "503" in html and "busy: try later" in html
+    page = logged_in(app, "oncall", "oona").get("/destinations")
+    assert page.status_code == 200 and created.destination.public_id in page.get_data(
+        as_text=True)
