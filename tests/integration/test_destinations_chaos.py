@@ -39,6 +39,7 @@ pytestmark = [pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
 EVENTS = 30
+MAX_IN_FLIGHT = 3
 WAIT = 60.0  # seconds: the bound of every wait here
 ADMIN = audit.Actor(name="test", role="admin")
 
@@ -60,6 +61,8 @@ class DedupService:
         self.acknowledged: set[str] = set()
         self.hold_next = False
         self.held_key: str | None = None  # the request whose worker was killed
+        self.active = 0  # requests being answered now
+        self.peak = 0  # the most at once: bounded by --max-in-flight across workers
         self.holding = threading.Event()
         self.release = threading.Event()
 
@@ -70,6 +73,17 @@ class DedupService:
                    if k.startswith("HTTP_")}
         self.verifier.verify(body, headers)  # raises (a 500) on a bad signature
         key = headers["idempotency-key"]
+        with self.lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        try:
+            return self._answer(key, start_response)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def _answer(self, key: str, start_response: Callable[..., Any]) -> Iterable[bytes]:
+        """Answer 503 while down; else apply the key's effect once and answer 200."""
         with self.lock:
             self.requests[key] += 1
             hold, self.hold_next = self.hold_next, False
@@ -141,7 +155,7 @@ def test_destination_down_then_back_with_a_worker_killed_mid_request(test_env, t
                 created = create_destination(
                     conn, svc.box, ADMIN, get_integration(conn, sender.public_id),
                     DestinationSettings(url=url + "/in", timeout_seconds=10,
-                                        max_in_flight=3, rate_per_second=50),
+                                        max_in_flight=MAX_IN_FLIGHT, rate_per_second=50),
                     policy=AddressPolicy.from_entries(["127.0.0.1"]), handled_types=(),
                     now=svc.clock.now())
             service = DedupService(created.signing_secret)
@@ -166,6 +180,7 @@ def test_destination_down_then_back_with_a_worker_killed_mid_request(test_env, t
         # The killed worker's request was sent again once its lease ended: deduplicated.
         assert service.held_key is not None
         assert service.since_up[service.held_key] >= 2
+        assert service.peak <= MAX_IN_FLIGHT  # across three worker processes
     finally:
         if service is not None:
             service.release.set()
