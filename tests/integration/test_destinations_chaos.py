@@ -187,3 +187,52 @@ def test_destination_down_then_back_with_a_worker_killed_mid_request(test_env, t
         for process in workers:
             _stop(process)
         app.extensions["ledger"].close()
+
+
+class Arrivals:
+    """A receiving service that notes when each request arrives and answers 200."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.times: list[float] = []
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
+                 ) -> Iterable[bytes]:
+        environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        with self.lock:
+            self.times.append(time.monotonic())
+        start_response("200 OK", [("Connection", "close")])
+        return [b"ok"]
+
+
+def test_the_rate_holds_across_worker_processes(test_env, tmp_path):
+    rate, events = 5.0, 12
+    env = {**test_env, "LEDGER_DEMO_HANDLERS": "0", "LEDGER_LOG_LEVEL": "WARNING",
+           "LEDGER_DESTINATION_ALLOW": "127.0.0.1", "LEDGER_DB_POOL_SIZE": "4"}
+    app = create_app(env)
+    workers: list[subprocess.Popen[bytes]] = []
+    arrivals = Arrivals()
+    try:
+        sender = make_sender(app, account="acme", name="shop")
+        svc = app.extensions["ledger"]
+        with thread_server(arrivals) as url:
+            with svc.engine.begin() as conn:
+                create_destination(
+                    conn, svc.box, ADMIN, get_integration(conn, sender.public_id),
+                    DestinationSettings(url=url + "/in", rate_per_second=rate),
+                    policy=AddressPolicy.from_entries(["127.0.0.1"]), handled_types=(),
+                    now=svc.clock.now())
+            client = app.test_client()
+            for n in range(events):  # a backlog, then two processes of two loops each
+                assert deliver(client, sender, f"evt_{n}", "order.paid").status_code == 202
+            workers = [_worker(env, tmp_path / f"worker-{n}.log") for n in range(2)]
+            _wait(lambda: _complete(app) == events, "every receipt to complete")
+        times = sorted(arrivals.times)
+        assert len(times) == events
+        # Paced one interval apart across all four loops: a lower bound, never flaky
+        # under load (slowness only spreads the requests further).
+        assert times[-1] - times[0] >= (events - 1) / rate - 0.5
+    finally:
+        for process in workers:
+            _stop(process)
+        app.extensions["ledger"].close()
