@@ -12,12 +12,13 @@ import click
 from ledger.cli import ledger_cli
 from ledger.cli.common import services
 from ledger.config import MAX_WORKER_BATCH
+from ledger.errors import error_summary
 from ledger.logs import get_logger
 from ledger.scheduling.instances import InstanceKind, beat_interval, registered
 from ledger.services import Services
 from ledger.worker.destinations import handler_conflicts
 from ledger.worker.handlers import RegistrationError, Registry, load_registry
-from ledger.worker.loop import run_worker
+from ledger.worker.loop import is_storage_error, run_worker
 
 log = get_logger("ledger.worker")
 
@@ -53,8 +54,16 @@ def refuse_destination_conflicts(svc: Services, registry: Registry) -> None:
     `destination create` refuses such a type, but a worker may load a new handler
     module later: one receipt completes with one result_ref, never two.
     """
-    with svc.engine.connect() as conn:
-        conflicts = handler_conflicts(conn, registry)
+    try:
+        with svc.engine.connect() as conn:
+            conflicts = handler_conflicts(conn, registry)
+    except Exception as error:
+        if not is_storage_error(error):
+            raise
+        # A worker outlives a database outage, and so does its start: each job still
+        # goes to its Python handler first.
+        log.warning("worker.destination_check_skipped", error=error_summary(error))
+        return
     if conflicts:
         click.echo("Error: " + "; ".join(conflicts) +
                    " (a type has either a Python handler or a destination)", err=True)

@@ -113,9 +113,13 @@ def process_batch(worker: Worker) -> int:
     if entries:
         _route(worker, entries)
         worker.attempt_started = time.perf_counter()
-        # A destination's requests of the batch go out together (the only prepare steps
-        # a batch can hold: a Python handler's prepare is claimed alone).
-        run_all([functools.partial(_prepare, worker, e) for e in entries if not e.leave])
+        # Destinations' requests of the batch go out together (the only prepare steps a
+        # batch can hold several of: a Python handler's prepare is claimed alone).
+        sends = [e for e in entries if not e.leave and e.spec is not None and e.spec.prepare]
+        for entry in entries:
+            if not entry.leave and entry not in sends:
+                _prepare(worker, entry)
+        run_all([functools.partial(_prepare, worker, entry) for entry in sends])
         _run(worker, entries)
     return len(leased)
 
