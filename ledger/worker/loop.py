@@ -27,6 +27,12 @@ LEDGER_MAX_EVENT_AGE_SECONDS. A worker that dies leaves its job leased until
 `run_at` (the lease's end) passes; the next claim marks the lost attempt and
 counts a new one, so a job that keeps killing workers still reaches `failed`.
 
+A job whose type has no Python handler here, and that a destination takes, runs the
+destination as its handler (ledger.worker.destinations): its prepare step is the HTTP
+request, made in step 2 with no transaction open; a destination that does not admit the
+request (paused, backing off, at its rate or in-flight limit) has the job put back
+without spending an attempt (ledger.worker.outcome.hold_back).
+
 With LEDGER_WORKER_BATCH > 1 (the default) `run` takes the batch path instead
 (ledger.worker.batch): the same steps for several jobs per claim and per commit.
 `process_one` always runs one job.
