@@ -5,28 +5,31 @@ failure holds the whole destination (`blocked_until`), and its events wait behin
 without spending attempts. When it answers again, sends resume at `rate_per_second`
 (`next_send_at` moves one interval per send) and at most `max_in_flight` at once.
 
-Requests in flight are the destination's jobs under a live lease: a worker that dies
-mid-request stops counting when its lease ends, so nothing leaks. `admit` decides for one
-claimed job in its own short transaction, before the HTTP call and without holding any
-lock across it (STYLE rule 7); `note_outcome` moves the backoff after the answer.
+Requests in flight are the destination's `sending` attempts: `admit` opens one for the job
+it admits, in the same transaction as its check, and the answer closes it. A worker that
+dies mid-request leaves its row open, which stops counting once the request's own timeout
+has passed, so nothing leaks. `admit` decides for one claimed job in its own short
+transaction, before the HTTP call and without holding any lock across it (STYLE rule 7);
+`note_outcome` moves the backoff after the answer.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, func, select, update
 
-from ledger.db.schema import destinations, jobs
-from ledger.destinations.store import DestinationState
-from ledger.domain import JobStatus
+from ledger.db.schema import destination_attempts, destinations
+from ledger.destinations.store import SENDING, DestinationState, open_attempt
 
 # How long a job waits when the destination has no free request slot: short, as a slot
 # frees when any request ends.
 IN_FLIGHT_WAIT_SECONDS = 1.0
+# An open request counts until its timeout has passed, plus this margin for recording
+# its answer.
+IN_FLIGHT_SLACK_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +39,7 @@ class Admission:
     admitted: bool
     reason: str | None = None  # "paused", "backoff", "in_flight", "rate"
     not_before: datetime | None = None  # None while paused: resume decides
+    attempt_id: int | None = None  # the admitted request's open `sending` attempt
 
 
 def _locked(conn: Connection, destination_id: int) -> Any:
@@ -46,37 +50,31 @@ def _locked(conn: Connection, destination_id: int) -> Any:
     return conn.execute(query).one()
 
 
-def in_flight(conn: Connection, row: Any, *, now: datetime,
-              exclude: tuple[int, str] | None = None) -> int:
-    """Count the destination's jobs under a live lease (`exclude`: the asking job)."""
-    terms = [jobs.c.scope_id == row.integration_id, jobs.c.status == JobStatus.QUEUED.value,
-             jobs.c.leased_until > now]
-    if row.event_types is not None:
-        terms.append(jobs.c.event_type.in_(_types(row)))
-    if exclude is not None and exclude[0] == row.integration_id:
-        terms.append(jobs.c.event_id != exclude[1])
-    capped = select(jobs.c.event_id).where(*terms).limit(row.max_in_flight).subquery()
+def in_flight(conn: Connection, row: Any, *, now: datetime) -> int:
+    """Count the destination's requests in flight (up to its limit): open, not timed out."""
+    since = now - timedelta(seconds=row.timeout_seconds + IN_FLIGHT_SLACK_SECONDS)
+    capped = (select(destination_attempts.c.id)
+              .where(destination_attempts.c.destination_id == row.id,
+                     destination_attempts.c.started_at > since,
+                     destination_attempts.c.outcome == SENDING)
+              .limit(row.max_in_flight).subquery())
     return int(conn.execute(select(func.count()).select_from(capped)).scalar_one())
 
 
-def _types(row: Any) -> list[str]:
-    """Return the event types of a destinations row."""
-    return list(json.loads(row.event_types))
-
-
 def admit(conn: Connection, destination_id: int, *, now: datetime,
-          job: tuple[int, str] | None = None) -> Admission:
-    """Decide whether `job` (scope id, event id), claimed by this worker, may be sent now.
+          job: tuple[int, str, int] | None = None) -> Admission:
+    """Decide whether `job` (scope id, event id, attempt number) may be sent now.
 
-    Admitted, it takes the next send slot at the destination's rate. Refused, it should
-    go back to the queue until `not_before` without spending an attempt.
+    Admitted, it takes the next send slot at the destination's rate and its request is
+    open (in flight) until answered. Refused, it should go back to the queue until
+    `not_before` without spending an attempt.
     """
     row = _locked(conn, destination_id)
     if row.state != DestinationState.ACTIVE.value:
         return Admission(admitted=False, reason="paused")
     if row.blocked_until is not None and row.blocked_until > now:
         return Admission(admitted=False, reason="backoff", not_before=row.blocked_until)
-    if in_flight(conn, row, now=now, exclude=job) >= row.max_in_flight:
+    if in_flight(conn, row, now=now) >= row.max_in_flight:
         return Admission(admitted=False, reason="in_flight",
                          not_before=now + timedelta(seconds=IN_FLIGHT_WAIT_SECONDS))
     if row.next_send_at is not None and row.next_send_at > now:
@@ -87,7 +85,11 @@ def admit(conn: Connection, destination_id: int, *, now: datetime,
     start = max(now, row.next_send_at or now)
     conn.execute(update(destinations).where(destinations.c.id == destination_id)
                  .values(next_send_at=start + timedelta(seconds=step)))
-    return Admission(admitted=True)
+    if job is None:
+        return Admission(admitted=True)
+    opened = open_attempt(conn, destination_id, scope_id=job[0], event_id=job[1],
+                          number=job[2], started_at=now)
+    return Admission(admitted=True, attempt_id=opened)
 
 
 def note_outcome(conn: Connection, destination_id: int, *, ok: bool, now: datetime,

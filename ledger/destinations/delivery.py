@@ -31,8 +31,18 @@ from ledger.destinations.forward import (
     Outcome,
 )
 from ledger.destinations.secrets import live_secrets
-from ledger.destinations.store import Destination, destination_for, record_attempt
+from ledger.destinations.store import Destination, answer_attempt, destination_for
 from ledger.worker.retry import RetryPolicy
+
+# The attribute naming the failure group of a destination's failed delivery: the
+# destination, in place of the event type (ledger.worker.failure_groups).
+FAILURE_GROUP = "failure_group"
+
+
+def failure_group_of(error: BaseException | None) -> str | None:
+    """Return the failure group a destination's failure belongs to, or None (the type's)."""
+    group = getattr(error, FAILURE_GROUP, None)
+    return group if isinstance(group, str) else None
 
 
 class NotAdmitted(Exception):
@@ -55,7 +65,7 @@ class DeliveryJob:
     scope_id: int
     event_id: str
     event_type: str
-    attempt: int
+    attempt: int  # the attempt's number in the receipt's history (X-Ledger-Attempt)
     body: bytes
     content_type: str
 
@@ -80,6 +90,10 @@ class DestinationDelivery:
         self._clock = clock
         self._retry = retry
 
+    def close(self) -> None:
+        """Close the forwarder's pooled connections."""
+        self._forwarder.close()
+
     def prepare(self, job: DeliveryJob) -> Prepared:
         """Admit, send and record one attempt; never holds a transaction across the call."""
         now = self._clock.now()
@@ -87,7 +101,8 @@ class DestinationDelivery:
             destination = destination_for(conn, job.scope_id, job.event_type)
             if destination is None:
                 return Prepared(destination=None)
-            admission = admit(conn, destination.id, now=now, job=(job.scope_id, job.event_id))
+            admission = admit(conn, destination.id, now=now,
+                              job=(job.scope_id, job.event_id, job.attempt))
             secrets = live_secrets(conn, self._box, destination.id, now=now) \
                 if admission.admitted else []
         if not admission.admitted:
@@ -97,10 +112,10 @@ class DestinationDelivery:
                           secrets=secrets),
             ForwardEvent(scope=job.scope, event_id=job.event_id, event_type=job.event_type,
                          attempt=job.attempt), job.body, job.content_type, now=now)
-        self._record(destination, job, now, result)
+        self._record(destination, admission, result)
         return Prepared(destination=destination, admission=admission, result=result)
 
-    def _record(self, destination: Destination, job: DeliveryJob, started_at: datetime,
+    def _record(self, destination: Destination, admission: Admission,
                 result: ForwardResult) -> None:
         """Keep the answer with the attempt and move the destination's shared backoff.
 
@@ -108,12 +123,11 @@ class DestinationDelivery:
         no jitter: one hold for all of the destination's events.
         """
         ok = result.outcome is Outcome.COMPLETE
+        assert admission.attempt_id is not None
         with self._engine.begin() as conn:
-            record_attempt(conn, destination.id, scope_id=job.scope_id, event_id=job.event_id,
-                           number=job.attempt, started_at=started_at,
-                           latency_ms=result.latency_ms, http_status=result.http_status,
-                           outcome=result.outcome.value, error=result.error,
-                           response_excerpt=result.response_excerpt)
+            answer_attempt(conn, admission.attempt_id, latency_ms=result.latency_ms,
+                           http_status=result.http_status, outcome=result.outcome.value,
+                           error=result.error, response_excerpt=result.response_excerpt)
             # A 4xx that fails one event says nothing about the destination's health.
             if result.outcome is not Outcome.FAILED:
                 note_outcome(conn, destination.id, ok=ok, now=self._clock.now(),
@@ -124,7 +138,13 @@ class DestinationDelivery:
     def apply(_conn: Connection, prepared: Prepared) -> str:
         """Return the result_ref of a delivered event, or raise what the worker must do."""
         if prepared.result is not None:
-            return prepared.result.result_ref_or_raise()
+            try:
+                return prepared.result.result_ref_or_raise()
+            except Exception as error:
+                assert prepared.destination is not None
+                # A failing destination is one problem, whatever its events' types.
+                setattr(error, FAILURE_GROUP, f"destination {prepared.destination.public_id}")
+                raise
         admission = prepared.admission
         if admission is not None and not admission.admitted:
             raise NotAdmitted(admission.reason or "held", admission.not_before)

@@ -28,8 +28,8 @@ import httpx
 from ledger.config import Settings
 from ledger.destinations.addresses import AddressPolicy, AddressRefused
 from ledger.destinations.guard import DEADLINE, GuardedBackend, Resolver, system_resolver
-from ledger.destinations.outcomes import PermanentFailure, RetryAfter
 from ledger.errors import error_summary
+from ledger.handlers import PermanentFailure, RetryAfter
 from ledger.intake.signatures.presets import STANDARD_WEBHOOKS
 
 EXCERPT_BYTES = 1024

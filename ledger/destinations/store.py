@@ -25,10 +25,10 @@ from sqlalchemy import Connection, delete, insert, select, update
 
 from ledger.access import audit
 from ledger.access.secrets_box import SecretBox
-from ledger.db.schema import destination_attempts, destinations, integrations
+from ledger.db.schema import destination_attempts, destinations, integrations, jobs
 from ledger.destinations.addresses import AddressPolicy, check_url
 from ledger.destinations.secrets import add_secret
-from ledger.domain import Integration
+from ledger.domain import Integration, JobStatus
 from ledger.errors import NotFound, Refused
 from ledger.ids import DESTINATION_ID, EVENT_TYPE, new_destination_id
 
@@ -39,6 +39,9 @@ MAX_IN_FLIGHT = 1000
 MAX_RATE_PER_SECOND = 10_000.0
 MAX_URL_LENGTH = 2048
 MAX_EVENT_TYPES = 100
+# The outcome of a request sent and not answered yet (or whose worker died before it
+# recorded the answer): requests in flight are these rows (ledger.destinations.admission).
+SENDING = "sending"
 
 
 class DestinationState(StrEnum):
@@ -234,6 +237,8 @@ def set_destination_state(conn: Connection, actor: audit.Actor, public_id: str,
     ).rowcount
     if changed != 1:
         raise Refused(f"destination {public_id} is already {state.value}")
+    if state is DestinationState.ACTIVE:
+        release_held_jobs(conn, current, now=now)
     scope = conn.execute(select(integrations.c.account, integrations.c.name)
                          .where(integrations.c.id == current.integration_id)).one()
     audit.record(conn, actor, f"destination.{'pause' if state == 'paused' else 'resume'}",
@@ -241,6 +246,38 @@ def set_destination_state(conn: Connection, actor: audit.Actor, public_id: str,
                  detail={"integration": current.integration_public_id,
                          "previous_state": current.state.value})
     return get_destination(conn, public_id)
+
+
+def open_attempt(conn: Connection, destination_id: int, *, scope_id: int, event_id: str,
+                 number: int, started_at: datetime) -> int:
+    """Keep an admitted request as `sending` until its answer: it counts as in flight."""
+    return int(conn.execute(insert(destination_attempts).values(
+        destination_id=destination_id, scope_id=scope_id, event_id=event_id, number=number,
+        started_at=started_at, latency_ms=0.0, outcome=SENDING,
+    ).returning(destination_attempts.c.id)).scalar_one())
+
+
+def answer_attempt(conn: Connection, attempt_id: int, *, latency_ms: float,
+                   http_status: int | None, outcome: str, error: str | None,
+                   response_excerpt: str | None) -> None:
+    """Replace an open request's `sending` by what the destination answered."""
+    conn.execute(update(destination_attempts).where(destination_attempts.c.id == attempt_id)
+                 .values(latency_ms=latency_ms, http_status=http_status, outcome=outcome,
+                         error=error, response_excerpt=response_excerpt))
+
+
+def release_held_jobs(conn: Connection, destination: Destination, *, now: datetime) -> int:
+    """Make the destination's waiting events due now (a resume): they drain at its limits.
+
+    Jobs under a lease are left alone; one that a worker holds back while this commits
+    comes again after that worker's paused hold (ledger.worker.outcome.hold_back).
+    """
+    terms = [jobs.c.scope_id == destination.integration_id,
+             jobs.c.status == JobStatus.QUEUED.value, jobs.c.run_at > now,
+             jobs.c.leased_until.is_(None)]
+    if destination.event_types is not None:
+        terms.append(jobs.c.event_type.in_(destination.event_types))
+    return int(conn.execute(update(jobs).where(*terms).values(run_at=now)).rowcount)
 
 
 def record_attempt(conn: Connection, destination_id: int, *, scope_id: int, event_id: str,

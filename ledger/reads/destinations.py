@@ -1,8 +1,10 @@
 """Destinations as the dashboard and /api/v1/destinations show them (never a secret).
 
-Per destination: its settings and state, and from its recent attempts the success rate,
-the p95 latency and the latest failures; its backlog is its integration's queued jobs of
-the types it takes, counted up to BACKLOG_CAP.
+Per destination: its settings and state, and from its recent answered attempts the
+success rate, the p95 latency and the latest failures (a request still open, or whose
+worker died before it recorded the answer, is `sending`: only a receipt's answers show
+it); its backlog is its integration's queued jobs of the types it takes, counted up to
+BACKLOG_CAP.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from ledger.db.schema import destination_attempts, integrations, jobs
-from ledger.destinations.store import Destination, list_destinations
+from ledger.destinations.store import SENDING, Destination, list_destinations
 from ledger.domain import JobStatus
 
 WINDOW_SECONDS = 24 * 3600
@@ -38,7 +40,8 @@ def _stats(conn: Connection, destination_id: int, since: datetime) -> dict[str, 
     rows = conn.execute(
         select(destination_attempts.c.outcome, destination_attempts.c.latency_ms)
         .where(destination_attempts.c.destination_id == destination_id,
-               destination_attempts.c.started_at >= since)
+               destination_attempts.c.started_at >= since,
+               destination_attempts.c.outcome != SENDING)  # answered attempts only
         .order_by(destination_attempts.c.started_at.desc()).limit(SAMPLE_LIMIT)).all()
     ok = sum(1 for r in rows if r.outcome == "complete")
     return {"attempts_sampled": len(rows),
@@ -62,7 +65,7 @@ def recent_failures(conn: Connection, destination_id: int, *,
     rows = conn.execute(
         select(destination_attempts)
         .where(destination_attempts.c.destination_id == destination_id,
-               destination_attempts.c.outcome != "complete")
+               destination_attempts.c.outcome.not_in(("complete", SENDING)))
         .order_by(destination_attempts.c.started_at.desc(), destination_attempts.c.id.desc())
         .limit(limit)).all()
     return [{"event_id": r.event_id, "attempt": r.number, "at": r.started_at,

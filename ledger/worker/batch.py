@@ -32,6 +32,7 @@ and its next claim takes it alone (it may be the one that killed the worker).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,7 @@ from ledger.db.driver import run_in
 from ledger.errors import error_summary
 from ledger.worker.batch_store import BatchRequest, claim_batch, complete_batch, hold_batch
 from ledger.worker.conflict_bodies import keep_original_bodies
+from ledger.worker.destinations import run_all
 from ledger.worker.fence import apply_handler
 from ledger.worker.handlers import Event, HandlerSpec
 from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
@@ -107,17 +109,29 @@ def process_batch(worker: Worker) -> int:
         started = worker.start_attempt(*one)
         if started is not None:
             job, scope = started
-            entry = Entry(job=job, scope=scope, spec=worker.registry.get(job.event_type))
-            # A rolling deploy: left to the live worker that has the handler.
-            entry.leave = entry.spec is None and worker.handled_elsewhere(job.event_type)
-            entries.append(entry)
+            entries.append(Entry(job=job, scope=scope, spec=worker.registry.get(job.event_type)))
     if entries:
+        _route(worker, entries)
         worker.attempt_started = time.perf_counter()
+        # Destinations' requests of the batch go out together (the only prepare steps a
+        # batch can hold several of: a Python handler's prepare is claimed alone).
+        sends = [e for e in entries if not e.leave and e.spec is not None and e.spec.prepare]
         for entry in entries:
-            if not entry.leave:
+            if not entry.leave and entry not in sends:
                 _prepare(worker, entry)
+        run_all([functools.partial(_prepare, worker, entry) for entry in sends])
         _run(worker, entries)
     return len(leased)
+
+
+def _route(worker: Worker, entries: list[Entry]) -> None:
+    """Give each job without a Python handler its destination's, or leave it to a live
+    worker that has the handler (a rolling deploy)."""
+    specs = worker.destination_specs([e.job for e in entries if e.spec is None])
+    for entry in entries:
+        if entry.spec is None:
+            entry.spec = specs.get(entry.key)
+            entry.leave = entry.spec is None and worker.handled_elsewhere(entry.job.event_type)
 
 
 def _prepare(worker: Worker, entry: Entry) -> None:

@@ -27,6 +27,12 @@ LEDGER_MAX_EVENT_AGE_SECONDS. A worker that dies leaves its job leased until
 `run_at` (the lease's end) passes; the next claim marks the lost attempt and
 counts a new one, so a job that keeps killing workers still reaches `failed`.
 
+A job whose type has no Python handler here, and that a destination takes, runs the
+destination as its handler (ledger.worker.destinations): its prepare step is the HTTP
+request, made in step 2 with no transaction open; a destination that does not admit the
+request (paused, backing off, at its rate or in-flight limit) has the job put back
+without spending an attempt (ledger.worker.outcome.hold_back).
+
 With LEDGER_WORKER_BATCH > 1 (the default) `run` takes the batch path instead
 (ledger.worker.batch): the same steps for several jobs per claim and per commit.
 `process_one` always runs one job.
@@ -53,12 +59,14 @@ from ledger.access.integrations import get_integration_by_id, scope_names
 from ledger.config import default_worker_batch
 from ledger.db import citus
 from ledger.db.engine import connection_is_alive, is_unavailable, make_engine
+from ledger.destinations.delivery import DestinationDelivery
 from ledger.errors import NotFound, error_summary
 from ledger.logs import event_ref, get_logger
 from ledger.scheduling.instances import live_handled_types, new_instance_id
 from ledger.services import Services
 from ledger.worker import batch
 from ledger.worker.conflict_bodies import keep_original_bodies
+from ledger.worker.destinations import delivery_spec, new_delivery, read_routes
 from ledger.worker.fence import apply_handler
 from ledger.worker.handlers import Event, HandlerSpec, Registry, load_registry
 from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
@@ -115,7 +123,8 @@ class Worker:
     def __init__(self, services: Services, *, worker_id: str | None = None,
                  handlers: Registry | None = None, rng: RandomSource | None = None,
                  hooks: WorkerHooks | None = None, engine: Engine | None = None,
-                 batch_size: int | None = None) -> None:
+                 batch_size: int | None = None,
+                 delivery: DestinationDelivery | None = None) -> None:
         self.services = services
         self.engine = engine or services.engine
         self.worker_id = worker_id or new_instance_id()
@@ -139,6 +148,9 @@ class Worker:
                                  if (spec := self.registry.get(t)) and spec.prepare)
         self.next_batch: list[Leased] = []  # the batch the last batch's commit claimed
         self._live_types: tuple[float, set[str]] | None = None  # (monotonic read, types)
+        # Destinations' deliveries: shared by run_worker's loops, else made on first need.
+        self._delivery = delivery
+        self._owns_delivery = False
         self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                             if self.engine.dialect.name == "postgresql" else None)
 
@@ -157,6 +169,8 @@ class Worker:
         self.attempt_started = time.perf_counter()
         spec = self.registry.get(job.event_type)
         try:
+            if spec is None:
+                spec = self.destination_specs([job]).get((job.scope_id, job.event_id))
             if spec is None and self.handled_elsewhere(job.event_type):
                 self._hand_off(job, scope)  # a rolling deploy: a live worker has the handler
                 return True
@@ -353,6 +367,16 @@ class Worker:
             ) if hold_lease(conn, job) else FENCED
         self.report(job, scope, outcome)
 
+    def destination_specs(self, jobs: list[ClaimedJob]) -> dict[tuple[int, str], HandlerSpec]:
+        """Return the destination handler of each job (without a Python one) a destination takes."""
+        keys = read_routes(self.transaction, jobs)
+        if not keys:
+            return {}
+        if self._delivery is None:
+            self._delivery, self._owns_delivery = new_delivery(self.services, self.engine), True
+        return {(job.scope_id, job.event_id): delivery_spec(self._delivery, job)
+                for job in jobs if (job.scope_id, job.event_id) in keys}
+
     def handled_elsewhere(self, event_type: str) -> bool:
         """Tell whether a live worker instance has the handler this worker lacks.
 
@@ -436,6 +460,9 @@ class Worker:
         finally:
             self._stop = None
             self._release()
+            if self._owns_delivery and self._delivery is not None:
+                self._delivery.close()
+                self._delivery, self._owns_delivery = None, False
 
     def _batched(self) -> bool:
         """Tell whether the loop runs batches (asked inside it: the layout is read once)."""
@@ -539,8 +566,10 @@ def run_worker(services: Services, *, burst: bool = False, concurrency: int = 1,
     base_id = worker_id or new_instance_id()
     registry = handlers if handlers is not None else load_registry(services.settings)
     engine = _engine_for(services, concurrency)
+    delivery = new_delivery(services, engine)  # one pooled HTTP client for every loop
     workers = [Worker(services, worker_id=base_id if concurrency == 1 else f"{base_id}/{i}",
-                      handlers=registry, hooks=hooks, engine=engine, batch_size=batch_size)
+                      handlers=registry, hooks=hooks, engine=engine, batch_size=batch_size,
+                      delivery=delivery)
                for i in range(concurrency)]
     log.info("worker.start", worker_id=base_id, concurrency=concurrency, burst=burst,
              batch=workers[0].batch_size, handlers=registry.types())
@@ -549,6 +578,7 @@ def run_worker(services: Services, *, burst: bool = False, concurrency: int = 1,
             return workers[0].run(burst=burst, stop=stop)
         return _run_threads(workers, burst=burst, stop=stop)
     finally:
+        delivery.close()
         if engine is not services.engine:
             engine.dispose()
         log.info("worker.stop", worker_id=base_id)

@@ -430,13 +430,29 @@ def hand_back_attempt(conn: Connection, job: ClaimedJob, *, run_at: datetime) ->
     conn.execute(_HAND_BACK, {"sid": job.scope_id, "eid": job.event_id, "due_at": run_at})
 
 
-def fail_job(conn: Connection, job: ClaimedJob, *, now: datetime, error: str | None) -> None:
-    """Make the receipt failed (terminal, reviewable) and count it into its failure group;
-    the job keeps its payload for review."""
+_UNOPEN = delete(attempts).where(*_attempt_key(), attempts.c.number == bindparam("num"),
+                                 attempts.c.lease_token == bindparam("token"))
+_UNCOUNT = update(receipts).where(*_receipt_key()).values(attempts=receipts.c.attempts - 1)
+
+
+def unstart_attempt(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> None:
+    """Undo a claim whose attempt never started (a destination held it back): no attempt
+    spent or shown, the job due again at `run_at`."""
+    key = {"sid": job.scope_id, "eid": job.event_id}
+    conn.execute(_UNOPEN, {**key, "num": job.number, "token": job.lease_token})
+    conn.execute(_UNCOUNT, key)
+    hand_back_attempt(conn, job, run_at=run_at)
+
+
+def fail_job(conn: Connection, job: ClaimedJob, *, now: datetime, error: str | None,
+             group_type: str | None = None) -> None:
+    """Make the receipt failed (terminal, reviewable) and count it into its failure group
+    (of its event type, or `group_type`: a destination's); the job keeps its payload."""
     conn.execute(_RECEIPT_FAILED, {"sid": job.scope_id, "eid": job.event_id, "now": now})
     set_job_failed(conn, job.scope_id, job.event_id)
     record_failure(conn, scope_id=job.scope_id, event_id=job.event_id,
-                   event_type=job.event_type, error=error[:ERROR_LIMIT] if error else None,
+                   event_type=group_type or job.event_type,
+                   error=error[:ERROR_LIMIT] if error else None,
                    failed_at=now)
 
 

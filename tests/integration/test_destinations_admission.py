@@ -10,10 +10,11 @@ from ledger.access import audit
 from ledger.access.integrations import get_integration
 from ledger.db.schema import destination_attempts, destinations, jobs
 from ledger.destinations.addresses import AddressPolicy
-from ledger.destinations.admission import admit, note_outcome
+from ledger.destinations.admission import IN_FLIGHT_SLACK_SECONDS, admit, note_outcome
 from ledger.destinations.store import (
     DestinationSettings,
     DestinationState,
+    answer_attempt,
     create_destination,
     purge_attempts,
     record_attempt,
@@ -36,7 +37,7 @@ def _destination(app, **settings):  # type: ignore[no-untyped-def]
     return sender, created.destination
 
 
-def _admit(app, dst_id: int, now: datetime, job: tuple[int, str] | None = None):  # type: ignore[no-untyped-def]
+def _admit(app, dst_id: int, now: datetime, job: tuple[int, str, int] | None = None):  # type: ignore[no-untyped-def]
     with app.extensions["ledger"].engine.begin() as conn:
         return admit(conn, dst_id, now=now, job=job)
 
@@ -82,18 +83,23 @@ def test_one_failure_holds_every_event_until_the_backoff_ends(app):
 
 
 def test_requests_in_flight_are_capped_across_workers(app):
-    sender, dst = _destination(app, max_in_flight=2)
+    sender, dst = _destination(app, max_in_flight=2, timeout_seconds=10)
     now = app.extensions["ledger"].clock.now()
-    _lease(app, sender.scope_id, "evt_1", "a.b", now + timedelta(seconds=60))
-    _lease(app, sender.scope_id, "evt_other_type", "c.d", now + timedelta(seconds=60))
-    _lease(app, sender.scope_id, "evt_expired", "a.b", now - timedelta(seconds=1))
-    assert _admit(app, dst.id, now, job=(sender.scope_id, "evt_2")).admitted  # 1 in flight
-    _lease(app, sender.scope_id, "evt_2", "a.b", now + timedelta(seconds=60))
-    full = _admit(app, dst.id, now, job=(sender.scope_id, "evt_3"))
+    sid = sender.scope_id
+    first = _admit(app, dst.id, now, job=(sid, "evt_1", 1))
+    assert first.admitted and first.attempt_id is not None
+    assert _admit(app, dst.id, now, job=(sid, "evt_2", 1)).admitted  # 2 in flight
+    full = _admit(app, dst.id, now, job=(sid, "evt_3", 1))
     assert (full.admitted, full.reason) == (False, "in_flight")
     assert full.not_before is not None and full.not_before > now
-    # The asking job's own lease is not counted against it.
-    assert _admit(app, dst.id, now, job=(sender.scope_id, "evt_2")).admitted
+    # An answer frees its slot.
+    with app.extensions["ledger"].engine.begin() as conn:
+        answer_attempt(conn, first.attempt_id, latency_ms=5.0, http_status=200,
+                       outcome="complete", error=None, response_excerpt=None)
+    assert _admit(app, dst.id, now, job=(sid, "evt_3", 1)).admitted
+    # A request whose worker died stops counting once its timeout has passed.
+    later = now + timedelta(seconds=10 + IN_FLIGHT_SLACK_SECONDS + 1)
+    assert _admit(app, dst.id, later, job=(sid, "evt_4", 1)).admitted
 
 
 def test_sends_are_paced_at_the_rate(app):

@@ -20,13 +20,13 @@ from ledger.db.schema import destination_attempts, destinations
 from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.delivery import DeliveryJob, DestinationDelivery, NotAdmitted
 from ledger.destinations.forward import DeliveryError, Forwarder
-from ledger.destinations.outcomes import PermanentFailure, RetryAfter
 from ledger.destinations.store import (
     DestinationSettings,
     DestinationState,
     create_destination,
     set_destination_state,
 )
+from ledger.handlers import PermanentFailure, RetryAfter
 from ledger.worker.retry import RetryPolicy
 from tests.helpers import make_sender
 from tests.receivers import Answer, receiving

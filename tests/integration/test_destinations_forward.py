@@ -27,9 +27,9 @@ from ledger.destinations.forward import (
     Outcome,
     retry_after_seconds,
 )
-from ledger.destinations.outcomes import PermanentFailure, RetryAfter
 from ledger.destinations.secrets import live_secrets, new_signing_secret
 from ledger.destinations.store import DestinationSettings, create_destination, record_attempt
+from ledger.handlers import PermanentFailure, RetryAfter
 from tests.helpers import make_sender
 from tests.receivers import Answer, receiving
 

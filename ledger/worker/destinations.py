@@ -1,0 +1,107 @@
+"""Destinations as the worker runs them: a handler for each claimed job a destination takes.
+
+A job whose type has no Python handler here is looked up among the destinations (read
+fresh for every such job or batch: a stale read would complete a destination's event as
+`ignored:no-handler`). A destination's handler is `DestinationDelivery`'s two steps:
+`prepare` admits, sends (no transaction open) and records the answer; `apply` runs in the
+fenced completion transaction like any handler and returns the result_ref or raises
+(PermanentFailure, RetryAfter, DeliveryError, or NotAdmitted: ledger.worker.outcome holds
+the job back without spending an attempt).
+
+One Forwarder (one pooled HTTP client) serves every worker loop of a process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from ledger.destinations.delivery import DeliveryJob, DestinationDelivery, Prepared
+from ledger.destinations.forward import Forwarder
+from ledger.destinations.store import Destination, list_destinations
+from ledger.handlers import Event
+from ledger.services import Services
+from ledger.worker.handlers import HandlerSpec, Registry
+from ledger.worker.retry import RetryPolicy
+from ledger.worker.store import ClaimedJob
+
+# The stored body of every sender is JSON: as received for JSON senders, the decoded
+# fields for form senders (docs/how-to/destinations.md, "Limits").
+STORED_CONTENT_TYPE = "application/json"
+MAX_PARALLEL_SENDS = 16  # a batch's requests sent at once (at most its size)
+
+Key = tuple[int, str]
+
+
+def new_delivery(services: Services, engine: Engine) -> DestinationDelivery:
+    """Return the delivery of one process: one pooled forwarder under its settings."""
+    settings = services.settings
+    return DestinationDelivery(engine, services.box, Forwarder.from_settings(settings),
+                               services.clock, retry=RetryPolicy.from_settings(settings))
+
+
+def delivery_spec(delivery: DestinationDelivery, job: ClaimedJob) -> HandlerSpec:
+    """Return the handler that forwards this job's stored body to its destination."""
+    body = (job.payload or "").encode()
+
+    def prepare(event: Event) -> Prepared:
+        return delivery.prepare(DeliveryJob(
+            scope=event.scope, scope_id=event.scope_id, event_id=event.event_id,
+            event_type=event.event_type, attempt=event.attempt, body=body,
+            content_type=STORED_CONTENT_TYPE))
+
+    def apply(conn: Connection, event: Event) -> str:
+        return DestinationDelivery.apply(conn, event.prepared)
+
+    return HandlerSpec(event_type=job.event_type, apply=apply, prepare=prepare)
+
+
+def routed(conn: Connection, jobs: Iterable[ClaimedJob]) -> set[Key]:
+    """Return the keys of the jobs a destination takes (one read of the destinations)."""
+    pending = list(jobs)
+    if not pending:
+        return set()
+    by_scope: dict[int, list[Destination]] = {}
+    for destination in list_destinations(conn):
+        by_scope.setdefault(destination.integration_id, []).append(destination)
+    return {(job.scope_id, job.event_id) for job in pending
+            if any(d.covers(job.event_type) for d in by_scope.get(job.scope_id, ()))}
+
+
+def handler_conflicts(conn: Connection, registry: Registry) -> list[str]:
+    """Return a message per destination that takes a type this worker has a handler for."""
+    handled = set(registry.types())
+    found = []
+    for destination in list_destinations(conn) if handled else ():
+        both = sorted(handled if destination.event_types is None
+                      else handled & set(destination.event_types))
+        if both:
+            found.append(f"destination {destination.public_id} takes event type(s) "
+                         f"{', '.join(both)}, which a Python handler here handles too")
+    return found
+
+
+def run_all(calls: list[Callable[[], Any]]) -> None:
+    """Run the calls (each catches its own errors): several at once, on threads."""
+    if len(calls) <= 1:
+        for call in calls:
+            call()
+        return
+    with ThreadPoolExecutor(max_workers=min(len(calls), MAX_PARALLEL_SENDS),
+                            thread_name_prefix="ledger-send") as pool:
+        for future in [pool.submit(call) for call in calls]:
+            future.result()
+
+
+def read_routes(transaction: Callable[[], AbstractContextManager[Connection]],
+                jobs: Iterable[ClaimedJob]) -> set[Key]:
+    """Return `routed` read in a transaction of its own (none when no job asks)."""
+    pending = list(jobs)
+    if not pending:
+        return set()
+    with transaction() as conn:
+        return routed(conn, pending)

@@ -1,0 +1,322 @@
+"""The worker runs destinations as handlers, on both databases and both worker paths.
+
+Against a real local receiving service that verifies with the `standardwebhooks` library:
+the stored body as received, re-signed; 500/503 then 200 is three attempts with one key;
+429 with Retry-After; 400 fails at once; a paused destination holds its events without a
+request or an attempt until resumed; a slow destination times out; a duplicate delivery is
+never forwarded twice; a worker refuses to start with a handler for a destination's type.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import standardwebhooks
+from click.testing import CliRunner
+from sqlalchemy import select
+
+from app import create_app
+from ledger.access import audit
+from ledger.access.integrations import get_integration
+from ledger.cli import ledger_cli
+from ledger.clock import FixedClock, unix
+from ledger.db.schema import failure_members, failure_signatures, jobs
+from ledger.destinations.addresses import AddressPolicy
+from ledger.destinations.store import (
+    DestinationSettings,
+    DestinationState,
+    create_destination,
+    set_destination_state,
+)
+from ledger.reads.receipts import receipt_detail
+from ledger.worker.handlers import Registry
+from ledger.worker.loop import Worker
+from tests.dashboard_helpers import (
+    fast_hashes,  # noqa: F401  (autouse fixture)
+    logged_in,
+    make_operator,
+    make_token,
+)
+from tests.helpers import deliver, event_body, make_sender
+from tests.receivers import Answer, Receiver, receiving
+
+PATHS = pytest.mark.parametrize("batch_size", [1, 8], ids=["single", "batched"])
+ADMIN = audit.Actor(name="test", role="admin")
+LOOPBACK = AddressPolicy.from_entries(["127.0.0.1"])
+
+
+class FixedRandom:
+    """An RNG that always answers the same fraction."""
+
+    def random(self) -> float:
+        """Return one half."""
+        return 0.5
+
+
+@pytest.fixture
+def fixed_app(test_env):  # type: ignore[no-untyped-def]
+    """The app on a FixedClock, with destinations allowed to reach loopback."""
+    app = create_app({**test_env, "LEDGER_DESTINATION_ALLOW": "127.0.0.1",
+                      "LEDGER_RETRY_BASE_SECONDS": "10", "LEDGER_MAX_ATTEMPTS": "5",
+                      "LEDGER_DEMO_HANDLERS": "0"},
+                     clock=FixedClock(datetime.now(UTC)))
+    yield app
+    app.extensions["ledger"].close()
+
+
+@pytest.fixture
+def setup(fixed_app):  # type: ignore[no-untyped-def]
+    """A receiving service and a sender whose order.paid events go to it."""
+    with receiving() as (url, receiver):
+        sender = make_sender(fixed_app, account="acme", name="shop")
+        yield fixed_app, sender, receiver, url
+
+
+def _destination(app, sender, url: str, **settings: Any):  # type: ignore[no-untyped-def]
+    svc = app.extensions["ledger"]
+    with svc.engine.begin() as conn:
+        return create_destination(
+            conn, svc.box, ADMIN, get_integration(conn, sender.public_id),
+            DestinationSettings(url=url + "/in", event_types=["order.paid"], **settings),
+            policy=LOOPBACK, handled_types=(), now=svc.clock.now())
+
+
+def _send(app, sender, event_id: str, event_type: str = "order.paid") -> bytes:  # type: ignore[no-untyped-def]
+    body = event_body(sender, event_id, event_type, {"amount": 5})
+    response = deliver(app.test_client(), sender, event_id, event_type, body=body,
+                       timestamp=unix(app.extensions["ledger"].clock.now()))
+    assert response.status_code in (200, 202), response.get_json()
+    return body
+
+
+def _run(app, batch_size: int) -> int:  # type: ignore[no-untyped-def]
+    worker = Worker(app.extensions["ledger"], worker_id="w-test", batch_size=batch_size,
+                    handlers=Registry(), rng=FixedRandom())
+    return worker.run(burst=True)
+
+
+def _receipt(app, sender, event_id: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    with app.extensions["ledger"].engine.connect() as conn:
+        detail = receipt_detail(conn, sender.scope_id, event_id)
+    assert detail is not None
+    return detail
+
+
+def _verified(receiver: Receiver, secret: str) -> list[Any]:
+    """Verify every request with the standardwebhooks library; return the payloads."""
+    verifier = standardwebhooks.Webhook(secret)
+    return [verifier.verify(r.body, {k: v for k, v in r.headers.items()})
+            for r in receiver.requests]
+
+
+@PATHS
+def test_the_stored_body_goes_out_re_signed_and_completes(setup, batch_size):
+    app, sender, receiver, url = setup
+    created = _destination(app, sender, url)
+    receiver.answer(Answer(status=200, headers={"X-Result-Ref": "order:42"}))
+    body = _send(app, sender, "evt_1")
+    assert _run(app, batch_size) == 1
+    [request] = receiver.requests
+    assert request.body == body  # as received, byte for byte
+    assert _verified(receiver, created.signing_secret) == [json.loads(body)]
+    key = f"{sender.scope}:evt_1"
+    assert (request.headers["webhook-id"], request.headers["idempotency-key"]) == (key, key)
+    assert request.headers["x-ledger-scope"] == sender.scope
+    assert request.headers["x-ledger-event-type"] == "order.paid"
+    assert request.headers["x-ledger-attempt"] == "1"
+    assert request.headers["content-type"] == "application/json"
+    assert not any(h.startswith("stripe") for h in request.headers)  # the sender's own
+    receipt = _receipt(app, sender, "evt_1")
+    assert (receipt["state"], receipt["result_ref"], receipt["attempts"]) == (
+        "complete", "order:42", 1)
+    assert [a["http_status"] for a in receipt["destination_attempts"]] == [200]
+
+
+@PATHS
+def test_500_503_then_200_is_three_attempts_with_one_key(setup, batch_size):
+    app, sender, receiver, url = setup
+    created = _destination(app, sender, url)
+    clock = app.extensions["ledger"].clock
+    receiver.answer(Answer(status=500, body=b"boom"), Answer(status=503), Answer(status=200))
+    _send(app, sender, "evt_1")
+    for _ in range(3):
+        _run(app, batch_size)
+        clock.advance(120)  # past the job's backoff and the destination's
+    assert len(receiver.requests) == 3
+    assert {r.headers["idempotency-key"] for r in receiver.requests} == {f"{sender.scope}:evt_1"}
+    assert [r.headers["x-ledger-attempt"] for r in receiver.requests] == ["1", "2", "3"]
+    _verified(receiver, created.signing_secret)
+    receipt = _receipt(app, sender, "evt_1")
+    assert (receipt["state"], receipt["result_ref"], receipt["attempts"]) == (
+        "complete", "http:200", 3)
+    answers = receipt["destination_attempts"]
+    assert [(a["attempt"], a["http_status"]) for a in answers] == [(1, 500), (2, 503), (3, 200)]
+    assert answers[0]["response_excerpt"] == "boom"
+
+
+@PATHS
+def test_429_waits_at_least_its_retry_after_without_spending_attempts(setup, batch_size):
+    app, sender, receiver, url = setup
+    _destination(app, sender, url, max_in_flight=1)  # a batch sends one at a time
+    clock = app.extensions["ledger"].clock
+    receiver.answer(Answer(status=429, headers={"Retry-After": "30"}))
+    _send(app, sender, "evt_1")
+    _send(app, sender, "evt_2")
+    _run(app, batch_size)
+    assert len(receiver.requests) == 1  # the other event waits behind the destination
+    clock.advance(29)
+    _run(app, batch_size)
+    assert len(receiver.requests) == 1
+    clock.advance(60)
+    _run(app, batch_size)
+    clock.advance(5)  # a batch sends evt_2 after evt_1's request (max in flight 1)
+    _run(app, batch_size)
+    assert len(receiver.requests) == 3
+    first, second = _receipt(app, sender, "evt_1"), _receipt(app, sender, "evt_2")
+    assert (first["state"], first["attempts"]) == ("complete", 2)
+    assert (second["state"], second["attempts"]) == ("complete", 1)  # held: no attempt
+
+
+@PATHS
+def test_400_fails_at_once(setup, batch_size):
+    app, sender, receiver, url = setup
+    _destination(app, sender, url)
+    receiver.answer(Answer(status=400, body=b"unknown order"))
+    _send(app, sender, "evt_1")
+    _run(app, batch_size)
+    receipt = _receipt(app, sender, "evt_1")
+    assert (receipt["state"], receipt["attempts"]) == ("failed", 1)
+    assert "400" in receipt["last_error"]
+    assert len(receiver.requests) == 1
+
+
+@PATHS
+def test_a_paused_destination_holds_its_events_until_resumed(setup, batch_size):
+    app, sender, receiver, url = setup
+    created = _destination(app, sender, url)
+    svc = app.extensions["ledger"]
+    public_id = created.destination.public_id
+    with svc.engine.begin() as conn:
+        set_destination_state(conn, ADMIN, public_id, DestinationState.PAUSED,
+                              reason="maintenance", now=svc.clock.now())
+    _send(app, sender, "evt_1")
+    _run(app, batch_size)
+    assert receiver.requests == []
+    receipt = _receipt(app, sender, "evt_1")
+    assert (receipt["state"], receipt["attempts"]) == ("pending", 0)  # no attempt spent
+    with svc.engine.connect() as conn:
+        assert conn.execute(select(jobs.c.run_at)).scalar_one() > svc.clock.now()
+    with svc.engine.begin() as conn:
+        set_destination_state(conn, ADMIN, public_id, DestinationState.ACTIVE,
+                              reason="done", now=svc.clock.now())
+    _run(app, batch_size)  # due again at once: the clock did not move
+    assert [r.headers["x-ledger-attempt"] for r in receiver.requests] == ["1"]
+    assert _receipt(app, sender, "evt_1")["state"] == "complete"
+
+
+def test_a_slow_destination_times_out_and_is_retried(setup):
+    app, sender, receiver, url = setup
+    _destination(app, sender, url, timeout_seconds=0.5)
+    receiver.answer(Answer(status=200, hold=True))
+    _send(app, sender, "evt_1")
+    _run(app, 1)
+    receipt = _receipt(app, sender, "evt_1")
+    assert (receipt["state"], receipt["attempts"]) == ("pending", 1)
+    [answer] = receipt["destination_attempts"]
+    assert (answer["outcome"], answer["http_status"]) == ("retry", None)
+    assert answer["error"].startswith("timeout")
+
+
+@PATHS
+def test_a_duplicate_delivery_is_never_forwarded_twice(setup, batch_size):
+    app, sender, receiver, url = setup
+    _destination(app, sender, url)
+    _send(app, sender, "evt_1")
+    _send(app, sender, "evt_1")  # the sender retries before the worker ran
+    _run(app, batch_size)
+    _send(app, sender, "evt_1")  # and again once it completed
+    _run(app, batch_size)
+    assert len(receiver.requests) == 1
+    assert _receipt(app, sender, "evt_1")["state"] == "complete"
+
+
+def test_types_a_destination_does_not_take_are_not_sent(setup):
+    app, sender, receiver, url = setup
+    _destination(app, sender, url)
+    _send(app, sender, "evt_1", event_type="order.shipped")
+    _run(app, 1)
+    assert receiver.requests == []
+    assert _receipt(app, sender, "evt_1")["result_ref"] == "ignored:no-handler"
+
+
+def test_the_worker_refuses_a_handler_for_a_destination_type(test_env):
+    app = create_app({**test_env, "LEDGER_DESTINATION_ALLOW": "127.0.0.1"})
+    try:
+        sender = make_sender(app)
+        svc = app.extensions["ledger"]
+        with svc.engine.begin() as conn:  # created before the demo handlers were loaded
+            create_destination(
+                conn, svc.box, ADMIN, get_integration(conn, sender.public_id),
+                DestinationSettings(url="http://127.0.0.1:9/in", event_types=["demo.credit"]),
+                policy=LOOPBACK, handled_types=(), now=svc.clock.now())
+    finally:
+        svc.close()
+    result = CliRunner().invoke(ledger_cli, ["worker", "--burst"],
+                                env={**test_env, "LEDGER_DEMO_HANDLERS": "1"})
+    assert result.exit_code == 2
+    assert "demo.credit" in result.output
+
+
+def test_a_failing_destination_is_one_failure_group_whatever_the_types(setup):
+    app, sender, receiver, url = setup
+    svc = app.extensions["ledger"]
+    with svc.engine.begin() as conn:
+        created = create_destination(
+            conn, svc.box, ADMIN, get_integration(conn, sender.public_id),
+            DestinationSettings(url=url + "/in", event_types=["order.paid", "order.shipped"]),
+            policy=LOOPBACK, handled_types=(), now=svc.clock.now())
+    receiver.default = Answer(status=410, body=b"gone")
+    _send(app, sender, "evt_1", "order.paid")
+    _send(app, sender, "evt_2", "order.shipped")
+    _run(app, 1)
+    with svc.engine.connect() as conn:
+        groups = conn.execute(select(failure_signatures.c.event_type)).scalars().all()
+        members = conn.execute(select(failure_members.c.group_id)).scalars().all()
+    assert groups == [f"destination {created.destination.public_id}"]
+    assert len(members) == 2 and len(set(members)) == 1
+
+
+def test_the_dashboard_shows_a_real_run(setup):
+    app, sender, receiver, url = setup
+    created = _destination(app, sender, url)
+    svc = app.extensions["ledger"]
+    receiver.answer(Answer(status=503, body=b"busy: try later"))
+    _send(app, sender, "evt_1")
+    _send(app, sender, "evt_2")
+    _run(app, 1)
+    svc.clock.advance(120)
+    _run(app, 1)
+    with svc.engine.begin() as conn:
+        set_destination_state(conn, ADMIN, created.destination.public_id,
+                              DestinationState.PAUSED, reason="maintenance", now=svc.clock.now())
+    _send(app, sender, "evt_3")
+    _send(app, sender, "evt_4")
+    _run(app, 1)
+    make_operator(app, "olga", "oncall")
+    token = make_token(app, "olga")
+    answer = app.test_client().get("/api/v1/destinations",
+                                   headers={"Authorization": f"Bearer {token}"})
+    (item,) = answer.get_json()["destinations"]
+    assert (item["state"], item["backlog"], item["attempts_sampled"]) == ("paused", 2, 3)
+    assert item["success_rate"] == round(2 / 3, 4) and item["p95_latency_ms"] > 0
+    (failure,) = item["recent_failures"]
+    assert (failure["event_id"], failure["http_status"]) == ("evt_1", 503)
+    html = logged_in(app, "oncall", "otto").get(
+        f"/receipts/{sender.public_id}/evt_1").get_data(as_text=True)
+    assert "503" in html and "busy: try later" in html
+    page = logged_in(app, "oncall", "oona").get("/destinations")
+    assert page.status_code == 200 and created.destination.public_id in page.get_data(
+        as_text=True)
