@@ -122,7 +122,7 @@ def purge_unloaded(e: benv.BenchEnv, url: str) -> dict[str, Any]:
             "wal_bytes_per_receipt": round(wal / n)}
 
 
-def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
+def purge_under_intake(e: benv.BenchEnv, url: str,
                        before_seconds: float = 6, after_seconds: float = 4) -> dict[str, Any]:
     """Purge every finished receipt while wrk delivers new events; compare intake rates.
 
@@ -136,8 +136,7 @@ def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
     engine = ledger_engine(settings)
     marks: dict[str, datetime] = {}
     busy: dict[str, float] = {}
-    with benv.gunicorn("app:create_app()", e.app_env(url), shape, cwd=benv.ROOT,
-                       log=e.tmp / "purge.log") as (base, _):
+    with benv.shipped(e.app_env(url), log=e.tmp / "purge.log") as (base, _):
         load_proc = subprocess.Popen(
             [wrk_binary(), "-t", str(THREADS), "-c", str(CONNECTIONS), "-d", "120s",
              "-s", str(LUA), f"{base}/hooks/{public_id}", "--", str(files)],
@@ -214,7 +213,7 @@ def _accepted_between(engine: Any, public_id: str, start: datetime, end: datetim
     return int(count) / max((end - start).total_seconds(), 1e-6)
 
 
-def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: int,
+def measure(e: benv.BenchEnv, receipts: int, scopes: int,
             rounds: int) -> dict[str, Any]:
     """Load once, then run the five measures in order."""
     started = time.perf_counter()
@@ -228,5 +227,5 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: in
     with benv.admin_engine().connect() as conn:
         conn.execute(text(f'DROP DATABASE "{make_url(copy).database}" WITH (FORCE)'))
     e.databases.remove(str(make_url(copy).database))
-    out["purge"] = purge_under_intake(e, url, shape)
+    out["purge"] = purge_under_intake(e, url)
     return out

@@ -94,16 +94,14 @@ def load(e: benv.BenchEnv, receipts: int, template: tuple[str, list[Integration]
             "disk_mb": round(disk / 2**20)}
 
 
-def intake(e: benv.BenchEnv, shape: benv.ServerShape, small: str, large: str,
+def intake(e: benv.BenchEnv, small: str, large: str,
            seconds: float, cycles: int = 2, each: float | None = None) -> dict[str, Any]:
     """Load our server on the small and the large ledger in ABBA order, `cycles` times,
     `each` seconds a run (default `seconds` / 2, at least 3)."""
     ids = {url: ours_app(e, url) for url in (small, large)}
     runs: dict[str, list[Any]] = {"small": [], "large": []}
-    with benv.gunicorn("app:create_app()", e.app_env(small), shape, cwd=benv.ROOT,
-                       log=e.tmp / "scale-small.log") as (small_base, _), \
-            benv.gunicorn("app:create_app()", e.app_env(large), shape, cwd=benv.ROOT,
-                          log=e.tmp / "scale-large.log") as (large_base, _):
+    with benv.shipped(e.app_env(small), log=e.tmp / "scale-small.log") as (small_base, _), \
+            benv.shipped(e.app_env(large), log=e.tmp / "scale-large.log") as (large_base, _):
         targets = {"small": Target(small_base, small, f"/hooks/{ids[small]}"),
                    "large": Target(large_base, large, f"/hooks/{ids[large]}")}
         each = max(each or seconds / 2, 3)
@@ -195,7 +193,7 @@ def purge_cost(e: benv.BenchEnv, url: str, name: str) -> dict[str, Any]:
     return result
 
 
-def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: int,
+def measure(e: benv.BenchEnv, receipts: int, scopes: int,
             seconds: float, rounds: int) -> dict[str, Any]:
     """Load every size, then intake, pages, rollups and purge as the module says.
 
@@ -224,7 +222,7 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: in
     # `seconds` / 2, which keeps `make bench` under 15 minutes), so that one slow patch of
     # the machine lands on both sides; above it `seconds` / 2 a run.
     each = seconds / 2 if receipts > PURGE_BASELINE else seconds / 4
-    out["intake"] = _phase("intake", lambda: intake(e, shape, small["url"], largest["url"],
+    out["intake"] = _phase("intake", lambda: intake(e, small["url"], largest["url"],
                                                     seconds, 2, each))
     out["rollups"]["scheduled"] = _phase("rollups scheduled",
                                          lambda: scheduled_run(e, largest["url"]))
