@@ -299,29 +299,40 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# The shapes the sweep tries against the defaults on PostgreSQL: fewer and more processes,
-# threads no more than the pool, and a pool as large as the threads.
+# The shapes the sweep tries against the defaults on PostgreSQL: fewer processes, fewer
+# threads (as many as the pool, and fewer), a pool as large as the threads, and workers
+# recycled ten times less often (gunicorn.conf.py's max_requests).
 SWEEP = {"2 processes": {"WEB_CONCURRENCY": "2"},
+         "3 processes": {"WEB_CONCURRENCY": "3"},
+         "threads 5 (= pool)": {"LEDGER_WEB_THREADS": "5"},
+         "threads 4, pool 4": {"LEDGER_WEB_THREADS": "4", "LEDGER_DB_POOL_SIZE": "4"},
+         "pool 16 (= threads)": {"LEDGER_DB_POOL_SIZE": "16"},
          "6 processes": {"WEB_CONCURRENCY": "6"},
-         "threads = pool = 5": {"LEDGER_WEB_THREADS": "5"},
-         "pool = threads = 16": {"LEDGER_DB_POOL_SIZE": "16"}}
+         "recycled every 50,000": {"GUNICORN_CMD_ARGS": "--max-requests 50000"},
+         "no keep-alive": {"GUNICORN_CMD_ARGS": "--keep-alive 0"}}
 
 
-def measure_sweep(e: benv.BenchEnv, seconds: float) -> dict[str, Any]:
-    """The shipped defaults ("ours") against each SWEEP shape, all served as shipped and
-    loaded in ABBA order on one PostgreSQL ledger."""
+def measure_sweep(e: benv.BenchEnv, seconds: float,
+                  shapes: list[str] | None = None) -> dict[str, Any]:
+    """Each SWEEP shape against the shipped defaults, a pair at a time (the database's
+    connections allow two servers at once), each pair loaded in ABBA order, both served
+    as shipped on copies of one PostgreSQL ledger."""
     source = e.migrated_pg("sweep")
     path = f"/hooks/{ours_app(e, source)}"  # every side a copy: the same integration
     template = str(make_url(source).database)
-    log = e.tmp / "sweep.log"
-    with ExitStack() as stack:
-        sides = {}
-        for n, (name, overrides) in enumerate({"ours": {}, **SWEEP}.items()):
-            url = e.pg_url(f"sweep_{n}", template=template)
-            base, process = stack.enter_context(benv.shipped(e.app_env(url) | overrides,
-                                                             log=log))
-            sides[name] = Target(base, url, path, process.pid)
-        runs = abba(e, sides, seconds, "sweep", cycles=1)
-    return {name: {"accepted_per_s": accepted_per_s(runs[name]),
-                   "p99_ms": mean(r.wrk.p99_ms for r in runs[name]),
-                   "overrides": SWEEP.get(name, {})} for name in sides}
+    out = {}
+    for n, (name, overrides) in enumerate(SWEEP.items()):
+        if shapes and name not in shapes:
+            continue
+        with ExitStack() as stack:
+            sides = {}
+            for side, env in (("ours", {}), ("other", overrides)):
+                url = e.pg_url(f"sweep_{n}_{side}", template=template)
+                base, process = stack.enter_context(benv.shipped(
+                    e.app_env(url) | env, log=e.tmp / "sweep.log"))
+                sides[side] = Target(base, url, path, process.pid)
+            runs = abba(e, sides, seconds, f"sweep{n}")
+        out[name] = {side: {"accepted_per_s": accepted_per_s(runs[side]),
+                            "p99_ms": mean(r.wrk.p99_ms for r in runs[side])}
+                     for side in sides} | {"overrides": overrides}
+    return out

@@ -54,8 +54,9 @@ def intake_figures(r: dict[str, Any]) -> list[Figure]:
                 f" {_cpu(r, 'thin'):.2f} ms; cores {idle:.0%} idle under ours")
     why_p99 = (f"p99 per run (ms) ours {_p(r, 'ours', 'p99_ms')}, thin"
                f" {_p(r, 'thin', 'p99_ms')}; p50 ours {_p(r, 'ours', 'p50_ms')}, thin"
-               f" {_p(r, 'thin', 'p50_ms')}; with {intake.CONNECTIONS} requests always in"
-               f" flight the mean latency is {intake.CONNECTIONS} / rate")
+               f" {_p(r, 'thin', 'p50_ms')}; in the ledger's threaded shape the floor's p99 was"
+               f" {r['floor_p99_ms'] / r['thin_p99_ms']:.2f}x the thin intake's and the thin"
+               f" intake's own {r['thin_shaped_p99_ms'] / r['thin_p99_ms']:.2f}x")
     return [
         at_least("accepted/s, shipped vs thin as written", r["ours_accepted_per_s"], "/s",
                  thin, r["thin_accepted_per_s"], 1.3, why_rate),
@@ -145,11 +146,10 @@ def cli_figures(r: dict[str, Any]) -> list[Figure]:
 
 def sweep_figures(r: dict[str, Any]) -> list[Figure]:
     """Each other web shape against the shipped defaults, in the same run."""
-    ours = r["ours"]
-    return [shown(f"web shape {name} vs the defaults", side["accepted_per_s"], "/s",
-                  "defaults", ours["accepted_per_s"],
-                  f"p99 {side['p99_ms']:.0f} vs {ours['p99_ms']:.0f} ms")
-            for name, side in r.items() if name != "ours"]
+    return [shown(f"web shape {name} vs the defaults", pair["other"]["accepted_per_s"], "/s",
+                  "defaults", pair["ours"]["accepted_per_s"],
+                  f"p99 {pair['other']['p99_ms']:.0f} vs {pair['ours']['p99_ms']:.0f} ms")
+            for name, pair in r.items()]
 
 
 def plan(e: benv.BenchEnv, args: argparse.Namespace
@@ -163,7 +163,7 @@ def plan(e: benv.BenchEnv, args: argparse.Namespace
         "scale": (lambda: scale.measure(e, args.scale, args.scale_scopes, args.seconds,
                                         args.rounds), scale_figures),
         "cli": (lambda: cli_start.measure(e), cli_figures),
-        "sweep": (lambda: intake.measure_sweep(e, args.seconds), sweep_figures),
+        "sweep": (lambda: intake.measure_sweep(e, args.seconds, args.shapes), sweep_figures),
     }
 
 
@@ -208,6 +208,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="receipts of the biggest ledger of the scale measure: 1m"
                         " (default), 10m (hours on 2 cores)")
     parser.add_argument("--scale-scopes", type=int, default=10_000)
+    parser.add_argument("--shapes", type=lambda s: s.split(","), default=None,
+                        help='"sweep": only these of intake.SWEEP (default all)')
     args = parser.parse_args(argv)
     unknown = set(args.only) - set(MEASURES)
     if unknown:
