@@ -135,3 +135,16 @@ def record(report: dict[str, object], results: Path) -> None:
     results.parent.mkdir(exist_ok=True)
     with results.open("a") as handle:
         handle.write(line + "\n")
+
+
+def latest() -> list[Figure]:
+    """Return the figures of every record in bench/results, by measure name."""
+    figures: list[Figure] = []
+    for path in sorted(RESULTS.glob("*.json")):
+        doc = json.loads(path.read_text())
+        figures += [Figure(**f) for f in doc.get("figures", [])]
+    return figures
+
+
+if __name__ == "__main__":  # python -m bench.report: the table of the latest records
+    print(table(latest()))
