@@ -244,11 +244,3 @@ def worker_pids(master_pid: int) -> list[int]:
     """Return the pids of a gunicorn master's workers."""
     children = Path(f"/proc/{master_pid}/task/{master_pid}/children")
     return [int(p) for p in children.read_text().split()] if children.exists() else []
-
-
-def peak_rss_mb(pid: int) -> float:
-    """Return a process's peak resident set (VmHWM) in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0

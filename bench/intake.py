@@ -7,13 +7,11 @@ shared machine hits both. Accepted/s counts committed receipts, not responses.
 
 from __future__ import annotations
 
-import sqlite3
-import time
 import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean, median
+from statistics import mean
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -119,29 +117,6 @@ def writer_summary(runs: list[Run]) -> dict[str, float] | None:
                                   total("ledger_sqlite_writer_wait_seconds_count")),
             "claims_per_commit": per(total("ledger_sqlite_claims_per_commit_sum"),
                                      total("ledger_sqlite_claims_per_commit_count"))}
-
-
-def commit_alone_ms(path: Path, commits: int = 300) -> float:
-    """Return the median time of one SQLite commit of a ~1 KB row with nothing else running.
-
-    The ledger's settings (WAL, synchronous=FULL): what the disk asks of a commit, against
-    which the writer's turns under load are read.
-    """
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("CREATE TABLE IF NOT EXISTS alone (body BLOB)")
-        times = []
-        for _ in range(commits):
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT INTO alone VALUES (?)", (b"x" * 1000,))
-            started = time.perf_counter()
-            conn.execute("COMMIT")
-            times.append(time.perf_counter() - started)
-        return 1000 * median(times)
-    finally:
-        conn.close()
 
 
 def load_run(target: Target, files: Path, seconds: float, limits: str | None = None) -> Run:
@@ -278,9 +253,7 @@ def measure_sqlite(e: benv.BenchEnv, seconds: float) -> dict[str, Any]:
                       thin_server.pid)
         ours = Target(ours_base, ours_url, f"/hooks/{public_id}", ours_server.pid,
                       writer=True)
-        out = summarize(abba(e, {"thin": thin, "ours": ours}, seconds, "sqlite"))
-    out["commit_alone_ms"] = commit_alone_ms(e.tmp / "commit-alone.sqlite3")
-    return out
+        return summarize(abba(e, {"thin": thin, "ours": ours}, seconds, "sqlite"))
 
 
 def summarize(runs: dict[str, Any]) -> dict[str, Any]:

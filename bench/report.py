@@ -128,15 +128,6 @@ def _plain(value: object) -> object:
     return to_json() if callable(to_json) else str(value)
 
 
-def record(report: dict[str, object], results: Path) -> None:
-    """Print one bench's report as a JSON line and append it to its results file."""
-    line = json.dumps(report, default=str)
-    print(line, flush=True)
-    results.parent.mkdir(exist_ok=True)
-    with results.open("a") as handle:
-        handle.write(line + "\n")
-
-
 def latest() -> list[Figure]:
     """Return the figures of every record in bench/results, by measure name."""
     figures: list[Figure] = []

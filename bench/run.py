@@ -82,8 +82,8 @@ def sqlite_figures(r: dict[str, Any]) -> list[Figure]:
                      r["ours_accepted_per_s"], "/s", "thin intake on SQLite",
                      r["thin_accepted_per_s"], 1.5,
                      f"the one writer busy {writer.get('busy_share', 0):.0%} of the load time,"
-                     f" {writer.get('claims_per_commit', 0):.1f} claims per commit; a commit"
-                     f" alone {r.get('commit_alone_ms', 0):.2f} ms")]
+                     f" {writer.get('claims_per_commit', 0):.1f} claims per commit, each turn"
+                     f" held {writer.get('hold_ms', 0):.2f} ms")]
 
 
 def worker_figures(r: dict[str, Any]) -> list[Figure]:
@@ -102,8 +102,10 @@ def big_figures(r: dict[str, Any]) -> list[Figure]:
     figures = [
         report.absolute(f"bytes per receipt ({r['receipts']:,} receipts)",
                         ours["total_per_row"], "B", 230, f"heap {ours['heap_per_row']} +"
-                        f" indexes {ours['indexes_per_row']} + TOAST {ours['toast_per_row']};"
-                        f" naive schema {naive['total_per_row']}"),
+                        f" TOAST {ours['toast_per_row']} + indexes: " + ", ".join(
+                            f"{name} {size}" for name, size in
+                            ours.get("per_index_per_row", {}).items())
+                        + f"; naive schema {naive['total_per_row']}"),
         shown("retention purge rows/s (unloaded, full speed)", u["purge_rows_per_s"], "/s",
               "raw batched DELETE, naive table", r["raw_purge"]["rows_per_s"],
               f"WAL {u['wal_bytes_per_receipt']} B per receipt"),

@@ -5,7 +5,7 @@
 The `scopes` integrations are created once and every ledger is a copy of that
 database filled by bench/fastload.py (generate_series inside PostgreSQL) with
 receipts over the last 7 days. Measured:
-1. every dashboard page (bench.dashboard's list) on the biggest ledger: p95;
+1. every dashboard page (bench.big's list) on the biggest ledger: p95;
 2. the retention purge of every finished receipt (a copy of each ledger from 1M up,
    full speed): wall microseconds per receipt, biggest vs the smallest purged.
 """

@@ -96,50 +96,17 @@ def completions(url: str, commands: list[list[str]], env: dict[str, str],
         backends = _backend_pids(url)
         before, t0, cpu0 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
         db0, machine0 = cpu.pid_seconds(backends), _machine_ticks()
-        waits = _sample_waits(url, backends, seconds)
+        time.sleep(seconds)
         after, t1, cpu1 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
         db1, machine1 = cpu.pid_seconds(backends), _machine_ticks()
         if after == 0:
             raise RuntimeError("the backlog ran out during the window: raise jobs_count")
         total, idle = (b - a for a, b in zip(machine0, machine1, strict=True))
         return {"done": max(before - after, 1), "seconds": t1 - t0, "cpu": cpu1 - cpu0,
-                "db_cpu": db1 - db0, "idle": idle / max(total, 1), **waits}
+                "db_cpu": db1 - db0, "idle": idle / max(total, 1)}
     finally:
         for proc in procs:
             benv.stop(proc)
-
-
-SAMPLE_EVERY = 0.05  # seconds between two reads of the sessions' wait events
-
-
-def _sample_waits(url: str, backends: list[int], seconds: float) -> dict[str, float]:
-    """Sleep `seconds` while sampling what the sessions wait on; return the mean per sample.
-
-    `lock_waits`: sessions waiting on a heavyweight lock (another transaction's row),
-    `wal_waits`: sessions waiting to flush or write the WAL (a commit). Sums over the
-    samples, with `samples`: divide for the mean number of sessions. SQLite: none.
-    """
-    deadline = time.monotonic() + seconds
-    if not backends:
-        time.sleep(seconds)
-        return {"lock_waits": 0.0, "wal_waits": 0.0, "samples": 0.0}
-    engine = create_engine(url)
-    lock_waits = wal_waits = samples = 0
-    try:
-        with engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            while time.monotonic() < deadline:
-                row = conn.execute(text(
-                    "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'),"
-                    " count(*) FILTER (WHERE wait_event IN ('WALSync', 'WALWrite'))"
-                    " FROM pg_stat_activity WHERE pid = ANY(:pids)"), {"pids": backends}).one()
-                lock_waits, wal_waits, samples = (lock_waits + row[0], wal_waits + row[1],
-                                                  samples + 1)
-                time.sleep(min(SAMPLE_EVERY, max(deadline - time.monotonic(), 0)))
-    finally:
-        engine.dispose()
-    return {"lock_waits": float(lock_waits), "wal_waits": float(wal_waits),
-            "samples": float(samples)}
 
 
 def _backend_pids(url: str) -> list[int]:
@@ -203,16 +170,12 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000) -> dict[
             **{f"{name}_cpu_ms_per_job": 1000 * side["cpu"] / side["done"]
                for name, side in (("raw", raw), ("ours", ours))},
             **{f"{name}_db_cpu_ms_per_job": 1000 * side["db_cpu"] / side["done"]
-               for name, side in (("raw", raw), ("ours", ours))},
-            # mean sessions in a lock wait / a WAL wait, sampled every SAMPLE_EVERY s
-            **{f"{name}_{kind}": side[kind] / max(side["samples"], 1)
-               for name, side in (("raw", raw), ("ours", ours))
-               for kind in ("lock_waits", "wal_waits")}}
+               for name, side in (("raw", raw), ("ours", ours))}}
 
 
 def _empty_totals(*sides: str) -> dict[str, dict[str, float]]:
     """Return each side's sums of what `completions` measures, all zero."""
-    keys = ("done", "seconds", "cpu", "db_cpu", "idle", "lock_waits", "wal_waits", "samples")
+    keys = ("done", "seconds", "cpu", "db_cpu", "idle")
     return {side: dict.fromkeys(keys, 0.0) for side in sides}
 
 
