@@ -283,18 +283,21 @@ SWEEP = {"2 processes": {"WEB_CONCURRENCY": "2"},
          "6 processes": {"WEB_CONCURRENCY": "6"},
          "recycled every 50,000": {"GUNICORN_CMD_ARGS": "--max-requests 50000"},
          "no keep-alive": {"GUNICORN_CMD_ARGS": "--keep-alive 0"}}
+# What two of the features around the claim cost: the defaults beside the ledger without them.
+FEATURES = {"delivery log off": {"LEDGER_DELIVERY_LOG": "0"},
+            "no per-delivery log line": {"LEDGER_LOG_LEVEL": "WARNING"}}
 
 
-def measure_sweep(e: benv.BenchEnv, seconds: float,
-                  shapes: list[str] | None = None) -> dict[str, Any]:
-    """Each SWEEP shape against the shipped defaults, a pair at a time (the database's
-    connections allow two servers at once), each pair loaded in ABBA order, both served
-    as shipped on copies of one PostgreSQL ledger."""
+def measure_sweep(e: benv.BenchEnv, seconds: float, shapes: list[str] | None = None,
+                  variants: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    """Each of `variants` (SWEEP's shapes by default) against the shipped defaults, a pair
+    at a time (the database's connections allow two servers at once), each pair loaded in
+    ABBA order, both served as shipped on copies of one PostgreSQL ledger."""
     source = e.migrated_pg("sweep")
     path = f"/hooks/{ours_app(e, source)}"  # every side a copy: the same integration
     template = str(make_url(source).database)
     out = {}
-    for n, (name, overrides) in enumerate(SWEEP.items()):
+    for n, (name, overrides) in enumerate((variants or SWEEP).items()):
         if shapes and name not in shapes:
             continue
         with ExitStack() as stack:

@@ -29,7 +29,7 @@ from bench import env as benv
 from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed, shown
 
-MEASURES = ("intake", "sqlite", "worker", "big", "scale", "cli", "sweep")
+MEASURES = ("intake", "sqlite", "worker", "big", "scale", "cli", "sweep", "features")
 DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "scale", "cli")
 TEN_M = 10_000_000
 
@@ -154,6 +154,14 @@ def sweep_figures(r: dict[str, Any]) -> list[Figure]:
             for name, pair in r.items()]
 
 
+def features_figures(r: dict[str, Any]) -> list[Figure]:
+    """The ledger without a feature against the defaults: what the feature costs."""
+    return [shown(f"accepted/s with {name}, vs the defaults", pair["other"]["accepted_per_s"],
+                  "/s", "defaults", pair["ours"]["accepted_per_s"],
+                  f"p99 {pair['other']['p99_ms']:.0f} vs {pair['ours']['p99_ms']:.0f} ms")
+            for name, pair in r.items()]
+
+
 def plan(e: benv.BenchEnv, args: argparse.Namespace
          ) -> dict[str, tuple[Callable[[], dict[str, Any]], Callable[[dict], list[Figure]]]]:
     """Return each measure: how to run it and how to read its figures."""
@@ -166,6 +174,8 @@ def plan(e: benv.BenchEnv, args: argparse.Namespace
                                         args.rounds), scale_figures),
         "cli": (lambda: cli_start.measure(e), cli_figures),
         "sweep": (lambda: intake.measure_sweep(e, args.seconds, args.shapes), sweep_figures),
+        "features": (lambda: intake.measure_sweep(e, args.seconds, None, intake.FEATURES),
+                     features_figures),
     }
 
 
