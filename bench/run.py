@@ -127,12 +127,13 @@ def scale_figures(r: dict[str, Any]) -> list[Figure]:
         figures += [report.absolute(f"dashboard {page} p95 at {r['receipts']:,}", t["p95_ms"],
                                     "ms", 300, f"median {t['median_ms']} ms")
                     for page, t in r["dashboard"].items()]
-    purged = sorted((int(k) for k, v in r["purge"].items() if "error" not in v))
+    # keys are sizes: ints as measured, strings when read back from a record
+    purged = sorted((int(k), v) for k, v in r["purge"].items() if "error" not in v)
     if len(purged) >= 2:
-        low, high = r["purge"][purged[0]], r["purge"][purged[-1]]
+        (small, low), (large, high) = purged[0], purged[-1]
         figures.append(at_most(
-            f"purge us per receipt, {purged[0]:,} -> {purged[-1]:,}", high["us_per_receipt"],
-            "us", f"at {purged[0]:,}", low["us_per_receipt"], 1.2,
+            f"purge us per receipt, {small:,} -> {large:,}", high["us_per_receipt"],
+            "us", f"at {small:,}", low["us_per_receipt"], 1.2,
             f"{high['expired_receipts']:,} receipts in {high['purge_seconds']} s vs"
             f" {low['expired_receipts']:,} in {low['purge_seconds']} s"))
     return figures
