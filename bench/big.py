@@ -1,35 +1,34 @@
 """Measures on one 1M-receipt ledger: bytes per receipt, dashboard pages, purge under intake.
 
-One load serves three measures, in this order (the purge destroys the data):
+One load serves five measures, in this order (the purge destroys the data):
 1. bytes per receipt, ledger vs the naive schema holding the same rows;
 2. the raw batched DELETE on the naive table: the purge's baseline;
-3. every dashboard page (bench.dashboard's page list and timer);
+3. every dashboard page, in-process (Flask test client, logged in: the view, its SQL
+   and the template, without HTTP framing): median and p95 of `rounds` visits;
 4. the retention purge of every finished receipt on a copy of that ledger, nothing
-   else running, at full speed (duty cycle 1): PostgreSQL CPU and WAL per receipt;
+   else running, at full speed (duty cycle 1): rows/s and WAL per receipt;
 5. the retention purge of every finished receipt at the default pacing while wrk
    keeps delivering new events over HTTP; intake during the purge vs before it,
-   from accepted_at, and how busy the machine's CPUs were in each window.
+   and after it, from accepted_at.
 """
 
 from __future__ import annotations
 
-import os
+import statistics
 import subprocess
 import time
-from contextlib import suppress
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from bench import cpu as cpu_of
 from bench import env as benv
 from bench import storage
 from bench.datagen import DataSpec, generate
 from bench.intake import CONNECTIONS, THREADS, ours_app, signed_files
 from bench.loadgen import LUA, wrk_binary
+from bench.report import percentile
 from jobs.retention import Pacer, purge
 from ledger.access import audit
 from ledger.access.operators import create_operator
@@ -66,25 +65,58 @@ def bytes_and_raw_purge(e: benv.BenchEnv, url: str) -> dict[str, Any]:
     engine = ledger_engine(e.settings(url).with_(statement_timeout_ms=600_000))
     try:
         sizes = storage.measure_bytes(engine)
-        sizes["packed"] = storage.packed(engine)
         raw = storage.raw_purge(engine)
     finally:
         engine.dispose()
     return {"bytes": sizes, "raw_purge": raw}
 
 
+def pages(sample_scope: str, public_id: str, event_id: str) -> list[tuple[str, str]]:
+    """Return (name, path) of every page the issue lists, with realistic filters."""
+    return [
+        ("overview", "/"), ("receipts_all", "/receipts"),
+        ("receipts_failed", "/receipts?state=failed"),
+        ("receipts_scope", f"/receipts?scope={sample_scope}"),
+        ("receipts_prefix", "/receipts?prefix=evt_A"),
+        ("receipts_type", "/receipts?event_type=invoice.paid"),
+        ("receipt_detail", f"/receipts/{public_id}/{event_id}"),
+        ("stuck", "/stuck"), ("failures", "/failures"),
+        ("failure_groups", "/failures/groups"),
+        ("failure_groups_scope", f"/failures/groups?scope={sample_scope}"),
+        ("receipts_account", f"/receipts?scope={sample_scope.split('/')[0]}"),
+        ("search_event", f"/search?q={event_id}"),  # answers 303 to the receipt
+        ("failures_scope", f"/failures?scope={sample_scope}"), ("conflicts", "/conflicts"),
+        ("credentials", "/credentials"), ("credentials_one", f"/credentials/{public_id}"),
+        ("audit", "/audit"), ("capacity", "/capacity"),
+        ("api_receipts", "/api/v1/receipts"), ("api_failures", "/api/v1/failures"),
+    ]
+
+
+def timed(client: Any, path: str, rounds: int, headers: dict[str, str]) -> dict[str, float]:
+    """Return median and p95 milliseconds of `rounds` GETs (after one warm-up)."""
+    assert client.get(path, headers=headers).status_code in (200, 303), path
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        response = client.get(path, headers=headers)
+        samples.append((time.perf_counter() - started) * 1000)
+        assert response.status_code in (200, 303), path
+    samples.sort()
+    return {"median_ms": round(statistics.median(samples), 1),
+            "p95_ms": round(percentile(samples, 95), 1)}
+
+
 def dashboard(e: benv.BenchEnv, url: str, made: Any, rounds: int) -> dict[str, Any]:
-    """Time every page with bench.dashboard's list and timer (in-process, logged in)."""
+    """Time every page (in-process, logged in); return each page's median and p95."""
     from app import create_app
-    from bench.dashboard import _pages, _time
 
     app = create_app(e.app_env(url))
     try:
         client = benv.logged_in_client(app)
         scope_id, event_id = made.samples[next(iter(made.samples))]
         public_id = next(s.public_id for s in made.scopes if s.id == scope_id)
-        return {name: _time(client, path, rounds, {})
-                for name, path in _pages(made.scopes[0].scope, public_id, event_id)}
+        return {name: timed(client, path, rounds, {})
+                for name, path in pages(made.scopes[0].scope, public_id, event_id)}
     finally:
         app.extensions["ledger"].close()
 
@@ -104,25 +136,19 @@ def purge_unloaded(e: benv.BenchEnv, url: str) -> dict[str, Any]:
     settings = e.settings(url).with_(retention_seconds=60, statement_timeout_ms=600_000)
     engine = ledger_engine(settings)
     try:
-        wal, cpu, client = _wal_bytes(engine), _postgres_cpu_seconds(), time.process_time()
+        wal = _wal_bytes(engine)
         started = time.perf_counter()
         result = purge(engine, settings, SystemClock(), pacer=Pacer(1.0))
         seconds = time.perf_counter() - started
-        client = time.process_time() - client
-        wal, cpu = _wal_bytes(engine) - wal, _postgres_cpu_seconds() - cpu
+        wal = _wal_bytes(engine) - wal
     finally:
         engine.dispose()
-    n = max(result.expired_receipts, 1)
-    # CPU of every postgres process on the machine: on a shared server it also
-    # counts other clients' work, so read it from a quiet run.
     return {"expired_receipts": result.expired_receipts, "purge_seconds": round(seconds, 2),
             "purge_rows_per_s": result.expired_receipts / seconds,
-            "postgres_cpu_us_per_receipt": round(cpu / n * 1e6, 2),
-            "client_cpu_us_per_receipt": round(client / n * 1e6, 2),
-            "wal_bytes_per_receipt": round(wal / n)}
+            "wal_bytes_per_receipt": round(wal / max(result.expired_receipts, 1))}
 
 
-def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
+def purge_under_intake(e: benv.BenchEnv, url: str,
                        before_seconds: float = 6, after_seconds: float = 4) -> dict[str, Any]:
     """Purge every finished receipt while wrk delivers new events; compare intake rates.
 
@@ -135,25 +161,19 @@ def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
     settings = e.settings(url).with_(retention_seconds=60, statement_timeout_ms=600_000)
     engine = ledger_engine(settings)
     marks: dict[str, datetime] = {}
-    busy: dict[str, float] = {}
-    with benv.gunicorn("app:create_app()", e.app_env(url), shape, cwd=benv.ROOT,
-                       log=e.tmp / "purge.log") as (base, _):
+    with benv.shipped(e.app_env(url), log=e.tmp / "purge.log") as (base, _):
         load_proc = subprocess.Popen(
             [wrk_binary(), "-t", str(THREADS), "-c", str(CONNECTIONS), "-d", "120s",
              "-s", str(LUA), f"{base}/hooks/{public_id}", "--", str(files)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             marks["load"] = datetime.now(UTC)
-            time.sleep(2)
-            cpu = _cpu_ticks()
-            time.sleep(before_seconds - 2)
-            busy["before"], cpu = _busy_share(cpu), _cpu_ticks()
+            time.sleep(before_seconds)
             marks["purge"] = datetime.now(UTC)
             started = time.perf_counter()
             result = purge(engine, settings, SystemClock())
             seconds = time.perf_counter() - started
             marks["purged"] = datetime.now(UTC)
-            busy["during"] = _busy_share(cpu)
             time.sleep(after_seconds)
             marks["after"] = datetime.now(UTC)
         finally:
@@ -169,32 +189,7 @@ def purge_under_intake(e: benv.BenchEnv, url: str, shape: benv.ServerShape,
             "purge_rows_per_s": result.expired_receipts / seconds,
             "duty_cycle": settings.purge_duty_cycle,
             "intake_before_per_s": before, "intake_during_per_s": during,
-            "intake_after_per_s": after, "intake_around_per_s": (before + after) / 2,
-            "cpu_busy_before": busy["before"], "cpu_busy_during": busy["during"]}
-
-
-def _cpu_ticks() -> tuple[int, int]:
-    """Return (busy, total) CPU ticks of the whole machine (stolen time counts as busy)."""
-    ticks = cpu_of.machine_ticks()
-    return ticks.all - ticks.idle, ticks.all
-
-
-def _busy_share(since: tuple[int, int]) -> float:
-    """Return the share of all CPUs' time spent busy since `since` (0..1)."""
-    busy, total = _cpu_ticks()
-    return round((busy - since[0]) / max(total - since[1], 1), 3)
-
-
-def _postgres_cpu_seconds() -> float:
-    """Sum user + system CPU of the local server's processes (0 when not readable)."""
-    total = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with suppress(OSError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if "(postgres)" in stat:
-                fields = stat.rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+            "intake_after_per_s": after, "intake_around_per_s": (before + after) / 2}
 
 
 def _wal_bytes(engine: Any) -> int:
@@ -214,7 +209,7 @@ def _accepted_between(engine: Any, public_id: str, start: datetime, end: datetim
     return int(count) / max((end - start).total_seconds(), 1e-6)
 
 
-def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: int,
+def measure(e: benv.BenchEnv, receipts: int, scopes: int,
             rounds: int) -> dict[str, Any]:
     """Load once, then run the five measures in order."""
     started = time.perf_counter()
@@ -228,5 +223,5 @@ def measure(e: benv.BenchEnv, shape: benv.ServerShape, receipts: int, scopes: in
     with benv.admin_engine().connect() as conn:
         conn.execute(text(f'DROP DATABASE "{make_url(copy).database}" WITH (FORCE)'))
     e.databases.remove(str(make_url(copy).database))
-    out["purge"] = purge_under_intake(e, url, shape)
+    out["purge"] = purge_under_intake(e, url)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -155,14 +156,12 @@ class ServerShape:
 
 
 @contextmanager
-def gunicorn(app: str, env: dict[str, str], shape: ServerShape, *, cwd: Path,
-             log: Path, args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Serve `app` with gunicorn on a free port; stop it (TERM, then KILL) afterwards."""
-    port = free_port()
+def serve(command: list[str], env: dict[str, str], *, cwd: Path, log: Path,
+          port: int) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run a server command listening on `port`; stop it (TERM, then KILL) afterwards."""
     with open(log, "ab") as err:
         process = subprocess.Popen(
-            [str(BIN / "gunicorn"), app, "--bind", f"127.0.0.1:{port}", *shape.args(), *args],
-            cwd=str(cwd), env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            command, cwd=str(cwd), env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -172,10 +171,46 @@ def gunicorn(app: str, env: dict[str, str], shape: ServerShape, *, cwd: Path,
         stop(process)
 
 
+def gunicorn(app: str, env: dict[str, str], shape: ServerShape, *, cwd: Path, log: Path,
+             args: tuple[str, ...] = ()) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """Serve `app` with gunicorn in `shape` on a free port."""
+    port = free_port()
+    return serve([str(BIN / "gunicorn"), app, "--bind", f"127.0.0.1:{port}", *shape.args(),
+                  *args], env, cwd=cwd, log=log, port=port)
+
+
 def thin_gunicorn(env: dict[str, str], shape: ServerShape, *,
                   log: Path) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
-    """Serve the thin intake (bench/thin_intake.py) as a user would: THIN_PARSER, no config."""
+    """Serve the thin intake (bench/thin_intake.py) in the ledger's shape: THIN_PARSER."""
     return gunicorn("thin_intake:app", env, shape, cwd=ROOT / "bench", log=log, args=THIN_PARSER)
+
+
+def procfile_web() -> list[str]:
+    """Return the Procfile's `web` command, the one `make run`'s docs and systemd serve."""
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if line.startswith("web:"):
+            command = shlex.split(line.removeprefix("web:"))
+            return [str(BIN / command[0]), *command[1:]]
+    raise LookupError("Procfile has no web line")
+
+
+def shipped(env: dict[str, str], *,
+            log: Path) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """Serve the ledger exactly as the Procfile's web line does (gunicorn.conf.py and the
+    settings' defaults, overridden only by what `env` sets), bound to a free port."""
+    port = free_port()
+    return serve(procfile_web(), {**env, "LEDGER_BIND": f"127.0.0.1:{port}"}, cwd=ROOT,
+                 log=log, port=port)
+
+
+def thin_as_written(env: dict[str, str], workers: int, *,
+                    log: Path) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """Serve the thin intake as its user would: `gunicorn -w N thin_intake:app`, sync
+    workers, the pure-Python parser of a plain `pip install gunicorn` (THIN_PARSER)."""
+    port = free_port()
+    return serve([str(BIN / "gunicorn"), "-w", str(workers), "--bind", f"127.0.0.1:{port}",
+                  *THIN_PARSER, "thin_intake:app"], env, cwd=ROOT / "bench", log=log,
+                 port=port)
 
 
 def wait_up(base: str, process: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -209,11 +244,3 @@ def worker_pids(master_pid: int) -> list[int]:
     """Return the pids of a gunicorn master's workers."""
     children = Path(f"/proc/{master_pid}/task/{master_pid}/children")
     return [int(p) for p in children.read_text().split()] if children.exists() else []
-
-
-def peak_rss_mb(pid: int) -> float:
-    """Return a process's peak resident set (VmHWM) in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0

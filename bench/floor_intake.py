@@ -5,7 +5,7 @@ check one Standard Webhooks HMAC (the thin intake's `verified_event_id`), parse 
 JSON for its type, and claim receipt + job in **one autocommit statement** (a
 data-modifying CTE, as the ledger's own claim) on the thread's own psycopg
 connection; answer 202 or 200. It is served with the ledger's gunicorn shape and
-loaded with the same pre-signed requests (bench/ceilings.py): whatever an intake does
+loaded with the same pre-signed requests (bench/intake.py): whatever an intake does
 beyond this, it cannot answer more accepted deliveries per second than this does on
 the same machine, the same server and the same database. THIN_DATABASE_URL is the
 thin schema's `postgresql://...`; THIN_SECRET the whsec_ key.

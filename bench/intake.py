@@ -7,22 +7,23 @@ shared machine hits both. Accepted/s counts committed receipts, not responses.
 
 from __future__ import annotations
 
-import sqlite3
-import time
 import urllib.request
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean, median
+from statistics import mean
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from bench import cpu
 from bench import env as benv
 from bench.loadgen import WrkResult, presign, run_wrk
 from bench.schemas import create_thin_pg, create_thin_sqlite
 from ledger.access.secrets_box import load_box
+from ledger.config import WebServerSettings
 from ledger.services import ledger_engine
 
 THREADS = 2
@@ -118,29 +119,6 @@ def writer_summary(runs: list[Run]) -> dict[str, float] | None:
                                      total("ledger_sqlite_claims_per_commit_count"))}
 
 
-def commit_alone_ms(path: Path, commits: int = 300) -> float:
-    """Return the median time of one SQLite commit of a ~1 KB row with nothing else running.
-
-    The ledger's settings (WAL, synchronous=FULL): what the disk asks of a commit, against
-    which the writer's turns under load are read.
-    """
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("CREATE TABLE IF NOT EXISTS alone (body BLOB)")
-        times = []
-        for _ in range(commits):
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT INTO alone VALUES (?)", (b"x" * 1000,))
-            started = time.perf_counter()
-            conn.execute("COMMIT")
-            times.append(time.perf_counter() - started)
-        return 1000 * median(times)
-    finally:
-        conn.close()
-
-
 def load_run(target: Target, files: Path, seconds: float, limits: str | None = None) -> Run:
     """Replay `files` at `target` for `seconds`; count what was committed."""
     before = target.receipts()
@@ -178,29 +156,28 @@ def ours_app(e: benv.BenchEnv, url: str) -> str:
         engine.dispose()
 
 
-def abba(e: benv.BenchEnv, thin: Target, ours: Target, seconds: float,
-         tag: str, cycles: int = 2, floor: Target | None = None) -> dict[str, Any]:
-    """Load thin, ours, ours, thin (`cycles` times) with fresh events each run.
+def abba(e: benv.BenchEnv, sides: dict[str, Target], seconds: float, tag: str,
+         cycles: int = 2) -> dict[str, Any]:
+    """Load every side in order, then in reverse (`cycles` times), with fresh events each run.
 
-    Each side runs 2 * cycles times for seconds / cycles: the same load time as
-    two long runs, interleaved finely enough that a slow patch on this shared
-    machine lands on both sides. A `floor` (bench/floor_intake.py) is a third side
-    in the middle of each cycle: thin, ours, floor, floor, ours, thin.
+    Each side runs 2 * cycles times for seconds / cycles: the same load time as two long
+    runs, interleaved finely enough that a slow patch on this shared machine lands on
+    every side. The sides share one integration's public id (the path of "ours").
     """
-    public_id = ours.path.rsplit("/", 1)[1]
+    public_id = sides["ours"].path.rsplit("/", 1)[1]
     each = max(seconds / cycles, 3)
-    sides = {"thin": thin, "ours": ours} | ({"floor": floor} if floor else {})
     warm = signed_files(e.tmp, f"{tag}-warm", public_id, 2)
     for target in sides.values():
         load_run(target, warm, 2)
     runs: dict[str, Any] = {name: [] for name in sides}
-    order = list(sides)  # thin, ours[, floor]: the first half of each cycle
+    order = list(sides)
     for cycle in range(cycles):
         a = signed_files(e.tmp, f"{tag}-{cycle}a", public_id, each)
         b = signed_files(e.tmp, f"{tag}-{cycle}b", public_id, each)
         for name, files in [(name, a) for name in order] + [(n, b) for n in reversed(order)]:
             runs[name].append(load_run(sides[name], files, each))
-        runs.setdefault("files", []).extend([a, b])
+            if name == "ours":
+                runs.setdefault("files", []).append(files)
     return runs
 
 
@@ -232,51 +209,56 @@ def duplicates(e: benv.BenchEnv, ours: Target, runs: dict[str, Any], seconds: fl
                      "new": [r.to_json() for r in new_runs]}}
 
 
-def measure_pg(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[str, Any]:
-    """Ledger vs thin (and the gunicorn floor) on PostgreSQL: accepted/s, p99, then
-    duplicates/s on the ledger."""
-    ours_url, thin_url = e.migrated_pg("intake"), e.pg_url("thin")
-    create_thin_pg(thin_url)
-    public_id = ours_app(e, ours_url)
-    floor_url = e.pg_url("floor")
-    create_thin_pg(floor_url)
+def measure_pg(e: benv.BenchEnv, seconds: float,
+               overrides: dict[str, str] | None = None) -> dict[str, Any]:
+    """The ledger as shipped vs the thin intake as written (`gunicorn -w N`), the thin intake
+    in the ledger's shape and the gunicorn floor, on PostgreSQL; then duplicates/s."""
+    web = WebServerSettings.from_env(overrides or {})
+    shape = benv.ServerShape(workers=web.workers, threads=web.threads)
+    urls = {"ours": e.migrated_pg("intake")} | {
+        name: e.pg_url(name) for name in ("thin", "thin_shaped", "floor")}
+    for name in ("thin", "thin_shaped", "floor"):
+        create_thin_pg(urls[name])
+    path = f"/hooks/{ours_app(e, urls['ours'])}"
     log = e.tmp / "intake-pg.log"
-    with benv.thin_gunicorn(thin_env(thin_url), shape, log=log) as (thin_base, thin_server), \
-            benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
-                          log=log) as (ours_base, ours_server), \
-            benv.gunicorn("bench.floor_intake:app", thin_env(floor_url), shape, cwd=benv.ROOT,
-                          log=log) as (floor_base, floor_server):
-        thin = Target(thin_base, thin_url, f"/hooks/{public_id}", thin_server.pid)
-        ours = Target(ours_base, ours_url, f"/hooks/{public_id}", ours_server.pid)
-        floor = Target(floor_base, floor_url, f"/hooks/{public_id}", floor_server.pid)
-        runs = abba(e, thin, ours, seconds, "pg", floor=floor)
-        dup = duplicates(e, ours, runs, seconds)
-    return summarize(runs) | {"duplicates": dup}
+    with ExitStack() as stack:
+        servers = {
+            "thin": benv.thin_as_written(thin_env(urls["thin"]), web.workers, log=log),
+            "ours": benv.shipped(e.app_env(urls["ours"]) | (overrides or {}), log=log),
+            "thin_shaped": benv.thin_gunicorn(thin_env(urls["thin_shaped"]), shape, log=log),
+            "floor": benv.gunicorn("bench.floor_intake:app", thin_env(urls["floor"]), shape,
+                                   cwd=benv.ROOT, log=log)}
+        sides = {}
+        for name, server in servers.items():
+            base, process = stack.enter_context(server)
+            sides[name] = Target(base, urls[name], path, process.pid)
+        runs = abba(e, sides, seconds, "pg")
+        dup = duplicates(e, sides["ours"], runs, seconds)
+    return summarize(runs) | {"duplicates": dup, "workers": web.workers,
+                              "threads": web.threads}
 
 
-def measure_sqlite(e: benv.BenchEnv, shape: benv.ServerShape, seconds: float) -> dict[str, Any]:
-    """Ledger on its SQLite default vs the thin intake pointed at SQLite."""
+def measure_sqlite(e: benv.BenchEnv, seconds: float) -> dict[str, Any]:
+    """The ledger as shipped on its SQLite default vs the thin intake as written on SQLite."""
     ours_url = e.sqlite_url("intake")
     thin_path = e.tmp / "thin.sqlite3"
     create_thin_sqlite(str(thin_path))
     public_id = ours_app(e, ours_url)
     log = e.tmp / "intake-sqlite.log"
-    with benv.thin_gunicorn(thin_env(f"sqlite:///{thin_path}"), shape,
-                            log=log) as (thin_base, thin_server), \
-            benv.gunicorn("app:create_app()", e.app_env(ours_url), shape, cwd=benv.ROOT,
-                          log=log) as (ours_base, ours_server):
+    workers = WebServerSettings.from_env({}).workers
+    with benv.thin_as_written(thin_env(f"sqlite:///{thin_path}"), workers,
+                              log=log) as (thin_base, thin_server), \
+            benv.shipped(e.app_env(ours_url), log=log) as (ours_base, ours_server):
         thin = Target(thin_base, f"sqlite:///{thin_path}", f"/hooks/{public_id}",
                       thin_server.pid)
         ours = Target(ours_base, ours_url, f"/hooks/{public_id}", ours_server.pid,
                       writer=True)
-        out = summarize(abba(e, thin, ours, seconds, "sqlite"))
-    out["commit_alone_ms"] = commit_alone_ms(e.tmp / "commit-alone.sqlite3")
-    return out
+        return summarize(abba(e, {"thin": thin, "ours": ours}, seconds, "sqlite"))
 
 
 def summarize(runs: dict[str, Any]) -> dict[str, Any]:
     """Average the two runs of each app."""
-    sides = [name for name in ("thin", "ours", "floor") if name in runs]
+    sides = [name for name in ("thin", "ours", "thin_shaped", "floor") if name in runs]
     out: dict[str, Any] = {"runs": {k: [r.to_json() for r in runs[k]] for k in sides}}
     for name in sides:
         out[f"{name}_accepted_per_s"] = accepted_per_s(runs[name])
@@ -290,25 +272,43 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def measure_memory(e: benv.BenchEnv, shape: benv.ServerShape, total: int = 100_000,
-                   budget_seconds: float = 240) -> dict[str, Any]:
-    """Serve `total` requests with no worker recycling; return each worker's peak RSS."""
-    url = e.migrated_pg("memory")
-    public_id = ours_app(e, url)
-    no_recycle = benv.ServerShape(workers=shape.workers, worker_class=shape.worker_class,
-                                  threads=shape.threads, max_requests=0, max_requests_jitter=0)
-    files = signed_files(e.tmp, "memory", public_id, 20)
-    sent, started = 0, time.monotonic()
-    with benv.gunicorn("app:create_app()", e.app_env(url), no_recycle, cwd=benv.ROOT,
-                       log=e.tmp / "memory.log") as (base, master):
-        target = Target(base, url, f"/hooks/{public_id}")
-        # The first pass sends new events, later passes replay them as duplicates.
-        first: dict[int, float] = {}
-        while sent < total and time.monotonic() - started < budget_seconds:
-            sent += load_run(target, files, 20).wrk.requests
-            first = first or {pid: benv.peak_rss_mb(pid) for pid in benv.worker_pids(master.pid)}
-        pids = benv.worker_pids(master.pid)
-        peaks = {pid: round(benv.peak_rss_mb(pid), 1) for pid in pids}
-    return {"requests": sent, "peak_rss_mb": peaks,
-            "peak_rss_after_first_pass_mb": {p: round(v, 1) for p, v in first.items()},
-            "max_peak_rss_mb": max(peaks.values()) if peaks else 0.0}
+# The shapes the sweep tries against the defaults on PostgreSQL: fewer processes, fewer
+# threads (as many as the pool, and fewer), a pool as large as the threads, and workers
+# recycled ten times less often (gunicorn.conf.py's max_requests).
+SWEEP = {"2 processes": {"WEB_CONCURRENCY": "2"},
+         "3 processes": {"WEB_CONCURRENCY": "3"},
+         "threads 5 (= pool)": {"LEDGER_WEB_THREADS": "5"},
+         "threads 4, pool 4": {"LEDGER_WEB_THREADS": "4", "LEDGER_DB_POOL_SIZE": "4"},
+         "pool 16 (= threads)": {"LEDGER_DB_POOL_SIZE": "16"},
+         "6 processes": {"WEB_CONCURRENCY": "6"},
+         "recycled every 50,000": {"GUNICORN_CMD_ARGS": "--max-requests 50000"},
+         "no keep-alive": {"GUNICORN_CMD_ARGS": "--keep-alive 0"}}
+# What two of the features around the claim cost: the defaults beside the ledger without them.
+FEATURES = {"delivery log off": {"LEDGER_DELIVERY_LOG": "0"},
+            "no per-delivery log line": {"LEDGER_LOG_LEVEL": "WARNING"}}
+
+
+def measure_sweep(e: benv.BenchEnv, seconds: float, shapes: list[str] | None = None,
+                  variants: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    """Each of `variants` (SWEEP's shapes by default) against the shipped defaults, a pair
+    at a time (the database's connections allow two servers at once), each pair loaded in
+    ABBA order, both served as shipped on copies of one PostgreSQL ledger."""
+    source = e.migrated_pg("sweep")
+    path = f"/hooks/{ours_app(e, source)}"  # every side a copy: the same integration
+    template = str(make_url(source).database)
+    out = {}
+    for n, (name, overrides) in enumerate((variants or SWEEP).items()):
+        if shapes and name not in shapes:
+            continue
+        with ExitStack() as stack:
+            sides = {}
+            for side, env in (("ours", {}), ("other", overrides)):
+                url = e.pg_url(f"sweep_{n}_{side}", template=template)
+                base, process = stack.enter_context(benv.shipped(
+                    e.app_env(url) | env, log=e.tmp / "sweep.log"))
+                sides[side] = Target(base, url, path, process.pid)
+            runs = abba(e, sides, seconds, f"sweep{n}")
+        out[name] = {side: {"accepted_per_s": accepted_per_s(runs[side]),
+                            "p99_ms": mean(r.wrk.p99_ms for r in runs[side])}
+                     for side in sides} | {"overrides": overrides}
+    return out

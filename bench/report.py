@@ -1,4 +1,4 @@
-"""Figures, the printed table and bench/results/latest.json."""
+"""Figures, the printed table and the records in bench/results/<measure>.json."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import json
 import math
 import os
 import platform
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -25,13 +24,9 @@ class Figure:
     ratio: float
     target: str
     met: bool
-    note: str = ""
-    # A row of the targets that this run did not measure (the 10M rows of a default run):
-    # printed with its last recorded figures, counted neither met nor missed.
+    note: str = ""  # what this run measured that says why the figure is what it is
+    # A row from an earlier record (the 10M rows of a default run): counted neither way.
     not_run: bool = False
-    # What this run measured about why the figure is what it is (bench/cpu.py's CPU per
-    # request, say): printed under "Missed, and why" before the general explanation.
-    profile: str = ""
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -61,23 +56,45 @@ def at_most(measure: str, value: float, unit: str, baseline: str, baseline_value
                   target=f"<= {maximum}x", met=ratio <= maximum, note=note)
 
 
+def absolute(measure: str, value: float, unit: str, maximum: float, note: str = "") -> Figure:
+    """A figure that must stay at or below a fixed `maximum`."""
+    return Figure(measure=measure, value=round(value, 3), unit=unit, baseline="target",
+                  baseline_value=maximum, ratio=round(value / maximum, 3),
+                  target=f"<= {maximum:g} {unit}", met=value <= maximum, note=note)
+
+
+def shown(measure: str, value: float, unit: str, baseline: str, baseline_value: float,
+          note: str = "") -> Figure:
+    """A figure measured to inform (a second baseline, a sweep), with no target."""
+    return replace(at_least(measure, value, unit, baseline, baseline_value, 0.0, note),
+                   target="", met=True)
+
+
 def failed(measure: str, error: str) -> Figure:
     """A measure that could not run (its dependency missing or broken)."""
     return Figure(measure=measure, value=0.0, unit="", baseline="", baseline_value=0.0,
                   ratio=0.0, target="", met=False, note=f"NOT MEASURED: {error}"[:300])
 
 
+def verdict(f: Figure) -> str:
+    """Return met / missed / shown / recorded for the table."""
+    if f.not_run:
+        return "recorded earlier"
+    if not f.target:
+        return "shown" if not f.note.startswith("NOT MEASURED") else "**not measured**"
+    return "met" if f.met else "**missed**"
+
+
 def table(figures: list[Figure]) -> str:
-    """Return the figures as a Markdown table."""
-    lines = ["| measure | value | baseline (same run) | ratio | target | met |",
-             "|---|---|---|---|---|---|"]
+    """Return the figures as a Markdown table, each row with what the run measured."""
+    lines = ["| measure | value | baseline (same run) | ratio | target | verdict | measured |",
+             "|---|---|---|---|---|---|---|"]
     for f in figures:
         value = f"{f.value:,.2f} {f.unit}".strip() if f.unit else "—"
         base = f"{f.baseline} {f.baseline_value:,.2f}" if f.baseline else "—"
-        met = "not run" if f.not_run else "yes" if f.met else "**NO**"
-        lines.append(f"| {f.measure} | {value} | {base} | {f.ratio:.3f} | {f.target} | {met} |")
-    notes = [f"- {f.measure}: {f.note}" for f in figures if f.note]
-    return "\n".join(lines + (["", *notes] if notes else []))
+        lines.append(f"| {f.measure} | {value} | {base} | {f.ratio:.2f} | {f.target or '—'}"
+                     f" | {verdict(f)} | {f.note or ''} |")
+    return "\n".join(lines)
 
 
 def machine() -> dict[str, str]:
@@ -94,20 +111,31 @@ def machine() -> dict[str, str]:
             "python": platform.python_version(), "system": platform.platform()}
 
 
-def write(figures: list[Figure], extra: dict[str, object], path: Path | None = None) -> Path:
-    """Write the figures, machine and run details as JSON; return the path."""
-    path = path or RESULTS / "latest.json"
+def write(name: str, figures: list[Figure], result: dict[str, object],
+          seconds: float) -> Path:
+    """Write one measure's figures, raw result and machine as bench/results/<name>.json."""
+    path = RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
-           "figures": [asdict(f) for f in figures], "details": extra}
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    doc = {"measure": name, "seconds": seconds, "machine": machine(),
+           "figures": [asdict(f) for f in figures], "result": result}
+    path.write_text(json.dumps(doc, indent=2, default=_plain) + "\n")
     return path
 
 
-def record(report: dict[str, object], results: Path) -> None:
-    """Print one bench's report as a JSON line and append it to its results file."""
-    line = json.dumps(report, default=str)
-    print(line, flush=True)
-    results.parent.mkdir(exist_ok=True)
-    with results.open("a") as handle:
-        handle.write(line + "\n")
+def _plain(value: object) -> object:
+    """Turn what json cannot (run objects, paths) into something it can."""
+    to_json = getattr(value, "to_json", None)
+    return to_json() if callable(to_json) else str(value)
+
+
+def latest() -> list[Figure]:
+    """Return the figures of every record in bench/results, by measure name."""
+    figures: list[Figure] = []
+    for path in sorted(RESULTS.glob("*.json")):
+        doc = json.loads(path.read_text())
+        figures += [Figure(**f) for f in doc.get("figures", [])]
+    return figures
+
+
+if __name__ == "__main__":  # python -m bench.report: the table of the latest records
+    print(table(latest()))

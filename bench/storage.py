@@ -65,29 +65,6 @@ def sizes_in(conn: Connection, table: str) -> dict[str, Any]:
     return out
 
 
-def packed(engine: Engine) -> dict[str, float]:
-    """Return both tables' bytes per row with every btree packed (built after the load).
-
-    A copy whose indexes are created after the rows is what REINDEX would give:
-    the lower bound of the as-loaded figure, not a steady state (random ids split
-    leaf pages again as new receipts arrive).
-    """
-    out = {}
-    with engine.begin() as conn:
-        for table, key in (("receipts", "scope_id, event_id"),
-                           ("naive_receipts", "consumer_scope, event_id")):
-            conn.exec_driver_sql(f"CREATE TABLE packed_copy AS SELECT * FROM {table}")
-            conn.exec_driver_sql(f"ALTER TABLE packed_copy ADD PRIMARY KEY ({key})")
-            if table == "receipts":
-                conn.exec_driver_sql(
-                    "CREATE INDEX ON packed_copy (accepted_at);"
-                    "CREATE INDEX ON packed_copy (state, accepted_at) WHERE state <> 1")
-            conn.exec_driver_sql("ANALYZE packed_copy")
-            out[table] = sizes_in(conn, "packed_copy")["total_per_row"]
-            conn.exec_driver_sql("DROP TABLE packed_copy")
-    return out
-
-
 def measure_bytes(engine: Engine) -> dict[str, Any]:
     """Measure receipts and the naive table loaded with the same rows."""
     vacuum(engine, "receipts")

@@ -1,22 +1,18 @@
 """Worker measure: demo.credit completions/s, 4 ledger workers vs 4 raw claim loops.
 
-One backlog (pending receipts with queued demo.credit jobs over 100 scopes, or
-`--worker-scopes`) is
-loaded once; every run gets its own copy of it (CREATE DATABASE ... TEMPLATE)
-and four processes. The sides run in ABBA order twice (raw, ours, ours, raw,
-raw, ours, ours, raw), each run over a quarter of `seconds`, so a slow patch of
-a shared machine lands on both (this machine's speed drifts by up to a third
-within minutes: bench/README.md, "Workers").
-Completions are counted from the jobs table once every process is working
-(the jobs left dropped by 100 per process: start-up imports stay out of the
-window and out of the CPU per job), over a fixed window.
+One backlog (pending receipts with queued demo.credit jobs over 100 scopes) is loaded
+once; every run gets its own copy of it (CREATE DATABASE ... TEMPLATE) and four
+processes. The sides run in ABBA order twice (raw, ours, ours, raw, raw, ours, ours,
+raw), each run over a quarter of `seconds`, so a slow patch of a shared machine lands
+on both. Completions are counted from the jobs table once every process is working
+(the jobs left dropped by 100 per process: start-up imports stay out of the window and
+out of the CPU per job), over a fixed window.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -36,9 +32,6 @@ from ledger.services import ledger_engine
 PROCESSES = 4
 SCOPES = 100
 ORDER = ("raw", "ours", "ours", "raw") * 2  # ABBA, twice
-# With a comparison batch size (--worker-compare-batch), a third side runs
-# `ledger worker --batch N` in the middle of each ABBA: A B C C B A, twice.
-ORDER_COMPARED = ("raw", "ours", "other", "other", "ours", "raw") * 2
 
 
 def backlog(e: benv.BenchEnv, url: str, jobs_count: int, scopes_count: int = SCOPES) -> None:
@@ -103,50 +96,17 @@ def completions(url: str, commands: list[list[str]], env: dict[str, str],
         backends = _backend_pids(url)
         before, t0, cpu0 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
         db0, machine0 = cpu.pid_seconds(backends), _machine_ticks()
-        waits = _sample_waits(url, backends, seconds)
+        time.sleep(seconds)
         after, t1, cpu1 = jobs_left(url), time.monotonic(), _cpu_seconds(procs)
         db1, machine1 = cpu.pid_seconds(backends), _machine_ticks()
         if after == 0:
             raise RuntimeError("the backlog ran out during the window: raise jobs_count")
         total, idle = (b - a for a, b in zip(machine0, machine1, strict=True))
         return {"done": max(before - after, 1), "seconds": t1 - t0, "cpu": cpu1 - cpu0,
-                "db_cpu": db1 - db0, "idle": idle / max(total, 1), **waits}
+                "db_cpu": db1 - db0, "idle": idle / max(total, 1)}
     finally:
         for proc in procs:
             benv.stop(proc)
-
-
-SAMPLE_EVERY = 0.05  # seconds between two reads of the sessions' wait events
-
-
-def _sample_waits(url: str, backends: list[int], seconds: float) -> dict[str, float]:
-    """Sleep `seconds` while sampling what the sessions wait on; return the mean per sample.
-
-    `lock_waits`: sessions waiting on a heavyweight lock (another transaction's row),
-    `wal_waits`: sessions waiting to flush or write the WAL (a commit). Sums over the
-    samples, with `samples`: divide for the mean number of sessions. SQLite: none.
-    """
-    deadline = time.monotonic() + seconds
-    if not backends:
-        time.sleep(seconds)
-        return {"lock_waits": 0.0, "wal_waits": 0.0, "samples": 0.0}
-    engine = create_engine(url)
-    lock_waits = wal_waits = samples = 0
-    try:
-        with engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            while time.monotonic() < deadline:
-                row = conn.execute(text(
-                    "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'),"
-                    " count(*) FILTER (WHERE wait_event IN ('WALSync', 'WALWrite'))"
-                    " FROM pg_stat_activity WHERE pid = ANY(:pids)"), {"pids": backends}).one()
-                lock_waits, wal_waits, samples = (lock_waits + row[0], wal_waits + row[1],
-                                                  samples + 1)
-                time.sleep(min(SAMPLE_EVERY, max(deadline - time.monotonic(), 0)))
-    finally:
-        engine.dispose()
-    return {"lock_waits": float(lock_waits), "wal_waits": float(wal_waits),
-            "samples": float(samples)}
 
 
 def _backend_pids(url: str) -> list[int]:
@@ -182,64 +142,40 @@ def _wait_until_working(url: str, procs: list[subprocess.Popen], started: int,
     time.sleep(1)
 
 
-def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000, *,
-            batch: int | None = None, compare_batch: int | None = None,
-            scopes: int = SCOPES) -> dict[str, Any]:
-    """Return completions/s of the raw loop and of the ledger's workers, ABBA interleaved.
-
-    `batch`: the ledger's `--batch` (default: LEDGER_WORKER_BATCH's default);
-    `compare_batch`: a third side with that batch size, in the same run;
-    `scopes`: how many scopes the backlog's jobs are spread over.
-    """
-    order = ORDER if compare_batch is None else ORDER_COMPARED
+def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000) -> dict[str, Any]:
+    """Return completions/s of the raw loop and of the ledger's workers, ABBA interleaved."""
     ledger = [str(benv.BIN / "ledger"), "worker"]
-    commands: dict[str, list[str]] = {
-        "ours": [*ledger, f"--batch={batch}"] if batch else ledger,
-        "other": [*ledger, f"--batch={compare_batch}"]}
     source = e.migrated_pg("work_backlog")
-    backlog(e, source, jobs_count, scopes)
+    backlog(e, source, jobs_count, SCOPES)
     template = make_url(source).database
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    totals = _empty_totals("raw", "ours", "other")
-    window = seconds / order.count("raw")  # each side runs `seconds` in all
+    totals = _empty_totals("raw", "ours")
+    window = seconds / ORDER.count("raw")  # each side runs `seconds` in all
     with open(e.tmp / "workers.log", "ab") as log:
-        for run, side in enumerate(order):
+        for run, side in enumerate(ORDER):
             url = e.pg_url(f"work_{run}_{side}", template=template)
             if side == "raw":
                 figures = completions(url, [[sys.executable, "-m", "bench.raw_claim",
                                              url.replace("+psycopg", "")]] * PROCESSES,
                                       base_env, log, window)
             else:
-                figures = completions(url, [commands[side]] * PROCESSES,
+                figures = completions(url, [ledger] * PROCESSES,
                                       {**base_env, **e.app_env(url)}, log, window)
             for key, value in figures.items():
                 totals[side][key] += value
-    raw, ours, other = totals["raw"], totals["ours"], totals["other"]
-    compared = {} if compare_batch is None else {
-        "compare_batch": compare_batch, "other_per_s": other["done"] / other["seconds"],
-        "other_cpu_ms_per_job": 1000 * other["cpu"] / other["done"],
-        "other_db_cpu_ms_per_job": 1000 * other["db_cpu"] / other["done"],
-        "other_idle_share": other["idle"] / order.count("other")}
-    return {**compared, "batch": batch or DEFAULT_WORKER_BATCH_POSTGRESQL, "scopes": scopes,
-            "raw_per_s": raw["done"] / raw["seconds"],
-            "ours_per_s": ours["done"] / ours["seconds"], "processes": PROCESSES,
-            "order": "".join({"raw": "A", "ours": "B", "other": "C"}[side] for side in order),
-            "raw_cpu_ms_per_job": 1000 * raw["cpu"] / raw["done"],
-            "ours_cpu_ms_per_job": 1000 * ours["cpu"] / ours["done"],
-            "raw_db_cpu_ms_per_job": 1000 * raw["db_cpu"] / raw["done"],
-            "ours_db_cpu_ms_per_job": 1000 * ours["db_cpu"] / ours["done"],
-            # idle shares summed over the runs of a side: divide for the mean
-            "raw_idle_share": raw["idle"] / order.count("raw"),
-            "ours_idle_share": ours["idle"] / order.count("ours"),
-            # mean sessions in a lock wait / a WAL wait, sampled every SAMPLE_EVERY s
-            **{f"{name}_{kind}": side[kind] / max(side["samples"], 1)
-               for name, side in (("raw", raw), ("ours", ours))
-               for kind in ("lock_waits", "wal_waits")}}
+    raw, ours = totals["raw"], totals["ours"]
+    return {"batch": DEFAULT_WORKER_BATCH_POSTGRESQL, "processes": PROCESSES,
+            **{f"{name}_per_s": side["done"] / side["seconds"]
+               for name, side in (("raw", raw), ("ours", ours))},
+            **{f"{name}_cpu_ms_per_job": 1000 * side["cpu"] / side["done"]
+               for name, side in (("raw", raw), ("ours", ours))},
+            **{f"{name}_db_cpu_ms_per_job": 1000 * side["db_cpu"] / side["done"]
+               for name, side in (("raw", raw), ("ours", ours))}}
 
 
 def _empty_totals(*sides: str) -> dict[str, dict[str, float]]:
     """Return each side's sums of what `completions` measures, all zero."""
-    keys = ("done", "seconds", "cpu", "db_cpu", "idle", "lock_waits", "wal_waits", "samples")
+    keys = ("done", "seconds", "cpu", "db_cpu", "idle")
     return {side: dict.fromkeys(keys, 0.0) for side in sides}
 
 
@@ -247,35 +183,3 @@ def _cpu_seconds(procs: list[subprocess.Popen]) -> float:
     """Return the user + system CPU seconds the processes used so far."""
     return cpu.pid_seconds(proc.pid for proc in procs)
 
-
-def measure_sqlite(e: benv.BenchEnv, seconds: float, batch: int, baseline_batch: int = 1,
-                   jobs_count: int = 30_000, *, scopes: int = SCOPES) -> dict[str, Any]:
-    """Return completions/s of one `ledger worker --batch N` on the SQLite default vs another N.
-
-    One process per side (SQLite has one writer: more processes only queue on
-    its lock), each run on its own copy of one backlog file, ABBA twice.
-    """
-    source = e.sqlite_url("work_backlog")
-    backlog(e, source, jobs_count, scopes)
-    base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    totals = _empty_totals("base", "ours")
-    sizes = {"base": baseline_batch, "ours": batch}
-    window = seconds / ORDER.count("raw")
-    with open(e.tmp / "workers-sqlite.log", "ab") as log:
-        for run, side in enumerate("base" if s == "raw" else "ours" for s in ORDER):
-            path = e.tmp / f"work_{run}_{side}.sqlite3"
-            shutil.copyfile(make_url(source).database or "", path)
-            url = f"sqlite:///{path}"
-            command = [str(benv.BIN / "ledger"), "worker", f"--batch={sizes[side]}"]
-            figures = completions(url, [command], {**base_env, **e.app_env(url)}, log, window)
-            for key, value in figures.items():
-                totals[side][key] += value
-            path.unlink()
-    base, ours = totals["base"], totals["ours"]
-    return {"batch": batch, "baseline_batch": baseline_batch, "scopes": scopes,
-            "ours_per_s": ours["done"] / ours["seconds"],
-            "base_per_s": base["done"] / base["seconds"],
-            "ours_cpu_ms_per_job": 1000 * ours["cpu"] / ours["done"],
-            "base_cpu_ms_per_job": 1000 * base["cpu"] / base["done"],
-            "ours_idle_share": ours["idle"] / ORDER.count("ours"),
-            "base_idle_share": base["idle"] / ORDER.count("raw")}

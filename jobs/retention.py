@@ -65,7 +65,7 @@ CLOCK_SKEW = timedelta(seconds=CLOCK_SKEW_SECONDS)
 # PostgreSQL walks each table in page windows: `ctid >= '(lo,0)' AND ctid < '(hi,0)'`
 # is a TID range scan, so a batch reads its window once and deletes in the same
 # pass (no LIMIT picker, no ctid array, no rescan of the rows earlier batches
-# deleted: bench/README.md "Retention purge" measured 2-3x less CPU per row).
+# deleted: 2-3x less CPU per row).
 # A window spans about `batch_size` rows (pg_class's rows per page); rows added
 # after the purge starts land past the last window or are too new to expire. The
 # walk covers the pages from the first to the last expired row (_expired_span);
@@ -84,8 +84,8 @@ CLOCK_SKEW = timedelta(seconds=CLOCK_SKEW_SECONDS)
 # retention its earlier completed attempts then go, as before). The others probe
 # the job's primary key: the jobs table holds only unfinished work, so its key stays
 # small enough to stay in shared_buffers at any ledger size, where the receipts' key
-# (730 MB at 10M receipts) was read into them for most probes (bench/README.md, "A
-# complete 10M run"). (A `NOT IN (pending receipts)` set is hashed only while it fits
+# (730 MB at 10M receipts) would be read into them for most probes. (A `NOT IN (pending receipts)`
+# set is hashed only while it fits
 # in work_mem; past that PostgreSQL rescans the whole set for every row: 37 s per
 # window at 10M.)
 _PG_ATTEMPTS_WINDOW = text("""
@@ -208,7 +208,7 @@ class Pacer:
 
     After a batch that took t seconds it sleeps t * (1 / duty_cycle - 1): at 0.5
     the purge runs half the time at full speed. On 2 cores a full-speed purge
-    takes the CPU a CPU-bound intake needs (bench/README.md "Retention purge").
+    takes the CPU a CPU-bound intake needs.
     """
 
     duty_cycle: float = DEFAULT_DUTY_CYCLE

@@ -14,7 +14,7 @@ into Python took 1.6 of the run's 2 s). Only cells whose figures changed are
 written, and hours older than the window are dropped.
 
 The repair is spread over the runs instead of a daily recount of the window (46 s at
-10M receipts, bench/README.md): every run also recounts one hour of the window whole,
+10M receipts): every run also recounts one hour of the window whole,
 the hour after the one the previous run recounted (`repair_hour`, kept in the mark;
 after the current hour, back to the window's first). The cursor moves an hour a run
 and the window an hour an hour, so while runs come less than an hour apart (a pause

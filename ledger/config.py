@@ -298,7 +298,8 @@ DECLARED: tuple[Setting, ...] = (
     Setting(name="WEB_CONCURRENCY", attribute="workers", owner="web", section=_WEB,
             parser=Integer(1), default_from=_web_processes,
             shown_default="2 x cores (at least 2)", example="4",
-            meaning="gunicorn processes"),
+            meaning="gunicorn processes: the intake is bound by their CPU, so size them with "
+                    "the cores (2 per core) and keep the threads and the pool per process"),
     Setting(name="LEDGER_WEB_THREADS", attribute="threads", owner="web", section=_WEB,
             parser=Integer(1), default=16,
             meaning="threads per gunicorn process: a slow sender holds one until its body "

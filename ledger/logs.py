@@ -36,7 +36,7 @@ def configure_logging(level: str | None = None) -> None:
     # caller lookup (a stack walk), thread or multiprocessing lookups per record.
     # Our lines carry their context as fields, the formatter prints only the JSON
     # message, and these lookups cost the worker and the intake a few percent of
-    # their CPU (bench/README.md, "Workers"). The process id stays (one getpid):
+    # their CPU. The process id stays (one getpid):
     # gunicorn's own format prints `[%(process)d]`, and without it every one of
     # its lines (boot, worker exits, bad requests) failed with "Logging error".
     logging._srcfile = None

@@ -2,8 +2,8 @@
 
 The intake's claim and the worker's completion run once per event, and
 SQLAlchemy's execution machinery (execution context, cursor result, row
-objects, type processing) costs about as much Python as the driver call itself
-(bench/README.md, "Intake CPU" and "Workers"). They run here instead, keeping
+objects, type processing) costs about as much Python as the driver call itself.
+They run here instead, keeping
 what SQLAlchemy would have given them:
 
 - the connection comes from the engine's pool (same connect-time settings and

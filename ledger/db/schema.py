@@ -4,7 +4,7 @@ These tables say what the migrated databases hold: tests/integration/test_schema
 runs Alembic's autogenerate comparison against a migrated SQLite and PostgreSQL database
 and fails on any difference, so `alembic revision --autogenerate` starts from an empty diff.
 
-Design notes (numbers in bench/README.md):
+Design notes:
 - `receipts` is the hot, long-lived table. The scope is an integer (the
   integration's id), the state a small integer, and nothing references
   receipts with a foreign key: a per-row FK check makes the retention purge
@@ -152,7 +152,7 @@ receipts = Table(
 # purge and the rollups' bands. It was a BRIN on PostgreSQL until 0012: once new
 # receipts land in the free space of old pages (after VACUUM, after every retention
 # purge) a BRIN range spans old to new and a one-hour window reads the whole table.
-# It costs ~22 B per receipt (bench/README.md, "The newest-first lists").
+# It costs ~22 B per receipt.
 Index("ix_receipts_accepted", receipts.c.accepted_at)
 # Only unfinished receipts (pending, failed) are indexed by state: complete ones,
 # the vast majority, cost nothing here. On PostgreSQL it carries scope_id and
@@ -537,7 +537,7 @@ Index("ix_deliveries_key", deliveries.c.key_id, deliveries.c.at,
       sqlite_where=deliveries.c.key_id.is_not(None))
 # The outcome filter: every outcome but `accepted` (90 % of a normal log, which the
 # (at, id) index finds at once) is rare, and a rare or absent one would otherwise walk
-# the whole log newest first (1.3 s at 10M rows, bench/README.md).
+# the whole log newest first (1.3 s at 10M rows).
 Index("ix_deliveries_outcome", deliveries.c.outcome, deliveries.c.at, deliveries.c.id,
       postgresql_where=deliveries.c.outcome != "accepted",
       sqlite_where=deliveries.c.outcome != "accepted")

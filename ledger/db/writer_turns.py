@@ -3,8 +3,8 @@
 SQLite has one writer at a time. A transaction that finds the write lock taken sleeps
 in SQLite's busy handler (1, 2, 5, 10 ... 100 ms) and retries, so a process that
 commits and begins again at once wins the lock over writers that are asleep: a
-worker draining a backlog left the intake's claims waiting up to seconds
-(bench/README.md, "Workers", seventh round). Here each transaction first takes its turn
+worker draining a backlog would leave the intake's claims waiting up to seconds. Here each
+transaction first takes its turn
 through an advisory lock (`flock`) on a file beside the database, which the kernel
 hands to the next waiter as soon as it is released; `BEGIN IMMEDIATE` then finds the
 database free.

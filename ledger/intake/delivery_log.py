@@ -8,7 +8,7 @@ without bound, so:
   FLUSH_SECONDS, never on the request's path, never in the claim's transaction:
   one COPY on PostgreSQL (less client CPU per row than SQLAlchemy's
   executemany, and the flusher shares its process with the intake), one
-  multi-row INSERT on SQLite (bench/README.md "Delivery log");
+  multi-row INSERT on SQLite;
 - authenticated deliveries (accepted, duplicate, conflict, and a signed body
   that failed validation) always get an exact row: each needs a valid key, so
   their volume is the sender's own, and an accepted one writes a receipt anyway;

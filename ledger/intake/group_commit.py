@@ -4,8 +4,7 @@ On SQLite every claim takes the database's one write lock (`BEGIN IMMEDIATE`) an
 pays one commit (a WAL fsync at `synchronous=FULL`). The request threads of every
 web process queue for that lock one by one, and a writer that finds it taken
 sleeps in SQLite's busy handler (1, 2, 5, 10 ... ms) instead of waking when it is
-free: under load a quarter of the 2-core machine sat idle (bench/README.md,
-"Group commit on SQLite").
+free: under load a quarter of a 2-core machine would sit idle.
 
 Here the claims that arrive while another is being written wait in a queue; the
 thread that finds no writer becomes the leader, takes everything queued (up to

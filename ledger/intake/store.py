@@ -52,7 +52,7 @@ def _statements(dialect: Any) -> dict[str, Any]:
 
     Building `insert(...).values(**row)` per request constructs a bound parameter
     per column and a fresh cache key every time: about a third of the intake's
-    CPU on PostgreSQL (bench/README.md, "Intake CPU"). Prebuilt statements run
+    CPU on PostgreSQL. Prebuilt statements run
     from SQLAlchemy's compiled cache with a plain parameter dict.
     """
     return {
@@ -149,8 +149,8 @@ class DriverClaim:
 
     The claim is the intake's one hot statement, and SQLAlchemy's execution
     machinery (connection and result objects, execution options, type
-    processing) cost more Python than the driver call itself (bench/README.md,
-    "Intake CPU"). It runs through `ledger.db.driver` on a pooled connection
+    processing) cost more Python than the driver call itself. It runs through `ledger.db.driver`
+    on a pooled connection
     (same pool, same connect-time settings and timeouts):
 
     - PostgreSQL: `_CLAIM_WITH_JOB`, one statement in autocommit (its own

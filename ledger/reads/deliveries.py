@@ -67,7 +67,7 @@ def _terms(f: DeliveryFilter) -> list[Any]:
             # Spelled out so the partial ix_deliveries_outcome matches whatever plan
             # PostgreSQL caches for the bound outcome. Not with an integration or a key:
             # their own index walks one sender's rows (combining both indexes and then
-            # sorting took 0.5 s at 10M rows, bench/README.md).
+            # sorting takes 0.5 s at 10M rows).
             terms.append(deliveries.c.outcome != literal_column("'accepted'"))
     if f.since is not None:
         terms.append(deliveries.c.at >= f.since)

@@ -58,10 +58,10 @@ max_requests_jitter = 500
 # Load the app once in the master and fork workers from it. Importing and building
 # the app costs ~1.3 s of CPU; under load each worker recycles every ~15 s, so
 # without preloading the recycles alone took a fifth of a 2-core host and a
-# booting worker's queued requests made the latency tail (bench/README.md,
-# "Intake CPU"). Safe here: building the app opens no connection (pools fill in
-# each worker), the heartbeat thread starts in each worker on its first request,
-# and prometheus-client resets its per-process files after a fork.
+# booting worker's queued requests make the latency tail. Safe here: building the
+# app opens no connection (pools fill in each worker), the heartbeat thread starts
+# in each worker on its first request, and prometheus-client resets its
+# per-process files after a fork.
 preload_app = _web.preload
 accesslog = _web.access_log  # the app logs JSON lines itself
 errorlog = "-"
@@ -111,12 +111,10 @@ def pre_fork(_server: Any, _worker: Any) -> None:
 
     A full collection in a worker walks every tracked object and writes its GC header:
     on the preloaded app's objects, which the worker shares with the master, each
-    write copies a page. Measured in the intake bench, one such collection per worker
-    took 300-870 ms (0 objects freed), holding the GIL while all 16 threads of that
-    worker waited; frozen, the collections took 1-20 ms (bench/README.md, "Intake
-    p99"). Frozen objects are never collected, even if they later become garbage; the
-    app's objects live as long as the process, and a worker's peak RSS after 100,000
-    requests stayed at 83 MB (bench "Memory").
+    write copies a page. Unfrozen, one such collection per worker takes 300-870 ms
+    (0 objects freed), holding the GIL while every thread of that worker waits; frozen,
+    the collections take 1-20 ms. Frozen objects are never collected, even if they
+    later become garbage; the app's objects live as long as the process.
     """
     gc.freeze()
 

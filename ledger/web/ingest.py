@@ -3,7 +3,7 @@
 The intake is the one hot path of the service, so it is served by a plain
 WSGI handler, `IntakeFastPath`, installed in front of Flask: a delivery never
 builds Flask's request context, session, before/after-request hooks or
-response object (bench/README.md, "Intake CPU", measured what they cost).
+response object, whose CPU would otherwise be most of a delivery's.
 It does everything the Flask path did for it: request id (bound into every
 log line and echoed in `X-Request-Id`), the heartbeat that registers this
 process, the size limit while reading, the CONTRACT's JSON answers for every

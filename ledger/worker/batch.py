@@ -215,7 +215,7 @@ def _apply(worker: Worker, conn: Connection, entry: Entry) -> None:
 # the previous job's, ROLLBACK TO goes back to the newest one (this job's start),
 # and the commit ends them all. That is one round trip per job instead of two.
 # Sent on the driver connection: SQLAlchemy's begin_nested() compiles its
-# SAVEPOINT and RELEASE anew each time (measured: bench/README.md, "Workers").
+# SAVEPOINT and RELEASE anew each time.
 # The savepoint is invisible to SQLAlchemy, which only sees one transaction.
 SAVEPOINT = "SAVEPOINT ledger_job"
 ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT ledger_job"
@@ -232,8 +232,8 @@ def _execute(driver_connection: Any, statement: str) -> None:
     psycopg: as a simple query on libpq (`PGconn.exec_`, which releases the GIL),
     the way psycopg sends its own BEGIN and COMMIT, not through a cursor: no
     cursor, no parameter handling, no prepared-statement bookkeeping, one
-    protocol message; 4 us of client CPU per savepoint instead of 13
-    (bench/README.md, "Workers", fifth round). Errors are raised as psycopg's.
+    protocol message; 4 us of client CPU per savepoint instead of 13. Errors are raised as
+    psycopg's.
     """
     pgconn = getattr(driver_connection, "pgconn", None)
     if pgconn is None:

@@ -58,8 +58,8 @@ class BatchRequest:
 
 # The batch statements take their per-job values as arrays (`CAST(:sids AS bigint[])`),
 # each bound as ONE text parameter holding PostgreSQL's array literal: psycopg's list
-# adapter inspects and dumps every element in Python, which cost a third of these
-# statements' client CPU (bench/README.md, "Workers", fifth round). Still bound
+# adapter inspects and dumps every element in Python, which costs a third of these
+# statements' client CPU. Still bound
 # parameters: PostgreSQL parses the literal as array input, never as SQL.
 def int_array(values: Iterable[int]) -> str:
     """Return the array literal of integers, e.g. {1,2,3}."""

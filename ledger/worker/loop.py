@@ -279,7 +279,7 @@ class Worker:
         """Read the names of the scopes not cached yet, in one statement (a batch's).
 
         A worker names a job's scope once per scope; with many scopes a batch's jobs
-        were mostly misses, one query each (bench/README.md, "Workers", sixth round).
+        would mostly be misses, one query each.
         """
         missing = {scope_id for scope_id in scope_ids if scope_id not in self._scopes}
         if missing:

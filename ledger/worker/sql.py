@@ -32,8 +32,8 @@ _TIMES = ("now", "leased_until", "oldest_window")
 # fencing token and pushes run_at to the lease's end; `opened` starts this
 # attempt's row. A job that had attempts in its window may have one whose
 # worker vanished: the caller closes it right after (worker_store._claim_of), outside
-# this statement, which runs once per job: the extra UPDATE here cost every
-# claim ~0.1 ms of PostgreSQL CPU (bench/README.md, "Workers").
+# this statement, which runs once per job: the extra UPDATE here would cost every
+# claim ~0.1 ms of PostgreSQL CPU.
 _CLAIM_CTES = """
 due AS MATERIALIZED (
     SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload
@@ -120,8 +120,7 @@ COMPLETE_AND_CLAIM_SQL = text(
     column("held", Integer), *_CLAIM_RESULT)
 
 # Sent on the driver connection inside the handler's transaction (ledger.db.driver):
-# on the driver the worker's client CPU per job fell by about a sixth
-# (bench/README.md, "Workers"). Both always return one row.
+# on the driver the worker's client CPU per job is about a sixth lower. Both always return one row.
 DRIVER_COMPLETE = DriverStatement(COMPLETE_SQL, what="worker completion")
 DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL, what="worker completion")
 
@@ -133,9 +132,8 @@ DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL, what="worker
 # among them, a row this statement locked is not skipped), and `others` fills the
 # batch with the oldest due jobs of other scopes only when that scope has fewer.
 # A batch holds the rows its handlers write (per-scope rows such as an account's
-# balance) until it commits, so batches of many scopes made four workers wait on
-# each other's rows: 0.72 of 4 PostgreSQL sessions in a lock wait on the demo's
-# balance rows, sampled (bench/README.md, "Workers", sixth round).
+# balance) until it commits, so batches of many scopes would make workers wait on
+# each other's rows (the demo's balance rows, say).
 # `ranked` numbers the picked jobs (window functions cannot share a level with
 # FOR UPDATE); `due` keeps the first one always and the others only if neither it
 # nor they must run alone:
@@ -274,8 +272,7 @@ COMPLETE_BATCH_AND_CLAIM_SQL = text(
 
 # The batch's hold and completion run on the driver connection inside the batch's
 # transaction, as the single completion does: SQLAlchemy's execution setup and
-# result machinery cost more client CPU per batch than the driver call itself
-# (bench/README.md, "Workers", fifth round).
+# result machinery cost more client CPU per batch than the driver call itself.
 DRIVER_HOLD_BATCH = DriverStatement(HOLD_BATCH_SQL, what="worker batch hold")
 DRIVER_COMPLETE_BATCH = DriverStatement(COMPLETE_BATCH_SQL, what="worker batch completion")
 DRIVER_COMPLETE_BATCH_AND_CLAIM = DriverStatement(COMPLETE_BATCH_AND_CLAIM_SQL,

@@ -8,8 +8,8 @@ the failure path starts with `hold_lease`; a worker whose lease was taken over
 finds its token gone and changes nothing.
 
 Hot statements are built once at import and run with a plain parameter dict
-(building `update(...).values(...)` per call cost most of the worker's CPU,
-as it did the intake's: bench/README.md, "Workers"). On PostgreSQL the claim
+(building `update(...).values(...)` per call would cost most of the worker's CPU). On PostgreSQL
+the claim
 and the completion's writes are one statement each (data-modifying CTEs, in
 ledger.worker.sql); SQLite runs the same steps as simple statements inside its
 BEGIN IMMEDIATE.

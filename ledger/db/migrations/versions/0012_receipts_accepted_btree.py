@@ -2,7 +2,7 @@
 
 The BRIN summaries widen once new receipts go into the free space of old pages
 (after VACUUM, after every retention purge), and then a one-hour window or the
-newest-first page reads every block (bench/README.md, "The newest-first lists").
+newest-first page reads every block.
 SQLite has had this btree, under this name, since 0001.
 
 Revision ID: 0012_receipts_accepted_btree

@@ -6,7 +6,7 @@ the last run recounted (jobs/rollup_series.py), instead of the whole window once
 Each run also reads the cells of a few hours (the band's edges, the hour it recounts)
 and drops the hours past the window; the primary key starts with scope_id, so without
 the index each of those read the whole series (1.7M cells at 10M receipts over 10,000
-scopes: 0.13-0.19 s each, bench/README.md).
+scopes: 0.13-0.19 s each).
 
 Revision ID: 0015_series_repair
 Revises: 0014_token_write_position

@@ -5,8 +5,8 @@ Every rollups run counts the unfinished receipts per scope and state (scope_coun
 and the failed ones per scope and the hour they failed (hourly_series). The partial
 index found them, but each row was then fetched from the table for its scope and time:
 at 10M receipts 421,506 open ones, 0.67 s and 0.56 s of heap reads a run; index-only,
-0.10-0.15 s each where VACUUM has marked the pages all-visible (bench/README.md, "Flat
-costs at scale"). SQLite keeps the index as it is (it has no INCLUDE).
+0.10-0.15 s each where VACUUM has marked the pages all-visible. SQLite keeps the index as it is
+(it has no INCLUDE).
 
 Revision ID: 0016_receipts_open_covering
 Revises: 0015_series_repair

@@ -4,7 +4,7 @@ the stored failed cells from the index alone.
 Every run compares the failed receipts per scope and hour with the stored cells that have
 failures (jobs/rollup_series.py `_failed_changes`). At 10M receipts, 95,000 such cells lay
 on 15,654 heap pages of hourly_series, fetched at random: 99-124 ms of the statement's
-455 ms (bench/README.md, "The scheduled run at 10M"). SQLite keeps the index as it is (it
+455 ms. SQLite keeps the index as it is (it
 has no INCLUDE).
 
 Revision ID: 0017_series_failed_covering

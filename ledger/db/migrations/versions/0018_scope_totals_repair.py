@@ -3,8 +3,7 @@
 
 Each rollups run recounts the receipts of the next few scopes whole, as many as the time
 since the previous run is of a day, instead of every receipt once a day (jobs/rollups.py):
-at 10M receipts that daily recount made one run a day take 2.4-2.6 s of counting alone
-(bench/README.md, "The scheduled run at 10M").
+at 10M receipts that daily recount made one run a day take 2.4-2.6 s of counting alone.
 
 Revision ID: 0018_scope_totals_repair
 Revises: 0017_series_failed_covering

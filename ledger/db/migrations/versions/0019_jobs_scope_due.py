@@ -1,9 +1,9 @@
 """ix_jobs_scope_due: one scope's due jobs, oldest first, for the batch claim (PostgreSQL).
 
 A batch of the worker (LEDGER_WORKER_BATCH > 1) holds the rows its handlers write until
-it commits. Batches of the oldest due jobs of many scopes made four workers wait on each
-other's per-scope rows (sampled: 0.72 of 4 sessions in a lock wait, bench/README.md,
-"Workers", sixth round), so a batch now takes the oldest due job and the next due jobs of
+it commits. Batches of the oldest due jobs of many scopes make workers wait on each
+other's per-scope rows (most sessions sampled in a lock wait), so a batch now takes the oldest due
+job and the next due jobs of
 its scope (ledger/worker/sql.py, CLAIM_BATCH_SQL), found by this index. SQLite has one
 writer and keeps its plain oldest-first claim: no index there.
 
