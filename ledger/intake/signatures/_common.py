@@ -84,7 +84,9 @@ def received_content_type(headers: HeaderMap) -> str | None:
     if isinstance(values, str | bytes) or len(values) != 1:
         return None
     value = values[0].strip()
-    if not value or len(value) > CONTENT_TYPE_LIMIT or not all(" " <= c <= "~" for c in value):
+    # isascii + isprintable: 0x20-0x7E, checked in C (this runs on every delivery).
+    if not value or len(value) > CONTENT_TYPE_LIMIT or not (value.isascii()
+                                                            and value.isprintable()):
         return None  # unusable as a forwarded header: the body's format's type is sent
     return value
 
