@@ -24,13 +24,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import big, cli_start, intake, report, scale, worker_bench
+from bench import big, cli_start, destination_bench, intake, report, scale, worker_bench
 from bench import env as benv
 from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed, shown
 
-MEASURES = ("intake", "sqlite", "worker", "big", "scale", "cli", "sweep", "features")
-DEFAULT_MEASURES = ("intake", "sqlite", "worker", "big", "scale", "cli")
+MEASURES = ("intake", "sqlite", "worker", "destinations", "big", "scale", "cli", "sweep",
+            "features")
+DEFAULT_MEASURES = ("intake", "sqlite", "worker", "destinations", "big", "scale", "cli")
 TEN_M = 10_000_000
 
 
@@ -93,6 +94,17 @@ def worker_figures(r: dict[str, Any]) -> list[Figure]:
                      f"CPU per job, client + PostgreSQL: ours {r['ours_cpu_ms_per_job']:.2f} +"
                      f" {r['ours_db_cpu_ms_per_job']:.2f} ms, raw"
                      f" {r['raw_cpu_ms_per_job']:.2f} + {r['raw_db_cpu_ms_per_job']:.2f} ms")]
+
+
+def destination_figures(r: dict[str, Any]) -> list[Figure]:
+    """Forwarded events/s against the worker's own completions/s with a Python handler."""
+    return [at_least(f"forwarded events/s to a no-op destination ({r['processes']} workers)",
+                     r["forward_per_s"], "/s", "Python handler completions, same run",
+                     r["handler_per_s"], r["target"],
+                     f"CPU per job, workers + PostgreSQL: forward {r['forward_cpu_ms_per_job']:.2f}"
+                     f" + {r['forward_db_cpu_ms_per_job']:.2f} ms, handler"
+                     f" {r['handler_cpu_ms_per_job']:.2f} + {r['handler_db_cpu_ms_per_job']:.2f}"
+                     " ms")]
 
 
 def big_figures(r: dict[str, Any]) -> list[Figure]:
@@ -170,6 +182,8 @@ def plan(e: benv.BenchEnv, args: argparse.Namespace
         "intake": (lambda: intake.measure_pg(e, args.seconds), intake_figures),
         "sqlite": (lambda: intake.measure_sqlite(e, args.seconds), sqlite_figures),
         "worker": (lambda: worker_bench.measure(e, args.seconds), worker_figures),
+        "destinations": (lambda: destination_bench.measure(e, args.seconds),
+                         destination_figures),
         "big": (lambda: big.measure(e, args.receipts, args.scopes, args.rounds), big_figures),
         "scale": (lambda: scale.measure(e, args.scale, args.scale_scopes, args.seconds,
                                         args.rounds), scale_figures),

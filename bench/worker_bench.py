@@ -149,7 +149,7 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000) -> dict[
     backlog(e, source, jobs_count, SCOPES)
     template = make_url(source).database
     base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    totals = _empty_totals("raw", "ours")
+    totals = empty_totals("raw", "ours")
     window = seconds / ORDER.count("raw")  # each side runs `seconds` in all
     with open(e.tmp / "workers.log", "ab") as log:
         for run, side in enumerate(ORDER):
@@ -173,7 +173,7 @@ def measure(e: benv.BenchEnv, seconds: float, jobs_count: int = 60_000) -> dict[
                for name, side in (("raw", raw), ("ours", ours))}}
 
 
-def _empty_totals(*sides: str) -> dict[str, dict[str, float]]:
+def empty_totals(*sides: str) -> dict[str, dict[str, float]]:
     """Return each side's sums of what `completions` measures, all zero."""
     keys = ("done", "seconds", "cpu", "db_cpu", "idle")
     return {side: dict.fromkeys(keys, 0.0) for side in sides}

@@ -380,7 +380,7 @@ def expire_payloads(engine: Engine, settings: Settings, review_cutoff: datetime,
         stmt = (update(jobs)
                 .where(tuple_(jobs.c.scope_id, jobs.c.event_id).in_(picked),
                        *_payload_due(review_cutoff))
-                .values(payload=None))
+                .values(payload=None, raw_body=None))
 
         def step(conn: Connection, stmt: Any = stmt) -> int:
             return conn.execute(stmt).rowcount

@@ -76,7 +76,7 @@ ORDER BY scope_id
 """).bindparams(bindparam("review_cutoff", type_=UTCDateTime))
 
 _SCOPE_PAYLOADS = text("""
-UPDATE jobs SET payload = NULL
+UPDATE jobs SET payload = NULL, raw_body = NULL
 WHERE scope_id = :scope AND event_id IN (
     SELECT event_id FROM jobs
     WHERE scope_id = :scope AND status = 1 AND payload IS NOT NULL

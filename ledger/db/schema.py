@@ -178,6 +178,11 @@ jobs = Table(
     Column("leased_by", Text),
     Column("leased_until", UTCDateTime),
     Column("payload", Text),
+    # The sender's Content-Type as received (printable, at most 255 characters; NULL when
+    # absent or unusable) and, for a form sender, its body as received: `payload` holds the
+    # decoded fields handlers read, a destination forwards these (CONTRACT section 8).
+    Column("content_type", Text),
+    Column("raw_body", Text),
 )
 Index("ix_jobs_due", jobs.c.run_at, postgresql_where=jobs.c.status == 0,
       sqlite_where=jobs.c.status == 0)

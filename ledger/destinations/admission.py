@@ -77,14 +77,16 @@ def admit(conn: Connection, destination_id: int, *, now: datetime,
     if in_flight(conn, row, now=now) >= row.max_in_flight:
         return Admission(admitted=False, reason="in_flight",
                          not_before=now + timedelta(seconds=IN_FLIGHT_WAIT_SECONDS))
-    if row.next_send_at is not None and row.next_send_at > now:
-        return Admission(admitted=False, reason="rate", not_before=row.next_send_at)
-    step = 1.0 / row.rate_per_second if row.rate_per_second else 0.0
-    # Paced from the later of now and the last slot: an idle destination gets no burst
-    # credit, and a backlog drains at exactly the rate.
-    start = max(now, row.next_send_at or now)
-    conn.execute(update(destinations).where(destinations.c.id == destination_id)
-                 .values(next_send_at=start + timedelta(seconds=step)))
+    # Without a rate there is no slot to keep. (Moving one to `now` would refuse a worker
+    # whose `now`, read before it waited for this row's lock, is a moment earlier.)
+    if row.rate_per_second:
+        if row.next_send_at is not None and row.next_send_at > now:
+            return Admission(admitted=False, reason="rate", not_before=row.next_send_at)
+        # Paced from the later of now and the last slot: an idle destination gets no burst
+        # credit, and a backlog drains at exactly the rate.
+        start = max(now, row.next_send_at or now)
+        conn.execute(update(destinations).where(destinations.c.id == destination_id)
+                     .values(next_send_at=start + timedelta(seconds=1.0 / row.rate_per_second)))
     if job is None:
         return Admission(admitted=True)
     opened = open_attempt(conn, destination_id, scope_id=job[0], event_id=job[1],

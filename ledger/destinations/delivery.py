@@ -31,7 +31,12 @@ from ledger.destinations.forward import (
     Outcome,
 )
 from ledger.destinations.secrets import live_secrets
-from ledger.destinations.store import Destination, answer_attempt, destination_for
+from ledger.destinations.store import (
+    Destination,
+    answer_attempt,
+    destination_for,
+    stored_request,
+)
 from ledger.worker.retry import RetryPolicy
 
 # The attribute naming the failure group of a destination's failed delivery: the
@@ -59,15 +64,14 @@ class NotAdmitted(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeliveryJob:
-    """The claimed event as a destination needs it: its stored body travels as bytes."""
+    """The claimed event as a destination needs it (its stored body and type are read)."""
 
     scope: str
     scope_id: int
     event_id: str
     event_type: str
     attempt: int  # the attempt's number in the receipt's history (X-Ledger-Attempt)
-    body: bytes
-    content_type: str
+    payload: str | None  # the job's payload: the body as received unless it was a form
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,15 +107,15 @@ class DestinationDelivery:
                 return Prepared(destination=None)
             admission = admit(conn, destination.id, now=now,
                               job=(job.scope_id, job.event_id, job.attempt))
-            secrets = live_secrets(conn, self._box, destination.id, now=now) \
-                if admission.admitted else []
-        if not admission.admitted:
-            return Prepared(destination=destination, admission=admission)
+            if not admission.admitted:
+                return Prepared(destination=destination, admission=admission)
+            secrets = live_secrets(conn, self._box, destination.id, now=now)
+            body, content_type = stored_request(conn, job.scope_id, job.event_id, job.payload)
         result = self._forwarder.forward(
             ForwardTarget(url=destination.url, timeout_seconds=destination.timeout_seconds,
                           secrets=secrets),
             ForwardEvent(scope=job.scope, event_id=job.event_id, event_type=job.event_type,
-                         attempt=job.attempt), job.body, job.content_type, now=now)
+                         attempt=job.attempt), body, content_type, now=now)
         self._record(destination, admission, result)
         return Prepared(destination=destination, admission=admission, result=result)
 

@@ -221,6 +221,27 @@ def destination_for(conn: Connection, scope_id: int, event_type: str) -> Destina
     return None
 
 
+# The type forwarded when the sender's Content-Type was absent or unusable, or the job
+# predates keeping it: that of the stored body's format.
+JSON_CONTENT_TYPE = "application/json"
+FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
+
+
+def stored_request(conn: Connection, scope_id: int, event_id: str,
+                   payload: str | None) -> tuple[bytes, str]:
+    """Return the body as received and its Content-Type, as the job keeps them.
+
+    A JSON sender's `payload` is its body as received; a form sender's is the decoded
+    fields its handlers read, and the form as received is kept in `raw_body`.
+    """
+    row = conn.execute(select(jobs.c.content_type, jobs.c.raw_body).where(
+        jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).first()
+    content_type, raw_body = (row.content_type, row.raw_body) if row is not None else (None, None)
+    if raw_body is not None:
+        return raw_body.encode(), content_type or FORM_CONTENT_TYPE
+    return (payload or "").encode(), content_type or JSON_CONTENT_TYPE
+
+
 def set_destination_state(conn: Connection, actor: audit.Actor, public_id: str,
                           state: DestinationState, *, reason: str,
                           now: datetime) -> Destination:

@@ -26,6 +26,7 @@ from ledger.errors import (
 from ledger.ids import EVENT_ID, EVENT_TYPE
 from ledger.intake.credential_view import CredentialView, IntegrationAuth, KeyMaterial
 from ledger.intake.signatures import HeaderMap, SenderProfile, profile_for
+from ledger.intake.signatures._common import received_content_type
 from ledger.intake.signatures.fields import DIGEST_ID, digest_id
 from ledger.intake.signatures.profile import FORM, JSON, JSON_ARRAY
 from ledger.intake.store import (
@@ -143,7 +144,7 @@ class Intake:
                 raise InvalidEvent("body holds no batch of events")
             return self._accept_batch(auth, profile, key, headers, events, now)
         event = self._new_event(integration.id, profile, headers, payload, body, now,
-                                form=body_format == FORM)
+                                form=body_format == FORM, received=True)
         with storage_guard():
             answer = self._claim(event, id_is_signed=profile.id_is_signed)
         return IntakeAnswer(status=answer[0], body=answer[1], scope=integration.scope,
@@ -152,8 +153,13 @@ class Intake:
                             text=profile.success_body if answer[0] < 300 else None)
 
     def _new_event(self, scope_id: int, profile: SenderProfile, headers: HeaderMap,
-                   payload: Any, body: bytes, now: Any, *, form: bool = False) -> NewEvent:
-        """Validate the event's id and type; the job carries the body (a form, decoded)."""
+                   payload: Any, body: bytes, now: Any, *, form: bool = False,
+                   received: bool = False) -> NewEvent:
+        """Validate the event's id and type; the job carries the body (a form, decoded).
+
+        `received`: `body` is the delivery's whole body (not a batch element), so the job
+        keeps its Content-Type and, for a form, the body as received (for destinations).
+        """
         # The fields directly (SenderProfile.identity, minus a call on the hot path).
         raw_id = profile.event_id.read(headers, payload, body)
         event_id = raw_id if raw_id is DIGEST_ID else validate_event_id(raw_id)
@@ -162,15 +168,19 @@ class Intake:
         # so `b=2&a=1`, `a=1&a=1&=` and `a=1` are one body): a signature-equivalent
         # replay is a duplicate, never new work.
         digest = profile.signed_digest(body)
+        raw_body = None
         if form:
             text = json.dumps(payload, sort_keys=profile.signs_decoded_form,
                               separators=(",", ":"))
+            raw_body = body.decode("utf-8") if received else None  # parse_form checked it
         else:
             text = body.decode("utf-8")
         if event_id is DIGEST_ID:  # an id-less delivery the sender documents
             event_id = digest_id(digest)
         return NewEvent(scope_id=scope_id, event_id=event_id, event_type=event_type,
-                        body_sha256=digest, payload=text, accepted_at=now)
+                        body_sha256=digest, payload=text, accepted_at=now,
+                        content_type=received_content_type(headers) if received else None,
+                        raw_body=raw_body)
 
     def _accept_batch(self, auth: IntegrationAuth, profile: SenderProfile, key: KeyMaterial,
                       headers: HeaderMap, events: list[Any], now: Any) -> IntakeAnswer:

@@ -36,6 +36,8 @@ class NewEvent:
     body_sha256: bytes
     payload: str
     accepted_at: datetime
+    content_type: str | None = None  # as received (ledger.intake.signatures._common)
+    raw_body: str | None = None  # a form's body as received; `payload` holds its fields
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,8 +85,9 @@ WITH claimed AS (
     RETURNING scope_id, event_id
 ), queued AS (
     INSERT INTO jobs (scope_id, event_id, event_type, accepted_at, run_at, status, attempts,
-                      lease_token, payload)
-    SELECT scope_id, event_id, :event_type, :accepted_at, :accepted_at, 0, 0, 0, :payload
+                      lease_token, payload, content_type, raw_body)
+    SELECT scope_id, event_id, :event_type, :accepted_at, :accepted_at, 0, 0, 0, :payload,
+           :content_type, :raw_body
     FROM claimed
     RETURNING 1
 )
@@ -124,7 +127,8 @@ _SQLITE_RECEIPT = ("INSERT INTO receipts (accepted_at, scope_id, state, attempts
                    " event_type, body_sha256) VALUES (?, ?, 0, 0, ?, ?, ?)"
                    " ON CONFLICT (scope_id, event_id) DO NOTHING RETURNING scope_id")
 _SQLITE_JOB = ("INSERT INTO jobs (scope_id, event_id, event_type, accepted_at, run_at, status,"
-               " attempts, lease_token, payload) VALUES (?, ?, ?, ?, ?, 0, 0, 0, ?)")
+               " attempts, lease_token, payload, content_type, raw_body)"
+               " VALUES (?, ?, ?, ?, ?, 0, 0, 0, ?, ?, ?)")
 _SQLITE_OUTCOME = ("SELECT state, body_sha256, result_ref FROM receipts"
                    " WHERE scope_id = ? AND event_id = ?")
 # The same two-insert claim on a distributed (Citus) ledger. `_CLAIM_WITH_JOB` cannot be
@@ -228,7 +232,8 @@ class DriverClaim:
             row = self._prepared.fetch_one(conn, {
                 "scope_id": event.scope_id, "event_id": event.event_id,
                 "event_type": event.event_type, "accepted_at": event.accepted_at,
-                "body_sha256": event.body_sha256, "payload": event.payload})
+                "body_sha256": event.body_sha256, "payload": event.payload,
+                "content_type": event.content_type, "raw_body": event.raw_body})
         finally:
             if not conn.closed:
                 conn.autocommit = False
@@ -246,7 +251,8 @@ class DriverClaim:
                 row = cursor.execute(_CITUS_OUTCOME, (event.scope_id, event.event_id)).fetchone()
             else:
                 cursor.execute(_CITUS_JOB, (event.scope_id, event.event_id, event.event_type,
-                                            when, when, event.payload))
+                                            when, when, event.payload, event.content_type,
+                                            event.raw_body))
                 row = True
         conn.commit()
         return row
@@ -288,7 +294,8 @@ class DriverClaim:
         if taken:
             return cursor.execute(_SQLITE_OUTCOME, (event.scope_id, event.event_id)).fetchone()
         cursor.execute(_SQLITE_JOB, (event.scope_id, event.event_id, event.event_type,
-                                     when, when, event.payload))
+                                     when, when, event.payload, event.content_type,
+                                     event.raw_body))
         return True
 
 
@@ -298,7 +305,8 @@ def enqueue_job(conn: Connection, event: NewEvent) -> None:
         "scope_id": event.scope_id, "event_id": event.event_id,
         "event_type": event.event_type, "accepted_at": event.accepted_at,
         "run_at": event.accepted_at, "status": JobStatus.QUEUED.value, "attempts": 0,
-        "lease_token": 0, "payload": event.payload})
+        "lease_token": 0, "payload": event.payload, "content_type": event.content_type,
+        "raw_body": event.raw_body})
 
 
 def claim_unsigned_body(conn: Connection, event: NewEvent) -> bool:

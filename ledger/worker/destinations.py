@@ -29,9 +29,6 @@ from ledger.worker.handlers import HandlerSpec, Registry
 from ledger.worker.retry import RetryPolicy
 from ledger.worker.store import ClaimedJob
 
-# The stored body of every sender is JSON: as received for JSON senders, the decoded
-# fields for form senders (docs/how-to/destinations.md, "Limits").
-STORED_CONTENT_TYPE = "application/json"
 MAX_PARALLEL_SENDS = 16  # a batch's requests sent at once (at most its size)
 
 Key = tuple[int, str]
@@ -46,13 +43,11 @@ def new_delivery(services: Services, engine: Engine) -> DestinationDelivery:
 
 def delivery_spec(delivery: DestinationDelivery, job: ClaimedJob) -> HandlerSpec:
     """Return the handler that forwards this job's stored body to its destination."""
-    body = (job.payload or "").encode()
 
     def prepare(event: Event) -> Prepared:
         return delivery.prepare(DeliveryJob(
             scope=event.scope, scope_id=event.scope_id, event_id=event.event_id,
-            event_type=event.event_type, attempt=event.attempt, body=body,
-            content_type=STORED_CONTENT_TYPE))
+            event_type=event.event_type, attempt=event.attempt, payload=job.payload))
 
     def apply(conn: Connection, event: Event) -> str:
         return DestinationDelivery.apply(conn, event.prepared)

@@ -113,6 +113,14 @@ def test_sends_are_paced_at_the_rate(app):
     assert _admit(app, dst.id, now + timedelta(seconds=0.9)).reason == "rate"
 
 
+def test_without_a_rate_a_worker_whose_clock_is_a_moment_behind_is_admitted(app):
+    _sender, dst = _destination(app)
+    now = app.extensions["ledger"].clock.now()
+    assert _admit(app, dst.id, now).admitted
+    # Another worker read its time just before the first took the destination's lock.
+    assert _admit(app, dst.id, now - timedelta(milliseconds=3)).admitted
+
+
 def test_the_purge_drops_answers_older_than_the_cut(app):
     sender, dst = _destination(app)
     svc = app.extensions["ledger"]

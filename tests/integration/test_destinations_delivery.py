@@ -57,8 +57,7 @@ def setup(app):  # type: ignore[no-untyped-def]
 
 def _job(sender, attempt: int, event_type: str = "order.paid") -> DeliveryJob:  # type: ignore[no-untyped-def]
     return DeliveryJob(scope=sender.scope, scope_id=sender.scope_id, event_id="evt_1",
-                       event_type=event_type, attempt=attempt, body=BODY,
-                       content_type="application/json")
+                       event_type=event_type, attempt=attempt, payload=BODY.decode())
 
 
 def _run(app, runner, job):  # type: ignore[no-untyped-def]

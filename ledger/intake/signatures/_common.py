@@ -74,6 +74,23 @@ def media_type(headers: HeaderMap) -> str:
     return values[0].partition(";")[0].strip().lower()
 
 
+# The longest Content-Type a job keeps (a destination forwards it as received).
+CONTENT_TYPE_LIMIT = 255
+
+
+def received_content_type(headers: HeaderMap) -> str | None:
+    """Return the Content-Type as received if usable (one value, 1-255 printable ASCII)."""
+    values = headers.get("content-type") or ()
+    if isinstance(values, str | bytes) or len(values) != 1:
+        return None
+    value = values[0].strip()
+    # isascii + isprintable: 0x20-0x7E, checked in C (this runs on every delivery).
+    if not value or len(value) > CONTENT_TYPE_LIMIT or not (value.isascii()
+                                                            and value.isprintable()):
+        return None  # unusable as a forwarded header: the body's format's type is sent
+    return value
+
+
 def require_secrets(secrets: Sequence[str]) -> None:
     """Refuse at once when the integration has no live secret."""
     if not secrets:
