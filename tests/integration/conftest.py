@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from ledger.clock import FixedClock
+from tests.servers import thread_server
 
 
 @pytest.fixture
@@ -29,3 +30,10 @@ def clocked_app(clocked_env, clock):  # type: ignore[no-untyped-def]
     application = create_app(clocked_env, clock=clock)
     yield application
     application.extensions["ledger"].close()
+
+
+@pytest.fixture
+def live(app):  # type: ignore[no-untyped-def]
+    """The app served on a loopback port (a werkzeug thread)."""
+    with thread_server(app) as base_url:
+        yield base_url

@@ -32,7 +32,7 @@ from ledger.demo.seed import balance
 from ledger.reads.receipts import get_receipt
 from ledger.worker.loop import WorkerHooks, process_one
 from tests.conftest import IN_CI, TEST_MASTER_KEY
-from tests.helpers import deliver, make_sender
+from tests.helpers import WAIT, deliver, make_sender
 from tests.integration import pg_failover
 from tests.integration.load import (
     REQUEST_TIMEOUT,
@@ -48,7 +48,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
-WAIT = 30  # seconds: the bound of every wait in this module
 UNAVAILABLE = {"error": "unavailable"}
 
 

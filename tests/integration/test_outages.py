@@ -30,7 +30,7 @@ from ledger.db.schema import scheduler_runs
 from ledger.scheduling import runs
 from ledger.scheduling.runner import ScheduledJob, period_start, run_once
 from tests.conftest import TEST_MASTER_KEY
-from tests.helpers import make_sender
+from tests.helpers import WAIT, make_sender
 from tests.integration.load import post_delivery
 from tests.integration.pg_cluster import PrivateCluster
 from tests.integration.pgbouncer import PrivatePgBouncer
@@ -40,7 +40,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
-WAIT = 60  # seconds: the bound of every wait in this module
 # Pool wait (2 s) + connect (3 s) + PgBouncer's query_wait_timeout (2 s, checked once a
 # second) + this machine's scheduling: well under PgBouncer's default 15 s retry wait.
 BOUNDED = 10.0
