@@ -31,7 +31,7 @@ from ledger.db.schema import jobs, receipts, scheduler_runs
 from ledger.demo.seed import balance
 from ledger.reads.receipts import get_receipt
 from ledger.worker.loop import WorkerHooks, process_one
-from tests.conftest import IN_CI, TEST_MASTER_KEY
+from tests.conftest import IN_CI
 from tests.helpers import WAIT, deliver, make_sender
 from tests.integration import pg_failover
 from tests.integration.load import (
@@ -41,7 +41,7 @@ from tests.integration.load import (
     post_delivery,
     redeliver_until_acknowledged,
 )
-from tests.integration.pg_cluster import PrivateCluster
+from tests.integration.pg_cluster import ledger_env, migrate
 from tests.servers import gunicorn_server, thread_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
@@ -74,13 +74,6 @@ def assert_converged(url: str, answers: list[Answer], redelivered: dict[str, int
     assert set(counts.values()) == {1}
 
 
-def _env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
-    """Environment for ledger processes on `url`."""
-    return {"DATABASE_URL": url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
-            "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_SECRET_KEY": "fault-tests",
-            "LEDGER_DEMO_HANDLERS": "1", "LEDGER_LOG_LEVEL": "WARNING", **extra}
-
-
 def _sender(env: dict[str, str]):  # type: ignore[no-untyped-def]
     """Create an integration through a short-lived app."""
     setup = create_app(env)
@@ -91,24 +84,11 @@ def _sender(env: dict[str, str]):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def private_pg(tmp_path: Path):  # type: ignore[no-untyped-def]
+def private_pg(private_cluster, tmp_path: Path):  # type: ignore[no-untyped-def]
     """A migrated database on a throwaway cluster that this test may stop and start."""
-    cluster = PrivateCluster(tmp_path)
-    try:
-        cluster.create()
-        cluster.start()
-        admin = create_engine(cluster.admin_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text("CREATE DATABASE ledger"))
-        admin.dispose()
-        env = _env(cluster.url("ledger"), tmp_path)
-        done = subprocess.run([str(BIN / "ledger"), "db", "upgrade"], cwd=str(ROOT),
-                              env={**os.environ, **env}, capture_output=True, text=True,
-                              timeout=WAIT, check=False)
-        assert done.returncode == 0, done.stderr
-        yield cluster, env
-    finally:
-        cluster.drop()
+    env = ledger_env(private_cluster.url("ledger"), tmp_path)
+    migrate(env)
+    return private_cluster, env
 
 
 @contextmanager
@@ -227,7 +207,7 @@ def test_a_worker_resumes_within_a_second_of_the_database(private_pg):
 @pytest.fixture
 def pg_env(pg_url: str, tmp_path: Path) -> dict[str, str]:
     """Environment for ledger processes on a fresh database of the shared server."""
-    return _env(pg_url, tmp_path)
+    return ledger_env(pg_url, tmp_path)
 
 
 @pytest.fixture
@@ -555,9 +535,9 @@ def failover_formation(tmp_path: Path):  # type: ignore[no-untyped-def]
                              dbname="postgres", autocommit=True) as conn:
             # pg_autoctl's initdb made SQL_ASCII clusters; the ledger's text is UTF-8
             conn.execute("CREATE DATABASE ledger ENCODING 'UTF8' TEMPLATE template0")
-        env = _env(formation.url("ledger"), tmp_path, LEDGER_DB_POOL_TIMEOUT_MS="1000",
-                   LEDGER_DB_STATEMENT_TIMEOUT_MS="3000",
-                   LEDGER_SCHEDULER_PERIODS="sweep=1,rollups=1")
+        env = ledger_env(formation.url("ledger"), tmp_path, LEDGER_DB_POOL_TIMEOUT_MS="1000",
+                         LEDGER_DB_STATEMENT_TIMEOUT_MS="3000",
+                         LEDGER_SCHEDULER_PERIODS="sweep=1,rollups=1")
         done = subprocess.run([str(BIN / "ledger"), "db", "upgrade"], cwd=str(ROOT),
                               env={**os.environ, **env}, capture_output=True, text=True,
                               timeout=WAIT, check=False)
