@@ -6,13 +6,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import requests
 from flask import Flask
 from sqlalchemy import func, select
 
 from ledger.access import audit
 from ledger.access.integrations import create_integration, profile_settings
+from ledger.clock import unix
 from ledger.db.schema import conflicts, jobs, receipts
 from ledger.intake.signatures import SenderProfile, get_profile, profile_for
+
+WAIT = 60  # seconds: the default bound of a test's wait on a server, process or condition
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,27 @@ def deliver(client: Any, sender: Sender, event_id: str, event_type: str = "demo.
     headers = signed_headers(sender, body, event_id, event_type, secret=secret,
                              timestamp=timestamp)
     return client.post(f"/hooks/{sender.public_id}", data=body, headers=headers)
+
+
+def send(app: Flask, sender: Sender, event_id: str, event_type: str = "demo.credit",
+         data: dict[str, Any] | None = None, *, body: bytes | None = None,
+         secret: str | None = None, expect: int | tuple[int, ...] | None = None) -> Any:
+    """Deliver one event signed at the app's clock time; check its status if `expect` is given."""
+    response = deliver(app.test_client(), sender, event_id, event_type, data, body=body,
+                       secret=secret, timestamp=unix(app.extensions["ledger"].clock.now()))
+    if expect is not None:
+        wanted = expect if isinstance(expect, tuple) else (expect,)
+        assert response.status_code in wanted, response.get_json()
+    return response
+
+
+def send_http(base_url: str, sender: Sender, body: bytes, headers: dict[str, str] | None = None,
+              *, query: str = "", content_type: str | None = "application/json",
+              **kwargs: Any) -> requests.Response:
+    """POST a delivery over HTTP as given (`content_type` fills a missing Content-Type)."""
+    sent = {"Content-Type": content_type} if content_type else {}
+    return requests.post(f"{base_url}/hooks/{sender.public_id}{query}", data=body,
+                         headers={**sent, **(headers or {})}, timeout=30, **kwargs)
 
 
 def ledger_counts(app: Flask) -> dict[str, int]:

@@ -96,3 +96,22 @@ def thread_server(app: Any) -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join(timeout=10)
+
+
+@contextmanager
+def sqlite_app(tmp: Path, **settings: str) -> Iterator[Any]:
+    """A migrated app (demo handlers on) over a fresh SQLite ledger in `tmp`; closed afterwards."""
+    # Imported here: modules that only serve an app they built need not load the product.
+    from app import create_app
+    from ledger.db.engine import upgrade
+    from tests.conftest import TEST_MASTER_KEY
+
+    app = create_app({"DATABASE_URL": f"sqlite:///{tmp / 'ledger.sqlite3'}",
+                      "LEDGER_MASTER_KEY": TEST_MASTER_KEY, "LEDGER_VAR_DIR": str(tmp),
+                      "LEDGER_SECRET_KEY": "e2e-secret", "LEDGER_DEMO_HANDLERS": "1",
+                      **settings})
+    try:
+        upgrade(app.extensions["ledger"].engine)
+        yield app
+    finally:
+        app.extensions["ledger"].close()

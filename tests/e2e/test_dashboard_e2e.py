@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from ledger.web.loopback import loopback_server
 from tests.dashboard_helpers import PASSWORD, add_conflict, add_receipt, make_operator
 from tests.helpers import Sender, deliver, make_sender
+from tests.servers import sqlite_app, thread_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -50,27 +49,12 @@ def _seed(app: Any) -> tuple[Sender, Sender]:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def dashboard_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """Serve the real app on a free loopback port over a seeded SQLite ledger."""
-    from app import create_app
-    from ledger.db.engine import upgrade
-    from tests.conftest import TEST_MASTER_KEY
-
-    tmp = tmp_path_factory.mktemp("e2e")
-    app = create_app({"DATABASE_URL": f"sqlite:///{tmp / 'ledger.sqlite3'}",
-                      "LEDGER_MASTER_KEY": TEST_MASTER_KEY, "LEDGER_VAR_DIR": str(tmp),
-                      "LEDGER_SECRET_KEY": "e2e-secret", "LEDGER_DEMO_HANDLERS": "1"})
-    upgrade(app.extensions["ledger"].engine)
-    sender, other = _seed(app)
-    server = loopback_server(app)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield Live(url=f"http://127.0.0.1:{server.server_port}", sender=sender, other=other)
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        app.extensions["ledger"].close()
+    with sqlite_app(tmp_path_factory.mktemp("e2e")) as app:
+        sender, other = _seed(app)
+        with thread_server(app) as url:
+            yield Live(url=url, sender=sender, other=other)
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +97,9 @@ def _shot(page: Any, name: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
-def _login(page: Any, live: Live) -> None:
+def _login(page: Any, dashboard_server: Live) -> None:
     """Log in as the seeded admin."""
-    page.goto(f"{live.url}/receipts")
+    page.goto(f"{dashboard_server.url}/receipts")
     assert "/login" in page.url
     _shot(page, "00-login")
     page.fill("input[name=username]", "sam")
@@ -124,10 +108,10 @@ def _login(page: Any, live: Live) -> None:
     page.wait_for_url(re.compile(r".*/receipts$"))
 
 
-def test_operator_journey(page: Any, live: Live) -> None:
+def test_operator_journey(page: Any, dashboard_server: Live) -> None:
     from playwright.sync_api import expect
 
-    _login(page, live)
+    _login(page, dashboard_server)
     # Filter receipts with htmx: the table is swapped in place and the URL follows.
     expect(page.locator("#receipts")).to_contain_text("evt_ok_0")
     _shot(page, "02-receipts")
@@ -137,12 +121,12 @@ def test_operator_journey(page: Any, live: Live) -> None:
     expect(page.locator("#receipts")).not_to_contain_text("evt_ok_0")
     expect(page.locator("#receipts")).to_contain_text("evt_ok_1")
 
-    page.goto(f"{live.url}/receipts/{live.sender.public_id}/evt_broken")
+    page.goto(f"{dashboard_server.url}/receipts/{dashboard_server.sender.public_id}/evt_broken")
     expect(page.locator("ol.timeline")).to_contain_text("downstream said no")
     _shot(page, "03-receipt-detail")
 
     # Requeue one failure.
-    page.goto(f"{live.url}/failures")
+    page.goto(f"{dashboard_server.url}/failures")
     _shot(page, "04-failures")
     row = page.locator("tr", has_text="evt_broken")
     row.locator("input[name=reason]").fill("downstream fixed")
@@ -151,15 +135,15 @@ def test_operator_journey(page: Any, live: Live) -> None:
 
     # Revoke a credential: it is the integration's last live key, so that is said and
     # confirmed first, and the password is asked again.
-    page.goto(f"{live.url}/credentials/{live.sender.public_id}")
+    page.goto(f"{dashboard_server.url}/credentials/{dashboard_server.sender.public_id}")
     page.on("dialog", lambda dialog: dialog.accept())
-    cred = page.locator("tr", has_text=live.sender.key_id)
+    cred = page.locator("tr", has_text=dashboard_server.sender.key_id)
     cred.locator("input[name=reason]").fill("leaked in CI logs")
     cred.locator("input[name=password]").fill(PASSWORD)
     cred.locator("button", has_text="Revoke").click()
     confirm = page.locator("form.confirm-last")
     expect(confirm).to_contain_text("last live key")
-    expect(page.locator("tr", has_text=live.sender.key_id)).to_contain_text("active")
+    expect(page.locator("tr", has_text=dashboard_server.sender.key_id)).to_contain_text("active")
     confirm.locator("input[name=password]").fill("wrong password")
     confirm.locator("button", has_text="Revoke the last key").click()
     expect(page.locator("#credentials")).to_contain_text("did not match")
@@ -170,12 +154,13 @@ def test_operator_journey(page: Any, live: Live) -> None:
     expect(confirm.locator("input[name=reason]")).to_have_value("leaked in CI logs")
     confirm.locator("input[name=password]").fill(PASSWORD)
     confirm.locator("button", has_text="Revoke the last key").click()
-    expect(page.locator("#credentials")).to_contain_text(f"Revoked {live.sender.key_id}")
-    expect(page.locator("tr", has_text=live.sender.key_id)).to_contain_text("revoked")
+    revoked = f"Revoked {dashboard_server.sender.key_id}"
+    expect(page.locator("#credentials")).to_contain_text(revoked)
+    expect(page.locator("tr", has_text=dashboard_server.sender.key_id)).to_contain_text("revoked")
     _shot(page, "07-credentials")
 
     # Both actions are in the audit log, with actor, role and reason; the chain holds.
-    page.goto(f"{live.url}/audit")
+    page.goto(f"{dashboard_server.url}/audit")
     expect(page.locator("#chain")).to_contain_text("Hash chain verified")
     revoke = page.locator("#audit tr", has_text="credential.revoke")
     expect(revoke).to_contain_text("sam")
@@ -186,10 +171,10 @@ def test_operator_journey(page: Any, live: Live) -> None:
     assert page.console_errors == []
 
 
-def test_every_page_renders_without_console_errors(page: Any, live: Live) -> None:
+def test_every_page_renders_without_console_errors(page: Any, dashboard_server: Live) -> None:
     from playwright.sync_api import expect
 
-    _login(page, live)
+    _login(page, dashboard_server)
     for name, path, marker in (
         ("01-overview", "/", "Scopes"),
         ("05-stuck", "/stuck", "evt_old"),
@@ -198,16 +183,16 @@ def test_every_page_renders_without_console_errors(page: Any, live: Live) -> Non
         ("09-capacity", "/capacity", "Capacity"),
         ("10-operators", "/operators", "sam"),
     ):
-        page.goto(f"{live.url}{path}")
+        page.goto(f"{dashboard_server.url}{path}")
         expect(page.locator("main")).to_contain_text(marker)
         _shot(page, name)
     assert page.console_errors == []
 
 
-def test_logout_ends_the_session(page: Any, live: Live) -> None:
-    _login(page, live)
+def test_logout_ends_the_session(page: Any, dashboard_server: Live) -> None:
+    _login(page, dashboard_server)
     page.click("text=Log out")
     page.wait_for_url(re.compile(r".*/login$"))
-    page.goto(f"{live.url}/")
+    page.goto(f"{dashboard_server.url}/")
     assert "/login" in page.url
     assert page.console_errors == []

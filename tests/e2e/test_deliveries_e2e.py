@@ -7,17 +7,16 @@ revocation) to the Deliveries page filtered by that key, with the refusal's reas
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from ledger.web.loopback import loopback_server
 from tests.dashboard_helpers import PASSWORD, make_operator
 from tests.e2e.test_dashboard_e2e import _shot, browser, page  # noqa: F401  (fixtures)
 from tests.helpers import Sender, deliver, make_sender
+from tests.servers import sqlite_app, thread_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,38 +32,23 @@ class Leak:
 @pytest.fixture(scope="module")
 def leak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leak]:
     """Serve the app over SQLite with a revoked key still signing deliveries."""
-    from app import create_app
     from ledger.access import audit
     from ledger.access.credentials import revoke_credential
-    from ledger.db.engine import upgrade
-    from tests.conftest import TEST_MASTER_KEY
 
-    tmp = tmp_path_factory.mktemp("e2e-deliveries")
-    app = create_app({"DATABASE_URL": f"sqlite:///{tmp / 'ledger.sqlite3'}",
-                      "LEDGER_MASTER_KEY": TEST_MASTER_KEY, "LEDGER_VAR_DIR": str(tmp),
-                      "LEDGER_SECRET_KEY": "e2e-secret", "LEDGER_DEMO_HANDLERS": "1"})
-    svc = app.extensions["ledger"]
-    upgrade(svc.engine)
-    sender = make_sender(app)
-    client = app.test_client()
-    deliver(client, sender, "evt_before_the_leak")
-    with svc.engine.begin() as conn:
-        revoke_credential(conn, audit.Actor(name="test", role="admin"), sender.key_id,
-                          reason="leaked in a paste", now=svc.clock.now())
-    svc.view.invalidate()
-    assert deliver(client, sender, "evt_after_the_leak").status_code == 401
-    svc.delivery_log.flush(everything=True)
-    make_operator(app, "sec", "security")
-    server = loopback_server(app)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield Leak(url=f"http://127.0.0.1:{server.server_port}", sender=sender)
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        svc.close()
-
+    with sqlite_app(tmp_path_factory.mktemp("e2e-deliveries")) as app:
+        svc = app.extensions["ledger"]
+        sender = make_sender(app)
+        client = app.test_client()
+        deliver(client, sender, "evt_before_the_leak")
+        with svc.engine.begin() as conn:
+            revoke_credential(conn, audit.Actor(name="test", role="admin"), sender.key_id,
+                              reason="leaked in a paste", now=svc.clock.now())
+        svc.view.invalidate()
+        assert deliver(client, sender, "evt_after_the_leak").status_code == 401
+        svc.delivery_log.flush(everything=True)
+        make_operator(app, "sec", "security")
+        with thread_server(app) as url:
+            yield Leak(url=url, sender=sender)
 
 def test_security_sees_a_refused_delivery_with_its_key(page: Any, leak: Leak) -> None:  # noqa: F811
     from playwright.sync_api import expect

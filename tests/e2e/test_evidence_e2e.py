@@ -6,52 +6,36 @@ from __future__ import annotations
 import csv
 import io
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ledger.web.loopback import loopback_server
 from tests.dashboard_helpers import PASSWORD, add_receipt, make_operator
 from tests.e2e.test_dashboard_e2e import CHROMIUM, SCREENSHOTS, TIMEOUT_MS, browser  # noqa: F401
 from tests.helpers import deliver, make_sender
+from tests.servers import sqlite_app, thread_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+def evidence_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
     """Serve the app on loopback over a SQLite ledger holding a conflict and failures."""
-    from app import create_app
-    from ledger.db.engine import upgrade
-    from tests.conftest import TEST_MASTER_KEY
-
-    tmp = tmp_path_factory.mktemp("e2e-evidence")
-    app = create_app({"DATABASE_URL": f"sqlite:///{tmp / 'ledger.sqlite3'}",
-                      "LEDGER_MASTER_KEY": TEST_MASTER_KEY, "LEDGER_VAR_DIR": str(tmp),
-                      "LEDGER_SECRET_KEY": "e2e-secret", "LEDGER_DEMO_HANDLERS": "1",
-                      "LEDGER_REVOCATION_BOUND_SECONDS": "2"})
-    upgrade(app.extensions["ledger"].engine)
-    sender = make_sender(app)
-    client = app.test_client()
-    deliver(client, sender, "evt_order", "demo.credit", {"amount": 5, "currency": "EUR"})
-    deliver(client, sender, "evt_order", "demo.credit", {"amount": 500, "note": "edited"})
-    for i in range(12):
-        add_receipt(app, sender.scope_id, f"evt_fail_{i:02d}", state=2,
-                    event_type="demo.fail" if i % 3 else "demo.other",
-                    error="RuntimeError: downstream said no, with a long message " * 2)
-    make_operator(app, "sam", "admin")
-    server = loopback_server(app)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}", sender
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        app.extensions["ledger"].close()
+    with sqlite_app(tmp_path_factory.mktemp("e2e-evidence"),
+                    LEDGER_REVOCATION_BOUND_SECONDS="2") as app:
+        sender = make_sender(app)
+        client = app.test_client()
+        deliver(client, sender, "evt_order", "demo.credit", {"amount": 5, "currency": "EUR"})
+        deliver(client, sender, "evt_order", "demo.credit", {"amount": 500, "note": "edited"})
+        for i in range(12):
+            add_receipt(app, sender.scope_id, f"evt_fail_{i:02d}", state=2,
+                        event_type="demo.fail" if i % 3 else "demo.other",
+                        error="RuntimeError: downstream said no, with a long message " * 2)
+        make_operator(app, "sam", "admin")
+        with thread_server(app) as url:
+            yield url, sender
 
 
 def _page(browser: Any, **context: Any) -> Any:  # noqa: F811
@@ -78,11 +62,11 @@ def _shot(tab: Any, name: str) -> None:
     tab.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
 
-def test_conflict_diff_and_export_of_a_filter(browser: Any, live: tuple[str, Any],  # noqa: F811
+def test_conflict_diff_and_export_of_a_filter(browser: Any, evidence_server: tuple[str, Any],  # noqa: F811
                                               tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
-    url, _ = live
+    url, _ = evidence_server
     tab = _page(browser, accept_downloads=True)
     _login(tab, url, "/conflicts")
     expect(tab.locator("#conflicts")).to_contain_text("(incoming body kept)")
@@ -109,10 +93,11 @@ def test_conflict_diff_and_export_of_a_filter(browser: Any, live: tuple[str, Any
     assert tab.console_errors == []
 
 
-def test_drill_runs_from_the_credentials_page(browser: Any, live: tuple[str, Any]) -> None:  # noqa: F811
+def test_drill_runs_from_the_credentials_page(browser: Any,  # noqa: F811
+                                              evidence_server: tuple[str, Any]) -> None:
     from playwright.sync_api import expect
 
-    url, _ = live
+    url, _ = evidence_server
     tab = _page(browser)
     _login(tab, url, "/credentials")
     tab.fill("#drill input[name=password]", PASSWORD)
@@ -128,11 +113,11 @@ def test_drill_runs_from_the_credentials_page(browser: Any, live: tuple[str, Any
     assert tab.console_errors == []
 
 
-def test_phone_width_dark_mode_local_times_and_slash(browser: Any, live: tuple[str, Any]  # noqa: F811
+def test_phone_width_dark_mode_local_times_and_slash(browser: Any, evidence_server: tuple[str, Any]  # noqa: F811
                                                     ) -> None:
     from playwright.sync_api import expect
 
-    url, sender = live
+    url, sender = evidence_server
     tab = _page(browser, viewport={"width": 390, "height": 844}, color_scheme="dark",
                 timezone_id="Asia/Tokyo")
     _login(tab, url, "/failures")

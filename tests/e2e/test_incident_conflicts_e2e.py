@@ -11,8 +11,9 @@ from flask import Flask
 
 from tests.dashboard_helpers import fast_hashes, make_operator
 from tests.e2e import test_dashboard_e2e as base
-from tests.e2e.incident import login, serving
+from tests.e2e.incident import login
 from tests.integration.test_dashboard_conflict_evidence import _conflict_after_completion
+from tests.servers import thread_server
 
 browser, page, fast_hashes = base.browser, base.page, fast_hashes
 
@@ -34,7 +35,7 @@ def test_a_completed_original_still_shows_what_is_known(page: Any, app: Flask) -
 
     conflict_id = _conflict_after_completion(app)
     make_operator(app, "olga", "oncall")
-    with serving(app) as url:
+    with thread_server(app) as url:
         login(page, url, "olga", "/conflicts")
         expect(page.locator("#kept-note")).to_contain_text("leaves with its job")
         page.locator("#conflicts a", has_text="evt_1").first.click()
@@ -49,7 +50,7 @@ def test_the_forensic_window_gives_a_diff_and_its_cost(page: Any, windowed: Flas
 
     conflict_id = _conflict_after_completion(windowed)
     make_operator(windowed, "olga", "oncall")
-    with serving(windowed) as url:
+    with thread_server(windowed) as url:
         login(page, url, "olga", f"/conflicts/{conflict_id}")
         expect(page.locator("#diff")).to_contain_text("$.data.amount")
         expect(page.locator("#original-facts")).to_contain_text("forensic window")

@@ -14,7 +14,8 @@ from sqlalchemy import select
 from ledger.db.schema import audit_log
 from tests.dashboard_helpers import PASSWORD, fast_hashes, make_operator
 from tests.e2e import test_dashboard_e2e as base
-from tests.e2e.incident import login, serving
+from tests.e2e.incident import login
+from tests.servers import thread_server
 
 browser, page, fast_hashes = base.browser, base.page, fast_hashes
 
@@ -35,7 +36,7 @@ def test_a_passed_drill_is_audited_as_passed_and_stays_shown(page: Any, app: Fla
     from playwright.sync_api import expect
 
     make_operator(app, "sam", "security")
-    with serving(app) as url:
+    with thread_server(app) as url:
         login(page, url, "sam", "/credentials")
         page.locator("#drill input[name=password]").fill(PASSWORD)
         page.locator("#drill button", has_text="Run the drill").click()

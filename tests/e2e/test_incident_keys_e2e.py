@@ -9,8 +9,9 @@ from flask import Flask
 
 from tests.dashboard_helpers import PASSWORD, fast_hashes, make_operator
 from tests.e2e import test_dashboard_e2e as base
-from tests.e2e.incident import login, serving
+from tests.e2e.incident import login
 from tests.helpers import make_sender
+from tests.servers import thread_server
 
 browser, page, fast_hashes = base.browser, base.page, fast_hashes
 
@@ -22,7 +23,7 @@ def test_label_a_key_and_identify_a_leaked_secret(page: Any, app: Flask) -> None
 
     sender = make_sender(app)
     make_operator(app, "sam", "security")
-    with serving(app) as url:
+    with thread_server(app) as url:
         login(page, url, "sam", f"/credentials/{sender.public_id}")
         add = page.locator("form", has=page.locator("h2", has_text="Add a key"))
         add.locator("input[name=reason]").fill("second sender")

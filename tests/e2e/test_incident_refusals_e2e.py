@@ -10,8 +10,9 @@ from flask import Flask
 
 from tests.dashboard_helpers import fast_hashes, make_operator
 from tests.e2e import test_dashboard_e2e as base
-from tests.e2e.incident import login, serving
+from tests.e2e.incident import login
 from tests.integration.test_dashboard_refusals import _seed
+from tests.servers import thread_server
 
 browser, page, fast_hashes = base.browser, base.page, fast_hashes
 
@@ -23,7 +24,7 @@ def test_oncall_finds_a_refusal_by_its_event_id(page: Any, app: Flask) -> None:
 
     sender, _ = _seed(app)
     make_operator(app, "olga", "oncall")
-    with serving(app) as url:
+    with thread_server(app) as url:
         login(page, url, "olga")
         page.fill("header input[name=q]", "evt_after_revoke")
         page.press("header input[name=q]", "Enter")

@@ -11,8 +11,9 @@ from flask import Flask
 from ledger.worker.loop import Worker
 from tests.dashboard_helpers import fast_hashes, make_operator
 from tests.e2e import test_dashboard_e2e as base
-from tests.e2e.incident import login, serving
+from tests.e2e.incident import login
 from tests.integration.test_dashboard_requeue_followup import seed_groups
+from tests.servers import thread_server
 
 browser, page, fast_hashes = base.browser, base.page, fast_hashes
 
@@ -24,7 +25,7 @@ def test_requeue_a_group_and_follow_it_through(page: Any, app: Flask) -> None:
 
     gid = seed_groups(app)
     make_operator(app, "olga", "oncall")
-    with serving(app) as url:
+    with thread_server(app) as url:
         login(page, url, "olga", "/failures/groups")
         row = page.locator(f"#groups-table tr[data-group='{gid}']")
         row.locator("a.group-members").click()

@@ -17,8 +17,9 @@ from ledger.access import audit
 from ledger.db.schema import jobs
 from tests.dashboard_helpers import add_conflict, add_receipt, fast_hashes, make_operator
 from tests.e2e import test_dashboard_e2e as base
-from tests.e2e.incident import login, serving
+from tests.e2e.incident import login
 from tests.helpers import deliver, make_sender
+from tests.servers import thread_server
 
 browser, page, fast_hashes = base.browser, base.page, fast_hashes
 
@@ -68,7 +69,7 @@ def test_every_page_fits_a_phone(browser: Any, app: Flask) -> None:
     tab = context.new_page()
     tab.set_default_timeout(base.TIMEOUT_MS)
     try:
-        with serving(app) as url:
+        with thread_server(app) as url:
             login(tab, url, "sam")
             header = tab.evaluate("document.querySelector('header.top').offsetHeight")
             assert header <= 140, header  # of 844 px; it took 255 before
@@ -92,7 +93,7 @@ def test_times_numbers_charts_and_audit_read_plainly(page: Any, app: Flask) -> N
     from playwright.sync_api import expect
 
     _seed(app)
-    with serving(app) as url:
+    with thread_server(app) as url:
         login(page, url, "sam", "/stuck")
         retry = page.locator("#retrying-table tr", has_text="evt_retry")
         expect(retry).to_contain_text("limit now 4")

@@ -9,8 +9,9 @@ from flask import Flask
 
 from tests.dashboard_helpers import fast_hashes, make_operator
 from tests.e2e import test_dashboard_e2e as base
-from tests.e2e.incident import login, serving
+from tests.e2e.incident import login
 from tests.integration.test_purge_preview import _seed
+from tests.servers import thread_server
 
 browser, page, fast_hashes = base.browser, base.page, fast_hashes
 
@@ -22,7 +23,7 @@ def test_capacity_previews_the_next_purge(page: Any, app: Flask) -> None:
 
     _seed(app)
     make_operator(app, "vic", "viewer")
-    with serving(app) as url:
+    with thread_server(app) as url:
         login(page, url, "vic", "/capacity")
         preview = page.locator("#purge-preview")
         expect(preview).to_contain_text("Next run")

@@ -9,8 +9,9 @@ from flask import Flask
 
 from tests.dashboard_helpers import fast_hashes, make_operator
 from tests.e2e import test_dashboard_e2e as base
-from tests.e2e.incident import login, serving
+from tests.e2e.incident import login
 from tests.integration.test_dashboard_revocations import seed_revocation
+from tests.servers import thread_server
 
 browser, page, fast_hashes = base.browser, base.page, fast_hashes
 
@@ -23,7 +24,7 @@ def test_a_revocation_says_where_it_propagated_and_what_got_through(page: Any,
 
     sender = seed_revocation(app)
     make_operator(app, "sam", "security")
-    with serving(app) as url:
+    with thread_server(app) as url:
         login(page, url, "sam", f"/credentials/{sender.public_id}")
         panel = page.locator(f"#revocation-{sender.key_id}")
         expect(panel.locator(".propagation")).to_contain_text("Refreshed on 2 of 2")

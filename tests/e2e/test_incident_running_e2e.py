@@ -9,8 +9,9 @@ from flask import Flask
 
 from tests.dashboard_helpers import fast_hashes, make_operator
 from tests.e2e import test_dashboard_e2e as base
-from tests.e2e.incident import login, serving
+from tests.e2e.incident import login
 from tests.integration.test_dashboard_running import seed_in_flight
+from tests.servers import thread_server
 
 browser, page, fast_hashes = base.browser, base.page, fast_hashes
 
@@ -22,7 +23,7 @@ def test_the_slow_handler_is_named_as_the_blocker(page: Any, app: Flask) -> None
 
     seed_in_flight(app)
     make_operator(app, "olga", "oncall")
-    with serving(app) as url:
+    with thread_server(app) as url:
         login(page, url, "olga", "/stuck")
         running = page.locator("#running-table tr", has_text="evt_slow")
         expect(running).to_contain_text("w:1:live")

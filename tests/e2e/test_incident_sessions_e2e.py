@@ -10,7 +10,8 @@ from flask import Flask
 
 from tests.dashboard_helpers import fast_hashes, make_operator
 from tests.e2e import test_dashboard_e2e as base
-from tests.e2e.incident import login, serving
+from tests.e2e.incident import login
+from tests.servers import thread_server
 
 browser, page, fast_hashes = base.browser, base.page, fast_hashes
 
@@ -30,7 +31,7 @@ def test_auto_refresh_after_logout_goes_to_login_with_a_banner(page: Any, app: F
     from playwright.sync_api import expect
 
     make_operator(app, "olga", "oncall")
-    with serving(app) as url:
+    with thread_server(app) as url:
         page.clock.install()
         login(page, url, "olga", "/stuck")
         _log_out_elsewhere(page, url)
@@ -50,7 +51,7 @@ def test_an_action_after_logout_goes_to_login_not_a_json_error(page: Any, app: F
     from playwright.sync_api import expect
 
     make_operator(app, "olga", "oncall")
-    with serving(app) as url:
+    with thread_server(app) as url:
         login(page, url, "olga", "/receipts")
         _log_out_elsewhere(page, url)
         # A filter is an htmx request in place: it must not swap an error into the page.

@@ -4,7 +4,6 @@ tell stuck from retrying, see a dead worker, find a delivery by account."""
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,10 +13,10 @@ import pytest
 from sqlalchemy import insert, update
 
 from ledger.db.schema import attempts, instances, jobs
-from ledger.web.loopback import loopback_server
 from tests.dashboard_helpers import PASSWORD, add_receipt, make_operator
 from tests.e2e import test_dashboard_e2e as base
 from tests.helpers import Sender, deliver, make_sender
+from tests.servers import sqlite_app, thread_server
 
 browser, page, _shot = base.browser, base.page, base._shot  # the browser fixtures, shared
 
@@ -67,50 +66,35 @@ def _seed_work(app: Any, acme: Sender) -> None:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def ops_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """Serve the real app on a free loopback port over a seeded SQLite ledger."""
-    from app import create_app
-    from ledger.db.engine import upgrade
-    from tests.conftest import TEST_MASTER_KEY
-
-    tmp = tmp_path_factory.mktemp("e2e-ops")
-    app = create_app({"DATABASE_URL": f"sqlite:///{tmp / 'ledger.sqlite3'}",
-                      "LEDGER_MASTER_KEY": TEST_MASTER_KEY, "LEDGER_VAR_DIR": str(tmp),
-                      "LEDGER_SECRET_KEY": "e2e-secret", "LEDGER_DEMO_HANDLERS": "1"})
-    upgrade(app.extensions["ledger"].engine)
-    acme = make_sender(app)
-    globex = make_sender(app, account="globex", name="shop")
-    client = app.test_client()
-    deliver(client, acme, "evt_acme_1")
-    deliver(client, globex, "evt_globex_1")
-    deliver(client, globex, "evt_globex_2")
-    _seed_failures(app, acme, globex)
-    _seed_work(app, acme)
-    make_operator(app, "olga", "oncall")
-    server = loopback_server(app)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield Live(url=f"http://127.0.0.1:{server.server_port}", acme=acme, globex=globex)
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        app.extensions["ledger"].close()
+    with sqlite_app(tmp_path_factory.mktemp("e2e-ops")) as app:
+        acme = make_sender(app)
+        globex = make_sender(app, account="globex", name="shop")
+        client = app.test_client()
+        deliver(client, acme, "evt_acme_1")
+        deliver(client, globex, "evt_globex_1")
+        deliver(client, globex, "evt_globex_2")
+        _seed_failures(app, acme, globex)
+        _seed_work(app, acme)
+        make_operator(app, "olga", "oncall")
+        with thread_server(app) as url:
+            yield Live(url=url, acme=acme, globex=globex)
 
 
-def _login(page: Any, live: Live) -> None:
+def _login(page: Any, ops_server: Live) -> None:
     """Log in as the seeded on-call operator."""
-    page.goto(f"{live.url}/")
+    page.goto(f"{ops_server.url}/")
     page.fill("input[name=username]", "olga")
     page.fill("input[name=password]", PASSWORD)
     page.click("button[type=submit]")
     page.wait_for_url(re.compile(r".*/$"))
 
 
-def test_see_a_dead_worker(page: Any, live: Live) -> None:
+def test_see_a_dead_worker(page: Any, ops_server: Live) -> None:
     from playwright.sync_api import expect
 
-    _login(page, live)
+    _login(page, ops_server)
     expect(page.locator(".banner")).to_contain_text("Work is due and no worker is alive")
     expect(page.locator("#live-counts")).to_contain_text("0 worker")
     dead = page.locator("tr", has_text="worker-host:4711")
@@ -120,10 +104,10 @@ def test_see_a_dead_worker(page: Any, live: Live) -> None:
     assert page.console_errors == []
 
 
-def test_tell_stuck_from_retrying(page: Any, live: Live) -> None:
+def test_tell_stuck_from_retrying(page: Any, ops_server: Live) -> None:
     from playwright.sync_api import expect
 
-    _login(page, live)
+    _login(page, ops_server)
     page.click("header nav >> text=Stuck work")
     stuck = page.locator("#stuck-table tr", has_text="evt_stuck")
     expect(stuck).to_contain_text("no live worker")
@@ -136,10 +120,10 @@ def test_tell_stuck_from_retrying(page: Any, live: Live) -> None:
     assert page.console_errors == []
 
 
-def test_group_and_requeue_failures(page: Any, live: Live) -> None:
+def test_group_and_requeue_failures(page: Any, ops_server: Live) -> None:
     from playwright.sync_api import expect
 
-    _login(page, live)
+    _login(page, ops_server)
     page.click("header nav >> text=Failures")
     group = page.locator("#groups-table tr", has_text="too big for <id>")
     expect(group).to_contain_text("3")
@@ -153,7 +137,7 @@ def test_group_and_requeue_failures(page: Any, live: Live) -> None:
     confirm.locator("button", has_text="Yes, requeue 3").click()
     expect(page.locator("#bulk")).to_contain_text("Done: 3 requeued")
     _shot(page, "ops-04-group-requeued")
-    page.goto(f"{live.url}/failures/groups")
+    page.goto(f"{ops_server.url}/failures/groups")
     expect(page.locator("#groups-table")).not_to_contain_text("too big for")
     other = page.locator("#groups-table tr", has_text="KeyError")
     other.locator("input[name=note]").fill("known: old customers")
@@ -165,10 +149,10 @@ def test_group_and_requeue_failures(page: Any, live: Live) -> None:
     assert page.console_errors == []
 
 
-def test_find_a_delivery_by_account(page: Any, live: Live) -> None:
+def test_find_a_delivery_by_account(page: Any, ops_server: Live) -> None:
     from playwright.sync_api import expect
 
-    _login(page, live)
+    _login(page, ops_server)
     search = page.locator("header form.search input[name=q]")
     search.fill("globex")
     search.press("Enter")
@@ -179,7 +163,7 @@ def test_find_a_delivery_by_account(page: Any, live: Live) -> None:
     search = page.locator("header form.search input[name=q]")
     search.fill("evt_globex_1")
     search.press("Enter")
-    page.wait_for_url(re.compile(rf".*/receipts/{live.globex.public_id}/evt_globex_1$"))
+    page.wait_for_url(re.compile(rf".*/receipts/{ops_server.globex.public_id}/evt_globex_1$"))
     expect(page.locator("main")).to_contain_text("evt_globex_1")
     _shot(page, "ops-06-search-event")
     assert page.console_errors == []

@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from ledger.clock import FixedClock
+from tests.integration.pg_cluster import PrivateCluster
+from tests.servers import thread_server
 
 
 @pytest.fixture
@@ -29,3 +31,28 @@ def clocked_app(clocked_env, clock):  # type: ignore[no-untyped-def]
     application = create_app(clocked_env, clock=clock)
     yield application
     application.extensions["ledger"].close()
+
+
+@pytest.fixture
+def live(app):  # type: ignore[no-untyped-def]
+    """The app served on a loopback port (a werkzeug thread)."""
+    with thread_server(app) as base_url:
+        yield base_url
+
+
+@pytest.fixture
+def private_cluster(tmp_path):  # type: ignore[no-untyped-def]
+    """A started private PostgreSQL cluster with an empty `ledger` database; dropped after."""
+    from sqlalchemy import create_engine, text
+
+    cluster = PrivateCluster(tmp_path)
+    try:
+        cluster.create()
+        cluster.start()
+        admin = create_engine(cluster.admin_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("CREATE DATABASE ledger"))
+        admin.dispose()
+        yield cluster
+    finally:
+        cluster.drop()

@@ -15,7 +15,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from tests.servers import free_port
+from tests.servers import BIN, ROOT, free_port
 
 TIMEOUT = 60  # seconds: the bound of every cluster command
 
@@ -127,3 +127,20 @@ class PrivateCluster:
                               check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{args[0]} failed: {done.stdout}{done.stderr}")
+
+
+def ledger_env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """Environment of ledger processes on `url` (demo handlers on, quiet logs)."""
+    from tests.conftest import TEST_MASTER_KEY
+
+    return {"DATABASE_URL": url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
+            "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_SECRET_KEY": "cluster-tests",
+            "LEDGER_DEMO_HANDLERS": "1", "LEDGER_LOG_LEVEL": "WARNING", **extra}
+
+
+def migrate(env: dict[str, str]) -> None:
+    """Run `ledger db upgrade` on the environment's database, as an operator would."""
+    done = subprocess.run([str(BIN / "ledger"), "db", "upgrade"], cwd=str(ROOT),
+                          env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=TIMEOUT, check=False)
+    assert done.returncode == 0, done.stderr

@@ -19,11 +19,11 @@ from ledger.access.credentials import (
 )
 from ledger.access.integrations import get_integration
 from ledger.access.secrets_box import SecretBox
-from ledger.clock import FixedClock, unix
+from ledger.clock import FixedClock
 from ledger.db.schema import audit_log, credentials
 from ledger.domain import CredentialState
 from ledger.errors import NotFound, Refused
-from tests.helpers import deliver, ledger_counts, make_sender
+from tests.helpers import ledger_counts, make_sender, send
 
 START = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 ADMIN = audit.Actor(name="alice", role="security")
@@ -54,10 +54,6 @@ def _audit_rows(app, action: str) -> list:  # type: ignore[type-arg]
                             .order_by(audit_log.c.id)).all()
 
 
-def _send(client, sender, clock, event_id, secret=None):  # type: ignore[no-untyped-def]
-    return deliver(client, sender, event_id, secret=secret, timestamp=unix(clock.now()))
-
-
 def test_rotation_adds_replacement_on_same_scope_and_retires_old_key(clocked_app, clock):
     sender = make_sender(clocked_app)
     rotation = _rotate(clocked_app, sender, overlap_seconds=3600)
@@ -74,31 +70,29 @@ def test_rotation_adds_replacement_on_same_scope_and_retires_old_key(clocked_app
 
 def test_old_key_verifies_until_the_instant_before_expiry_and_never_at_it(
         clocked_app, clock):
-    client = clocked_app.test_client()
     sender = make_sender(clocked_app)
     rotation = _rotate(clocked_app, sender, overlap_seconds=600)
     expires_at = START + timedelta(seconds=600)
     clock.advance(600 - 1e-6)
     assert clock.now() == expires_at - timedelta(microseconds=1)
-    assert _send(client, sender, clock, "evt_before").status_code == 202
+    assert send(clocked_app, sender, "evt_before").status_code == 202
     clock.advance(1e-6)
     assert clock.now() == expires_at
-    assert _send(client, sender, clock, "evt_at").status_code == 401
+    assert send(clocked_app, sender, "evt_at").status_code == 401
     # The expiry job has not run: the row still says retiring, and still nothing verifies.
     assert _states(clocked_app, sender)[sender.key_id][0] == "retiring"
     clock.advance(3600)
-    assert _send(client, sender, clock, "evt_later").status_code == 401
-    assert _send(client, sender, clock, "evt_new", secret=rotation.secret).status_code == 202
+    assert send(clocked_app, sender, "evt_later").status_code == 401
+    assert send(clocked_app, sender, "evt_new", secret=rotation.secret).status_code == 202
     assert ledger_counts(clocked_app)["receipts"] == 2
 
 
 def test_replay_under_replacement_key_finds_the_original_receipt(clocked_app, clock):
-    client = clocked_app.test_client()
     sender = make_sender(clocked_app)
-    assert _send(client, sender, clock, "evt_1").status_code == 202
+    assert send(clocked_app, sender, "evt_1").status_code == 202
     rotation = _rotate(clocked_app, sender, overlap_seconds=0)
     clocked_app.extensions["ledger"].view.invalidate()
-    replay = _send(client, sender, clock, "evt_1", secret=rotation.secret)
+    replay = send(clocked_app, sender, "evt_1", secret=rotation.secret)
     assert replay.status_code == 202
     assert replay.get_json() == {"status": "duplicate", "event_id": "evt_1",
                                  "state": "pending"}
@@ -106,12 +100,11 @@ def test_replay_under_replacement_key_finds_the_original_receipt(clocked_app, cl
 
 
 def test_overlap_zero_stops_old_keys_now(clocked_app, clock):
-    client = clocked_app.test_client()
     sender = make_sender(clocked_app)
     rotation = _rotate(clocked_app, sender, overlap_seconds=0)
     assert rotation.retiring == [(sender.key_id, START)]
     assert _states(clocked_app, sender)[sender.key_id] == ("expired", START)
-    assert _send(client, sender, clock, "evt_1").status_code == 401
+    assert send(clocked_app, sender, "evt_1").status_code == 401
 
 
 def test_rotating_again_never_extends_a_retiring_key(clocked_app, clock):
@@ -170,14 +163,13 @@ def test_revoking_twice_or_an_unknown_key_is_refused(clocked_app):
 
 
 def test_revoked_key_is_refused_once_the_cached_view_expires(clocked_app, clock):
-    client = clocked_app.test_client()
     sender = make_sender(clocked_app)
-    assert _send(client, sender, clock, "evt_1").status_code == 202  # cached now
+    assert send(clocked_app, sender, "evt_1").status_code == 202  # cached now
     _revoke(clocked_app, sender.key_id)
     ttl = clocked_app.extensions["ledger"].settings.revocation_bound_seconds / 2
     clock.advance(ttl)
-    assert _send(client, sender, clock, "evt_2").status_code == 401
-    assert _send(client, sender, clock, "evt_1").status_code == 401
+    assert send(clocked_app, sender, "evt_2").status_code == 401
+    assert send(clocked_app, sender, "evt_1").status_code == 401
     assert ledger_counts(clocked_app) == {"receipts": 1, "jobs": 1, "conflicts": 0}
 
 
@@ -212,8 +204,7 @@ def test_rekey_moves_secrets_to_the_new_master_key_and_old_key_can_go(
     # A process restarted with only the new key (the old one removed) still verifies.
     restarted = create_app({**test_env, "LEDGER_MASTER_KEY": new_key}, clock=clock)
     try:
-        client = restarted.test_client()
         for index, sender in enumerate(senders):
-            assert _send(client, sender, clock, f"evt_{index}").status_code == 202
+            assert send(restarted, sender, f"evt_{index}").status_code == 202
     finally:
         restarted.extensions["ledger"].close()

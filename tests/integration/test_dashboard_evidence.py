@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from app import create_app
-from ledger.clock import FixedClock, unix
+from ledger.clock import FixedClock
 from ledger.db.schema import attempts, audit_log, conflicts, jobs
 from ledger.demo.seed import balance
 from ledger.intake.store import CONFLICT_BODY_LIMIT
@@ -23,7 +23,7 @@ from tests.dashboard_helpers import (
     logged_in,
     post,
 )
-from tests.helpers import deliver, event_body, make_sender
+from tests.helpers import event_body, make_sender, send
 
 
 class HalfRandom:
@@ -45,12 +45,6 @@ def app(test_env):  # type: ignore[no-untyped-def]
 
 def _clock(app):  # type: ignore[no-untyped-def]
     return app.extensions["ledger"].clock
-
-
-def _send(app, sender, event_id, event_type="demo.credit", data=None, body=None):  # type: ignore[no-untyped-def]
-    now = unix(_clock(app).now())
-    return deliver(app.test_client(), sender, event_id, event_type, data, body=body,
-                   timestamp=now)
 
 
 def _drain(app) -> int:  # type: ignore[no-untyped-def]
@@ -87,9 +81,9 @@ def test_json_diff_names_added_removed_and_changed_paths() -> None:
 
 def test_conflict_keeps_its_body_and_shows_the_diff_to_oncall_only(app) -> None:  # type: ignore[no-untyped-def]
     sender = make_sender(app)
-    assert _send(app, sender, "evt_c", "demo.fail", {"amount": 5}).status_code == 202
+    assert send(app, sender, "evt_c", "demo.fail", {"amount": 5}).status_code == 202
     _drain(app)  # demo.fail: the job is retrying and keeps its payload
-    answer = _send(app, sender, "evt_c", "demo.fail", {"amount": 500, "note": "edited"})
+    answer = send(app, sender, "evt_c", "demo.fail", {"amount": 500, "note": "edited"})
     assert answer.status_code == 409
     row = _conflict(app)
     assert json.loads(row.incoming_body)["data"] == {"amount": 500, "note": "edited"}
@@ -111,9 +105,9 @@ def test_conflict_keeps_its_body_and_shows_the_diff_to_oncall_only(app) -> None:
 
 def test_diff_is_gone_once_the_original_payload_is_gone(app) -> None:  # type: ignore[no-untyped-def]
     sender = make_sender(app)
-    _send(app, sender, "evt_ok", data={"amount": 5})
+    send(app, sender, "evt_ok", data={"amount": 5})
     _drain(app)  # completed: the payload left the ledger
-    assert _send(app, sender, "evt_ok", data={"amount": 6}).status_code == 409
+    assert send(app, sender, "evt_ok", data={"amount": 6}).status_code == 409
     page = logged_in(app, "oncall").get(f"/conflicts/{_conflict(app).id}")
     html = page.get_data(as_text=True)
     assert page.status_code == 200 and 'id="diff"' not in html
@@ -123,9 +117,9 @@ def test_diff_is_gone_once_the_original_payload_is_gone(app) -> None:  # type: i
 
 def test_an_oversized_conflicting_body_keeps_only_its_size(app) -> None:  # type: ignore[no-untyped-def]
     sender = make_sender(app)
-    _send(app, sender, "evt_big", data={"amount": 1})
+    send(app, sender, "evt_big", data={"amount": 1})
     big = event_body("stripe", "evt_big", data={"amount": 1, "pad": "x" * CONFLICT_BODY_LIMIT})
-    assert _send(app, sender, "evt_big", body=big).status_code == 409
+    assert send(app, sender, "evt_big", body=big).status_code == 409
     row = _conflict(app)
     assert row.incoming_body is None and row.incoming_size == len(big)
     html = logged_in(app, "oncall").get(f"/conflicts/{row.id}").get_data(as_text=True)
@@ -136,8 +130,8 @@ def test_retention_drops_kept_bodies_at_the_end_of_the_review_window(app) -> Non
     from jobs.retention import purge
 
     sender = make_sender(app)
-    _send(app, sender, "evt_r", data={"amount": 1})
-    _send(app, sender, "evt_r", data={"amount": 2})
+    send(app, sender, "evt_r", data={"amount": 1})
+    send(app, sender, "evt_r", data={"amount": 2})
     svc = app.extensions["ledger"]
     purge(svc.engine, svc.settings, svc.clock)
     assert _conflict(app).incoming_body is not None  # still inside the window
@@ -149,7 +143,7 @@ def test_retention_drops_kept_bodies_at_the_end_of_the_review_window(app) -> Non
 
 def test_receipt_page_labels_durations_and_next_attempts_truthfully(app) -> None:  # type: ignore[no-untyped-def]
     sender = make_sender(app)
-    _send(app, sender, "evt_f", "demo.flaky", {"amount": 3, "fail_times": 5})
+    send(app, sender, "evt_f", "demo.flaky", {"amount": 3, "fail_times": 5})
     _drain(app)
     client = logged_in(app, "oncall")
     html = client.get(f"/receipts/{sender.public_id}/evt_f").get_data(as_text=True)
@@ -163,7 +157,7 @@ def test_receipt_page_labels_durations_and_next_attempts_truthfully(app) -> None
 
 def test_retry_now_skips_the_backoff_audited(app) -> None:  # type: ignore[no-untyped-def]
     sender = make_sender(app)
-    _send(app, sender, "evt_f", "demo.flaky", {"amount": 3, "fail_times": 1})
+    send(app, sender, "evt_f", "demo.flaky", {"amount": 3, "fail_times": 1})
     _drain(app)
     assert _drain(app) == 0  # waiting on its 50 s backoff
     form = {"scope": sender.scope, "event_id": "evt_f", "reason": "upstream is back"}
@@ -184,7 +178,7 @@ def test_retry_now_skips_the_backoff_audited(app) -> None:  # type: ignore[no-un
 def test_run_again_needs_the_typed_id_and_the_accepted_body(app) -> None:  # type: ignore[no-untyped-def]
     sender = make_sender(app)
     body = event_body("stripe", "evt_c", data={"amount": 5})
-    assert _send(app, sender, "evt_c", body=body).status_code == 202
+    assert send(app, sender, "evt_c", body=body).status_code == 202
     _drain(app)
     svc = app.extensions["ledger"]
     with svc.engine.connect() as conn:
@@ -219,7 +213,7 @@ def test_run_again_needs_the_typed_id_and_the_accepted_body(app) -> None:  # typ
 
 def test_run_again_form_is_for_oncall_on_completed_receipts(app) -> None:  # type: ignore[no-untyped-def]
     sender = make_sender(app)
-    _send(app, sender, "evt_c", data={"amount": 5})
+    send(app, sender, "evt_c", data={"amount": 5})
     _drain(app)
     path = f"/receipts/{sender.public_id}/evt_c"
     assert "Run again" in logged_in(app, "oncall").get(path).get_data(as_text=True)

@@ -26,7 +26,7 @@ from tests.dashboard_helpers import (
     make_operator,
     make_token,
 )
-from tests.helpers import deliver, event_body, make_sender, signed_headers
+from tests.helpers import deliver, event_body, make_sender, send_http, signed_headers
 from tests.servers import thread_server
 
 ADMIN = audit.Actor(name="test", role="admin")
@@ -59,12 +59,13 @@ def _post(base_url: str, path: str, body: bytes, headers: dict[str, str]):  # ty
         conn.close()
 
 
-def _send(base_url: str, sender, event_id: str, *, body: bytes | None = None,  # type: ignore[no-untyped-def]
-          secret: str | None = None, headers: dict[str, str] | None = None):
+def _post_signed(base_url: str, sender, event_id: str, *, body: bytes | None = None,  # type: ignore[no-untyped-def]
+                 secret: str | None = None, headers: dict[str, str] | None = None) -> int:
+    """POST a delivery signed as the sender would (or with `headers`); return its status."""
     body = body if body is not None else event_body(sender.profile, event_id)
     headers = headers if headers is not None else signed_headers(sender, body, event_id,
                                                                  secret=secret)
-    return _post(base_url, f"/hooks/{sender.public_id}", body, headers)
+    return send_http(base_url, sender, body, headers, content_type=None).status_code
 
 
 def test_every_outcome_over_http_is_recorded_with_its_key_and_client(app) -> None:  # type: ignore[no-untyped-def]
@@ -76,17 +77,17 @@ def test_every_outcome_over_http_is_recorded_with_its_key_and_client(app) -> Non
     svc.view.invalidate()
     new_secret, old_key = rotation.secret, sender.key_id
     with thread_server(app) as base:
-        assert _send(base, sender, "evt_1", secret=new_secret)[0] == 202
-        assert _send(base, sender, "evt_1", secret=new_secret)[0] == 202  # duplicate, pending
+        assert _post_signed(base, sender, "evt_1", secret=new_secret) == 202
+        assert _post_signed(base, sender, "evt_1", secret=new_secret) == 202  # duplicate, pending
         other = event_body(sender.profile, "evt_1", data={"amount": 9})
-        assert _send(base, sender, "evt_1", body=other, secret=new_secret)[0] == 409
-        assert _send(base, sender, "evt_2")[0] == 401  # the old key, expired by the rotation
+        assert _post_signed(base, sender, "evt_1", body=other, secret=new_secret) == 409
+        assert _post_signed(base, sender, "evt_2") == 401  # the old key, expired by the rotation
         forged = signed_headers(sender, b"{}", "evt_3", secret="whsec_not_a_key_of_ours")
-        assert _send(base, sender, "evt_3", body=b"{}", headers=forged)[0] == 401
+        assert _post_signed(base, sender, "evt_3", body=b"{}", headers=forged) == 401
         bad = event_body(sender.profile, "bad id with spaces")
-        assert _send(base, sender, "x", body=bad, secret=new_secret)[0] == 400
+        assert _post_signed(base, sender, "x", body=bad, secret=new_secret) == 400
         big = b'{"pad": "' + b"x" * 5000 + b'"}'
-        assert _send(base, sender, "evt_4", body=big, secret=new_secret)[0] == 413
+        assert _post_signed(base, sender, "evt_4", body=big, secret=new_secret) == 413
         assert _post(base, "/hooks/in_0000000000000000000000", b"{}", {})[0] == 404
 
     rows = _rows(app)

@@ -32,7 +32,7 @@ from ledger.access.integrations import get_integration
 from ledger.db.schema import receipts
 from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.store import DestinationSettings, create_destination
-from tests.helpers import deliver, make_sender
+from tests.helpers import WAIT, deliver, make_sender
 from tests.servers import thread_server
 
 pytestmark = [pytest.mark.slow]
@@ -40,7 +40,6 @@ pytestmark = [pytest.mark.slow]
 BIN = Path(sys.executable).parent
 EVENTS = 30
 MAX_IN_FLIGHT = 3
-WAIT = 60.0  # seconds: the bound of every wait here
 ADMIN = audit.Actor(name="test", role="admin")
 
 

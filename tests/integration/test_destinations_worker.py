@@ -22,7 +22,7 @@ from app import create_app
 from ledger.access import audit
 from ledger.access.integrations import get_integration
 from ledger.cli import ledger_cli
-from ledger.clock import FixedClock, unix
+from ledger.clock import FixedClock
 from ledger.db.schema import failure_members, failure_signatures, jobs
 from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.store import (
@@ -40,12 +40,14 @@ from tests.dashboard_helpers import (
     make_operator,
     make_token,
 )
-from tests.helpers import deliver, event_body, make_sender
+from tests.helpers import event_body, make_sender, send
 from tests.receivers import Answer, Receiver, receiving
 
 PATHS = pytest.mark.parametrize("batch_size", [1, 8], ids=["single", "batched"])
 ADMIN = audit.Actor(name="test", role="admin")
 LOOPBACK = AddressPolicy.from_entries(["127.0.0.1"])
+AMOUNT = {"amount": 5}
+ACCEPTED = (200, 202)  # 200: a duplicate of a delivery already completed
 
 
 class FixedRandom:
@@ -84,14 +86,6 @@ def _destination(app, sender, url: str, **settings: Any):  # type: ignore[no-unt
             policy=LOOPBACK, handled_types=(), now=svc.clock.now())
 
 
-def _send(app, sender, event_id: str, event_type: str = "order.paid") -> bytes:  # type: ignore[no-untyped-def]
-    body = event_body(sender, event_id, event_type, {"amount": 5})
-    response = deliver(app.test_client(), sender, event_id, event_type, body=body,
-                       timestamp=unix(app.extensions["ledger"].clock.now()))
-    assert response.status_code in (200, 202), response.get_json()
-    return body
-
-
 def _run(app, batch_size: int) -> int:  # type: ignore[no-untyped-def]
     worker = Worker(app.extensions["ledger"], worker_id="w-test", batch_size=batch_size,
                     handlers=Registry(), rng=FixedRandom())
@@ -117,7 +111,8 @@ def test_the_stored_body_goes_out_re_signed_and_completes(setup, batch_size):
     app, sender, receiver, url = setup
     created = _destination(app, sender, url)
     receiver.answer(Answer(status=200, headers={"X-Result-Ref": "order:42"}))
-    body = _send(app, sender, "evt_1")
+    body = event_body(sender, "evt_1", "order.paid", AMOUNT)
+    send(app, sender, "evt_1", body=body, expect=ACCEPTED)
     assert _run(app, batch_size) == 1
     [request] = receiver.requests
     assert request.body == body  # as received, byte for byte
@@ -141,7 +136,7 @@ def test_500_503_then_200_is_three_attempts_with_one_key(setup, batch_size):
     created = _destination(app, sender, url)
     clock = app.extensions["ledger"].clock
     receiver.answer(Answer(status=500, body=b"boom"), Answer(status=503), Answer(status=200))
-    _send(app, sender, "evt_1")
+    send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)
     for _ in range(3):
         _run(app, batch_size)
         clock.advance(120)  # past the job's backoff and the destination's
@@ -163,8 +158,8 @@ def test_429_waits_at_least_its_retry_after_without_spending_attempts(setup, bat
     _destination(app, sender, url, max_in_flight=1)  # a batch sends one at a time
     clock = app.extensions["ledger"].clock
     receiver.answer(Answer(status=429, headers={"Retry-After": "30"}))
-    _send(app, sender, "evt_1")
-    _send(app, sender, "evt_2")
+    send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)
+    send(app, sender, "evt_2", "order.paid", AMOUNT, expect=ACCEPTED)
     _run(app, batch_size)
     assert len(receiver.requests) == 1  # the other event waits behind the destination
     clock.advance(29)
@@ -185,7 +180,7 @@ def test_400_fails_at_once(setup, batch_size):
     app, sender, receiver, url = setup
     _destination(app, sender, url)
     receiver.answer(Answer(status=400, body=b"unknown order"))
-    _send(app, sender, "evt_1")
+    send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)
     _run(app, batch_size)
     receipt = _receipt(app, sender, "evt_1")
     assert (receipt["state"], receipt["attempts"]) == ("failed", 1)
@@ -202,7 +197,7 @@ def test_a_paused_destination_holds_its_events_until_resumed(setup, batch_size):
     with svc.engine.begin() as conn:
         set_destination_state(conn, ADMIN, public_id, DestinationState.PAUSED,
                               reason="maintenance", now=svc.clock.now())
-    _send(app, sender, "evt_1")
+    send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)
     _run(app, batch_size)
     assert receiver.requests == []
     receipt = _receipt(app, sender, "evt_1")
@@ -221,7 +216,7 @@ def test_a_slow_destination_times_out_and_is_retried(setup):
     app, sender, receiver, url = setup
     _destination(app, sender, url, timeout_seconds=0.5)
     receiver.answer(Answer(status=200, hold=True))
-    _send(app, sender, "evt_1")
+    send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)
     _run(app, 1)
     receipt = _receipt(app, sender, "evt_1")
     assert (receipt["state"], receipt["attempts"]) == ("pending", 1)
@@ -234,10 +229,11 @@ def test_a_slow_destination_times_out_and_is_retried(setup):
 def test_a_duplicate_delivery_is_never_forwarded_twice(setup, batch_size):
     app, sender, receiver, url = setup
     _destination(app, sender, url)
-    _send(app, sender, "evt_1")
-    _send(app, sender, "evt_1")  # the sender retries before the worker ran
+    send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)
+    # the sender retries before the worker ran
+    send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)
     _run(app, batch_size)
-    _send(app, sender, "evt_1")  # and again once it completed
+    send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)  # and again once it completed
     _run(app, batch_size)
     assert len(receiver.requests) == 1
     assert _receipt(app, sender, "evt_1")["state"] == "complete"
@@ -246,7 +242,7 @@ def test_a_duplicate_delivery_is_never_forwarded_twice(setup, batch_size):
 def test_types_a_destination_does_not_take_are_not_sent(setup):
     app, sender, receiver, url = setup
     _destination(app, sender, url)
-    _send(app, sender, "evt_1", event_type="order.shipped")
+    send(app, sender, "evt_1", "order.shipped", AMOUNT, expect=ACCEPTED)
     _run(app, 1)
     assert receiver.requests == []
     assert _receipt(app, sender, "evt_1")["result_ref"] == "ignored:no-handler"
@@ -279,8 +275,8 @@ def test_a_failing_destination_is_one_failure_group_whatever_the_types(setup):
             DestinationSettings(url=url + "/in", event_types=["order.paid", "order.shipped"]),
             policy=LOOPBACK, handled_types=(), now=svc.clock.now())
     receiver.default = Answer(status=410, body=b"gone")
-    _send(app, sender, "evt_1", "order.paid")
-    _send(app, sender, "evt_2", "order.shipped")
+    send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)
+    send(app, sender, "evt_2", "order.shipped", AMOUNT, expect=ACCEPTED)
     _run(app, 1)
     with svc.engine.connect() as conn:
         groups = conn.execute(select(failure_signatures.c.event_type)).scalars().all()
@@ -294,16 +290,16 @@ def test_the_dashboard_shows_a_real_run(setup):
     created = _destination(app, sender, url)
     svc = app.extensions["ledger"]
     receiver.answer(Answer(status=503, body=b"busy: try later"))
-    _send(app, sender, "evt_1")
-    _send(app, sender, "evt_2")
+    send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)
+    send(app, sender, "evt_2", "order.paid", AMOUNT, expect=ACCEPTED)
     _run(app, 1)
     svc.clock.advance(120)
     _run(app, 1)
     with svc.engine.begin() as conn:
         set_destination_state(conn, ADMIN, created.destination.public_id,
                               DestinationState.PAUSED, reason="maintenance", now=svc.clock.now())
-    _send(app, sender, "evt_3")
-    _send(app, sender, "evt_4")
+    send(app, sender, "evt_3", "order.paid", AMOUNT, expect=ACCEPTED)
+    send(app, sender, "evt_4", "order.paid", AMOUNT, expect=ACCEPTED)
     _run(app, 1)
     make_operator(app, "olga", "oncall")
     token = make_token(app, "olga")

@@ -26,11 +26,10 @@ from sqlalchemy.engine import make_url
 from app import create_app
 from ledger.db.schema import attempts, instances, jobs, receipts
 from ledger.domain import ReceiptState
-from tests.helpers import deliver, make_sender
+from tests.helpers import WAIT, deliver, make_sender
 
 pytestmark = pytest.mark.slow
 
-WAIT = 60  # seconds: the bound of every wait in this module
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 

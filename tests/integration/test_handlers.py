@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from app import create_app
-from ledger.clock import FixedClock, unix
+from ledger.clock import FixedClock
 from ledger.db.schema import attempts, failure_members, jobs
 from ledger.demo.handlers import credit
 from ledger.demo.seed import balance
@@ -28,7 +28,7 @@ from ledger.worker import handlers as registry_module
 from ledger.worker.handlers import Registry, load_registry
 from ledger.worker.loop import Worker
 from tests.dashboard_helpers import fast_hashes, logged_in  # noqa: F401  (autouse fixture)
-from tests.helpers import deliver, make_sender
+from tests.helpers import make_sender, send
 
 PATHS = pytest.mark.parametrize("batch_size", [1, 8], ids=["single", "batched"])
 
@@ -49,13 +49,6 @@ def fixed_app(test_env):
                      clock=FixedClock(datetime.now(UTC)))
     yield app
     app.extensions["ledger"].close()
-
-
-def _send(app, sender, event_id, event_type="demo.credit", amount=1):
-    now = unix(app.extensions["ledger"].clock.now())
-    response = deliver(app.test_client(), sender, event_id, event_type, {"amount": amount},
-                       timestamp=now)
-    assert response.status_code == 202, response.get_json()
 
 
 def _run(app, handlers, batch_size):
@@ -101,8 +94,8 @@ def _escape(conn, method):
 def test_a_handler_cannot_commit_past_the_fence(fixed_app, batch_size, method):
     app, clock = fixed_app, fixed_app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_esc", "t.escape", 5)
-    _send(app, sender, "evt_ok", "demo.credit", 1)
+    send(app, sender, "evt_esc", "t.escape", {"amount": 5}, expect=202)
+    send(app, sender, "evt_ok", "demo.credit", {"amount": 1}, expect=202)
 
     def escape(conn, event):
         credit(conn, event)  # written, then the handler tries to commit it on its own
@@ -123,7 +116,7 @@ def test_a_handler_cannot_commit_past_the_fence(fixed_app, batch_size, method):
 def test_savepoints_inside_the_handler_stay_allowed(fixed_app):
     app = fixed_app
     sender = make_sender(app)
-    _send(app, sender, "evt_sp", "t.nested", 4)
+    send(app, sender, "evt_sp", "t.nested", {"amount": 4}, expect=202)
 
     def nested(conn, event):
         with conn.begin_nested():
@@ -139,7 +132,7 @@ def test_savepoints_inside_the_handler_stay_allowed(fixed_app):
 def test_permanent_failure_fails_at_once_and_requeues_like_any_failure(fixed_app, batch_size):
     app = fixed_app
     sender = make_sender(app)
-    _send(app, sender, "evt_perm", "t.perm", 3)
+    send(app, sender, "evt_perm", "t.perm", {"amount": 3}, expect=202)
 
     def refuse(conn, event):
         credit(conn, event)
@@ -163,8 +156,8 @@ def test_permanent_failure_fails_at_once_and_requeues_like_any_failure(fixed_app
 def test_retry_after_sets_the_next_attempt_and_stays_bounded(fixed_app, batch_size):
     app, clock = fixed_app, fixed_app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_later", "t.later", 2)
-    _send(app, sender, "evt_never", "t.never", 2)
+    send(app, sender, "evt_later", "t.later", {"amount": 2}, expect=202)
+    send(app, sender, "evt_never", "t.never", {"amount": 2}, expect=202)
 
     def later(conn, event):
         raise RetryAfter(120, "rate limited")
@@ -233,7 +226,7 @@ def test_a_delivery_reaches_a_handler_its_module_imports(fixed_app, tmp_path, mo
     app_module = _module(tmp_path, monkeypatch, f"import {lib}  # noqa\n")
     svc = fixed_app.extensions["ledger"]
     sender = make_sender(fixed_app)
-    _send(fixed_app, sender, "evt_lib", "invoice.paid")
+    send(fixed_app, sender, "evt_lib", "invoice.paid", expect=202)
     worker = Worker(svc, worker_id="w", handlers=load_registry(
         svc.settings.with_(handler_modules=(app_module,))))
     assert worker.run(burst=True) == 1
@@ -288,8 +281,8 @@ def test_a_type_a_live_worker_handles_is_left_to_it(fixed_app, batch_size):
     app = fixed_app
     svc, clock = app.extensions["ledger"], app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_new", "t.new", 1)
-    _send(app, sender, "evt_old", "demo.credit", 2)
+    send(app, sender, "evt_new", "t.new", {"amount": 1}, expect=202)
+    send(app, sender, "evt_old", "demo.credit", {"amount": 2}, expect=202)
     with svc.engine.begin() as conn:  # a newer worker, alive, with the handler of t.new
         beat(conn, "host-b:7:newer", kind=InstanceKind.WORKER, now=clock.now(),
              refreshed_at=None, handles=("demo.credit", "t.new"))
@@ -319,7 +312,7 @@ def test_worker_instances_publish_and_show_the_types_they_handle(app):
 def test_the_event_a_handler_gets_is_typed_and_complete(fixed_app):
     app = fixed_app
     sender = make_sender(app)
-    _send(app, sender, "evt_typed", "t.typed", 9)
+    send(app, sender, "evt_typed", "t.typed", {"amount": 9}, expect=202)
     seen: list[Event] = []
 
     def remember(conn, event):

@@ -94,7 +94,7 @@ def _browser(base: str) -> tuple[requests.Session, str]:
     return browser, CSRF.findall(browser.get(f"{base}/", timeout=30).text)[0]
 
 
-def _send(browser: requests.Session, base: str, csrf: str, route: tuple[str, str, Any],
+def _request_route(browser: requests.Session, base: str, csrf: str, route: tuple[str, str, Any],
           values: dict[str, str], fields: dict[str, str]) -> requests.Response:
     """Send one request of `route` with these path values and query or form fields."""
     rule, method, _ = route
@@ -130,7 +130,7 @@ def test_every_route_refuses_the_reported_classes_without_5xx(app: Flask, served
     base, browser, csrf = served
     for route in _routes(app):
         before = _counts(app)
-        answer = _send(browser, base, csrf, route, dict.fromkeys(route[2], hostile),
+        answer = _request_route(browser, base, csrf, route, dict.fromkeys(route[2], hostile),
                        dict.fromkeys(FIELDS, hostile))
         assert answer.status_code < 500, (route, hostile)
         if answer.status_code >= 400:
@@ -151,7 +151,7 @@ def test_hostile_paths_queries_and_forms_never_answer_5xx(app: Flask, served: An
         fields = data.draw(st.dictionaries(st.sampled_from(FIELDS), hostile_text,
                                            max_size=8))
         before = _counts(app)
-        answer = _send(browser, base, csrf, route, values, fields)
+        answer = _request_route(browser, base, csrf, route, values, fields)
         assert answer.status_code < 500, (route, values, fields)
         if answer.status_code >= 400:
             assert _counts(app) == before, (route, values, fields)

@@ -9,28 +9,18 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-import requests
 from sqlalchemy import select
 
 from ledger.db.schema import receipts
-from tests.helpers import Sender, ledger_counts, make_sender
-from tests.servers import thread_server
+from tests.helpers import Sender, ledger_counts, make_sender, send_http
 
 SECRET = "acme-hmac-shared-secret"
 URL = "https://hooks.example.com/hooks/in_acme?portal=7"
 NOTHING = {"receipts": 0, "jobs": 0, "conflicts": 0}
-
-
-@pytest.fixture
-def live(app: Any) -> Iterator[str]:
-    """The app served on a loopback port."""
-    with thread_server(app) as base_url:
-        yield base_url
 
 
 def hmac_sender(app: Any, **options: Any) -> Sender:
@@ -44,12 +34,6 @@ def mac(message: bytes, key: str = SECRET, encoding: str = "hex") -> str:
     """HMAC-SHA256 of `message`, hex or base64."""
     raw = hmac.new(key.encode(), message, hashlib.sha256).digest()
     return raw.hex() if encoding == "hex" else base64.b64encode(raw).decode()
-
-
-def send(live: str, sender: Sender, body: bytes, headers: dict[str, str]) -> requests.Response:
-    """POST a delivery over HTTP."""
-    return requests.post(f"{live}/hooks/{sender.public_id}", data=body,
-                         headers={"Content-Type": "application/json", **headers}, timeout=30)
 
 
 def receipt_rows(app: Any) -> list[tuple[str, str]]:
@@ -67,11 +51,11 @@ def test_entries_header_with_rotation_signatures(app, live) -> None:
     now = int(time.time())
     good = mac(f"{now}.".encode() + body)
     header = f"t={now},v1={mac(b'other', 'old-secret')},v1={good}"
-    assert send(live, sender, body, {"Acme-Signature": header}).status_code == 202
+    assert send_http(live, sender, body, {"Acme-Signature": header}).status_code == 202
     stale = int(time.time()) - 3600
     old = f"t={stale},v1={mac(f'{stale}.'.encode() + body)}"
-    assert send(live, sender, body, {"Acme-Signature": old}).status_code == 401
-    assert send(live, sender, body, {"Acme-Signature": f"v1={good}"}).status_code == 401
+    assert send_http(live, sender, body, {"Acme-Signature": old}).status_code == 401
+    assert send_http(live, sender, body, {"Acme-Signature": f"v1={good}"}).status_code == 401
     assert receipt_rows(app) == [("e-1", "invitee.created")]
 
 
@@ -84,9 +68,9 @@ def test_rfc3339_timestamp_header_with_id_in_the_template(app, live) -> None:
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"
     headers = {"X-Id": "m-1", "X-Time": stamp,
                "X-Sig": "sha256=" + mac(f"m-1{stamp}".encode() + body)}
-    assert send(live, sender, body, headers).status_code == 202
+    assert send_http(live, sender, body, headers).status_code == 202
     local_time = {**headers, "X-Time": stamp.removesuffix("Z")}
-    assert send(live, sender, body, local_time).status_code == 401
+    assert send_http(live, sender, body, local_time).status_code == 401
     assert receipt_rows(app) == [("m-1", "channel.follow")]
 
 
@@ -98,10 +82,10 @@ def test_millisecond_timestamp_after_the_body_with_method_and_url(app, live) -> 
     body = b'{"eventId": "100", "type": "contact.creation"}'
     millis = str(int(time.time() * 1000))
     signature = mac(f"POST{URL}".encode() + body + millis.encode(), encoding="base64")
-    assert send(live, sender, body, {"X-Sig-V3": signature, "X-Ts": millis}).status_code == 202
+    assert send_http(live, sender, body, {"X-Sig-V3": signature, "X-Ts": millis}).status_code == 202
     old = str(int(time.time() * 1000) - 3_600_000)
     stale = mac(f"POST{URL}".encode() + body + old.encode(), encoding="base64")
-    assert send(live, sender, body, {"X-Sig-V3": stale, "X-Ts": old}).status_code == 401
+    assert send_http(live, sender, body, {"X-Sig-V3": stale, "X-Ts": old}).status_code == 401
     assert receipt_rows(app) == [("100", "contact.creation")]
 
 
@@ -110,12 +94,12 @@ def test_json_array_batch_with_a_text_success_body(app, live) -> None:
     sender = hmac_sender(app, signature_header="X-Sig", id_path="id", body_format="json-array",
                          success_body="[accepted]")
     body = json.dumps([{"id": "a", "type": "t"}, {"id": "b", "type": "t"}]).encode()
-    answer = send(live, sender, body, {"X-Sig": mac(body)})
+    answer = send_http(live, sender, body, {"X-Sig": mac(body)})
     assert (answer.status_code, answer.text) == (202, "[accepted]")
     assert answer.headers["Content-Type"].startswith("text/plain")
     assert receipt_rows(app) == [("a", "t"), ("b", "t")]
     bad = json.dumps([{"id": "c", "type": "t"}, {"id": "has space", "type": "t"}]).encode()
-    refused = send(live, sender, bad, {"X-Sig": mac(bad)})
+    refused = send_http(live, sender, bad, {"X-Sig": mac(bad)})
     assert refused.status_code == 400
     assert refused.json()["error"] == "invalid_event"
     assert ledger_counts(app)["receipts"] == 2

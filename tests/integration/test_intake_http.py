@@ -7,17 +7,7 @@ import json
 import socket
 import time
 
-import pytest
-
 from tests.helpers import ledger_counts, make_sender, signed_headers
-from tests.servers import thread_server
-
-
-@pytest.fixture
-def live(app):
-    """The app served on a loopback port."""
-    with thread_server(app) as base_url:
-        yield base_url
 
 
 def _post_chunked(base_url: str, path: str, headers: dict[str, str], chunks: list[bytes]):

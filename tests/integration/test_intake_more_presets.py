@@ -10,27 +10,16 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import pytest
-import requests
 from sqlalchemy import select
 
 from ledger.db.schema import receipts
-from tests.helpers import Sender, ledger_counts, make_sender
+from tests.helpers import Sender, ledger_counts, make_sender, send_http
 from tests.profile_keys import KEYS, URL
-from tests.servers import thread_server
 
 NOTHING = {"receipts": 0, "jobs": 0, "conflicts": 0}
-
-
-@pytest.fixture
-def live(app: Any) -> Iterator[str]:
-    """The app served on a loopback port."""
-    with thread_server(app) as base_url:
-        yield base_url
 
 
 def connect(app: Any, name: str, **settings: Any) -> Sender:
@@ -42,12 +31,6 @@ def connect(app: Any, name: str, **settings: Any) -> Sender:
 def mac(name: str, message: bytes, digest: str = "sha256") -> bytes:
     """HMAC of `message` under the sender's secret."""
     return hmac.new(KEYS[name].stored.encode(), message, digest).digest()
-
-
-def send(live: str, sender: Sender, body: bytes, headers: dict[str, str]) -> requests.Response:
-    """POST a delivery over HTTP."""
-    return requests.post(f"{live}/hooks/{sender.public_id}", data=body,
-                         headers={"Content-Type": "application/json", **headers}, timeout=30)
 
 
 def receipt_rows(app: Any) -> list[tuple[str, str]]:
@@ -71,11 +54,11 @@ def test_calendly_entries_header_any_listed_signature(app, live) -> None:
     now = int(time.time())
     signature = mac("calendly", f"{now}.".encode() + body).hex()
     headers = {"Calendly-Webhook-Signature": f"t={now},v1={'0' * 64},v1={signature}"}
-    first = send(live, sender, body, headers)
+    first = send_http(live, sender, body, headers)
     assert first.status_code == 202, first.json()
     assert first.json()["event_id"] == "sha256:" + hashlib.sha256(body).hexdigest()[:32]
-    assert send(live, sender, body, headers).json()["status"] == "duplicate"
-    assert send(live, sender, body + b" ", headers).status_code == 401
+    assert send_http(live, sender, body, headers).json()["status"] == "duplicate"
+    assert send_http(live, sender, body + b" ", headers).status_code == 401
     assert [t for _, t in receipt_rows(app)] == ["invitee.created"]
 
 
@@ -106,11 +89,12 @@ def test_twitch_challenge_is_echoed_as_text_only_after_authentication(app, live)
                        "subscription": {**SUBSCRIPTION,
                                         "status": "webhook_callback_verification_pending"}}
                       ).encode()
-    answer = send(live, sender, body, twitch_headers(body, "m-1", "webhook_callback_verification"))
+    answer = send_http(live, sender, body,
+                       twitch_headers(body, "m-1", "webhook_callback_verification"))
     assert (answer.status_code, answer.text) == (200, "pogchamp-kappa-360noscope-vohiyo")
     assert answer.headers["Content-Type"].startswith("text/plain")
     forged = twitch_headers(body, "m-1", "webhook_callback_verification", secret="wrong")
-    assert send(live, sender, body, forged).status_code == 401
+    assert send_http(live, sender, body, forged).status_code == 401
     assert ledger_counts(app) == NOTHING
 
 
@@ -119,13 +103,13 @@ def test_twitch_notification_and_revocation(app, live) -> None:
     sender = connect(app, "twitch", tolerance=600)
     note = json.dumps({"subscription": SUBSCRIPTION,
                        "event": {"user_id": "1337", "broadcaster_user_id": "12826"}}).encode()
-    assert send(live, sender, note, twitch_headers(note, "m-2", "notification")).status_code == (
-        202)
+    headers = twitch_headers(note, "m-2", "notification")
+    assert send_http(live, sender, note, headers).status_code == 202
     revoked = json.dumps({"subscription": {**SUBSCRIPTION,
                                            "status": "authorization_revoked"}}).encode()
-    assert send(live, sender, revoked, twitch_headers(revoked, "m-3", "revocation")).ok
+    assert send_http(live, sender, revoked, twitch_headers(revoked, "m-3", "revocation")).ok
     stale = twitch_headers(note, "m-4", "notification", moment=time.time() - 3600)
-    assert send(live, sender, note, stale).status_code == 401
+    assert send_http(live, sender, note, stale).status_code == 401
     assert receipt_rows(app) == [("m-2", "channel.follow"), ("m-3", "revocation.channel.follow")]
 
 
@@ -139,12 +123,12 @@ def test_zendesk_iso_timestamp_and_base64_signature(app, live) -> None:
     signature = base64.b64encode(mac("zendesk", stamp.encode() + body)).decode()
     headers = {"X-Zendesk-Webhook-Signature": signature,
                "X-Zendesk-Webhook-Signature-Timestamp": stamp}
-    assert send(live, sender, body, headers).status_code == 202
+    assert send_http(live, sender, body, headers).status_code == 202
     old = rfc3339(time.time() - 3600)
     stale = {"X-Zendesk-Webhook-Signature": base64.b64encode(
         mac("zendesk", old.encode() + body)).decode(),
         "X-Zendesk-Webhook-Signature-Timestamp": old}
-    assert send(live, sender, body, stale).status_code == 401
+    assert send_http(live, sender, body, stale).status_code == 401
     assert receipt_rows(app) == [("cbe4028c-7239-495d-b020-f22348516046",
                                   "zen:event-type:user.created")]
 
@@ -163,13 +147,13 @@ def test_hubspot_v3_batch_of_numeric_event_ids(app, live) -> None:
     signature = base64.b64encode(mac("hubspot", f"POST{URL}".encode() + body
                                      + millis.encode())).decode()
     headers = {"X-HubSpot-Signature-v3": signature, "X-HubSpot-Request-Timestamp": millis}
-    answer = send(live, sender, body, headers)
+    answer = send_http(live, sender, body, headers)
     assert answer.status_code == 202, answer.json()
     assert [e["status"] for e in answer.json()["events"]] == ["accepted", "accepted"]
     assert receipt_rows(app) == [("1001", "contact.creation"), ("1002", "contact.propertyChange")]
     other_url = base64.b64encode(mac("hubspot", b"POSThttps://evil.example/" + body
                                      + millis.encode())).decode()
-    assert send(live, sender, body, {**headers, "X-HubSpot-Signature-v3": other_url}
+    assert send_http(live, sender, body, {**headers, "X-HubSpot-Signature-v3": other_url}
                 ).status_code == 401
 
 
@@ -180,8 +164,8 @@ def test_intercom_sha1_of_the_body(app, live) -> None:
                        "topic": "conversation.user.created", "app_id": "a86dr8yl",
                        "data": {"type": "notification_event_data", "item": {}}}).encode()
     headers = {"X-Hub-Signature": "sha1=" + mac("intercom", body, "sha1").hex()}
-    assert send(live, sender, body, headers).status_code == 202
-    assert send(live, sender, body.replace(b"a86", b"b86"), headers).status_code == 401
+    assert send_http(live, sender, body, headers).status_code == 202
+    assert send_http(live, sender, body.replace(b"a86", b"b86"), headers).status_code == 401
     assert receipt_rows(app) == [("notif_ccd8a4d0-f965-11e3", "conversation.user.created")]
 
 
@@ -191,9 +175,9 @@ def test_typeform_base64_signature(app, live) -> None:
     body = json.dumps({"event_id": "LtWXD3crgy", "event_type": "form_response",
                        "form_response": {"form_id": "lT4Z3j"}}).encode()
     headers = {"Typeform-Signature": "sha256=" + base64.b64encode(mac("typeform", body)).decode()}
-    assert send(live, sender, body, headers).status_code == 202
+    assert send_http(live, sender, body, headers).status_code == 202
     hex_spelled = {"Typeform-Signature": "sha256=" + mac("typeform", body).hex()}
-    assert send(live, sender, body, hex_spelled).status_code == 401
+    assert send_http(live, sender, body, hex_spelled).status_code == 401
     assert receipt_rows(app) == [("LtWXD3crgy", "form_response")]
 
 
@@ -214,11 +198,11 @@ def test_mailgun_signature_inside_the_body(app, live) -> None:
     """Accepted with event-data's id and event; a foreign key or stale timestamp: 401."""
     sender = connect(app, "mailgun")
     body = mailgun_body("CPgfbmQMTCKtHW6uIWtuVe", "delivered")
-    assert send(live, sender, body, {}).status_code == 202
-    assert send(live, sender, body, {}).json()["status"] == "duplicate"
-    assert send(live, sender, mailgun_body("x1", "opened", key="wrong"), {}).status_code == 401
+    assert send_http(live, sender, body, {}).status_code == 202
+    assert send_http(live, sender, body, {}).json()["status"] == "duplicate"
+    assert send_http(live, sender, mailgun_body("x1", "opened", key="wrong"), {}).status_code == 401
     stale = mailgun_body("x2", "opened", moment=int(time.time()) - 3600)
-    assert send(live, sender, stale, {}).status_code == 401
+    assert send_http(live, sender, stale, {}).status_code == 401
     assert receipt_rows(app) == [("CPgfbmQMTCKtHW6uIWtuVe", "delivered")]
 
 
@@ -226,9 +210,9 @@ def test_mailgun_event_is_unsigned_so_the_body_digest_guard_applies(app, live) -
     """A captured signature object on a changed event under the same id is a 409 conflict."""
     sender = connect(app, "mailgun")
     body = mailgun_body("evt-9", "delivered")
-    assert send(live, sender, body, {}).status_code == 202
+    assert send_http(live, sender, body, {}).status_code == 202
     tampered = body.replace(b"alice@example.com", b"mallory@example.com")
-    assert send(live, sender, tampered, {}).status_code == 409
+    assert send_http(live, sender, tampered, {}).status_code == 409
     assert ledger_counts(app) == {"receipts": 1, "jobs": 1, "conflicts": 1}
 
 
@@ -255,11 +239,11 @@ def test_adyen_items_each_a_receipt_answered_accepted(app, live) -> None:
     """Each signed item is its own event, all in one transaction; the reply is [accepted]."""
     sender = connect(app, "adyen")
     body = adyen_body(adyen_item("7914073381342284"), adyen_item("7914073381342284", "CAPTURE"))
-    answer = send(live, sender, body, {})
+    answer = send_http(live, sender, body, {})
     assert (answer.status_code, answer.text) == (202, "[accepted]")
     assert receipt_rows(app) == [("AUTHORISATION:7914073381342284:true", "AUTHORISATION"),
                                  ("CAPTURE:7914073381342284:true", "CAPTURE")]
-    retried = send(live, sender, body, {})  # duplicates of pending receipts
+    retried = send_http(live, sender, body, {})  # duplicates of pending receipts
     assert (retried.status_code, retried.text) == (202, "[accepted]")
     assert ledger_counts(app)["receipts"] == 2
 
@@ -268,7 +252,7 @@ def test_adyen_one_tampered_item_refuses_the_whole_body(app, live) -> None:
     """An item whose signed fields changed: 401, nothing written."""
     sender = connect(app, "adyen")
     tampered = {**adyen_item("8815"), "amount": {"value": 1, "currency": "EUR"}}
-    assert send(live, sender, adyen_body(adyen_item("8814"), tampered), {}).status_code == 401
+    assert send_http(live, sender, adyen_body(adyen_item("8814"), tampered), {}).status_code == 401
     assert ledger_counts(app) == NOTHING
 
 
@@ -281,12 +265,12 @@ def test_aws_sns_confirmation_is_recorded_not_fetched_and_notifications_accepted
     plain = {"Content-Type": "text/plain; charset=UTF-8",
              "x-amz-sns-message-type": "SubscriptionConfirmation"}
     confirmation = signed({**CONFIRMATION, "Timestamp": rfc3339(time.time())})
-    assert send(live, sender, confirmation, plain).status_code == 202
+    assert send_http(live, sender, confirmation, plain).status_code == 202
     note = signed({**NOTIFICATION, "Timestamp": rfc3339(time.time())}, "2")
-    assert send(live, sender, note, {**plain, "x-amz-sns-message-type": "Notification"}).ok
+    assert send_http(live, sender, note, {**plain, "x-amz-sns-message-type": "Notification"}).ok
     assert receipt_rows(app) == [
         (CONFIRMATION["MessageId"], "SubscriptionConfirmation"),
         (NOTIFICATION["MessageId"], "Notification")]
     forged = note.replace(b"orders", b"refunds")
-    assert send(live, sender, forged, plain).status_code == 401
+    assert send_http(live, sender, forged, plain).status_code == 401
     assert ledger_counts(app)["receipts"] == 2

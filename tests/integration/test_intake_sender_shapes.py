@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -22,25 +21,11 @@ from standardwebhooks.webhooks import Webhook as StandardWebhook
 from twilio.request_validator import RequestValidator
 
 from ledger.db.schema import conflicts, jobs, receipts
-from tests.helpers import Sender, ledger_counts, make_sender
+from tests.helpers import Sender, ledger_counts, make_sender, send_http
 from tests.profile_keys import KEYS, URL
-from tests.servers import thread_server
 
 NOTHING = {"receipts": 0, "jobs": 0, "conflicts": 0}
 FORM = "application/x-www-form-urlencoded"
-
-
-@pytest.fixture
-def live(app: Any) -> Iterator[str]:
-    """The app served on a loopback port."""
-    with thread_server(app) as base_url:
-        yield base_url
-
-
-def send(live: str, sender: Sender, body: bytes, headers: dict[str, str]) -> requests.Response:
-    """POST a delivery over HTTP."""
-    return requests.post(f"{live}/hooks/{sender.public_id}", data=body, headers=headers,
-                         timeout=30)
 
 
 def recorded(app: Any) -> list[tuple[str, str, Any, bytes]]:
@@ -79,14 +64,14 @@ def test_github_form_body_is_verified_raw_and_stored_decoded(app, live) -> None:
     event = {"action": "opened", "issue": {"number": 7, "title": "a & b = c"}}
     body = ("payload=" + quote(json.dumps(event), safe="")).encode()
     headers = {**github_headers(body), "Content-Type": FORM}
-    first = send(live, sender, body, headers)
+    first = send_http(live, sender, body, headers, content_type=None)
     assert first.status_code == 202, first.json()
-    assert send(live, sender, body, headers).json()["status"] == "duplicate"
+    assert send_http(live, sender, body, headers, content_type=None).json()["status"] == "duplicate"
     [(event_id, event_type, payload, _)] = recorded(app)
     assert (event_id, event_type) == ("72d3162e-cc78-11e3-81ab-4c9367dc0958", "issues.opened")
     assert payload == {"payload": event}
     tampered = body.replace(b"opened", b"closed")
-    assert send(live, sender, tampered, headers).status_code == 401
+    assert send_http(live, sender, tampered, headers, content_type=None).status_code == 401
     assert ledger_counts(app)["receipts"] == 1
 
 
@@ -101,7 +86,7 @@ def test_github_push_over_the_global_default_fits_githubs_own_cap(app, live) -> 
     body = _push_of(1_530_000)
     assert len(body) > 1024 * 1024
     github = make_sender(app, name="gh", profile="github", secret=KEYS["github"].stored)
-    answer = send(live, github, body, github_headers(body, "push"))
+    answer = send_http(live, github, body, github_headers(body, "push"), content_type=None)
     assert answer.status_code == 202, answer.text
     assert recorded(app)[0][1] == "push"
     stripe = make_sender(app, name="st", profile="stripe", secret=KEYS["stripe"].stored)
@@ -109,8 +94,9 @@ def test_github_push_over_the_global_default_fits_githubs_own_cap(app, live) -> 
     now = int(time.time())
     signature = hmac.new(KEYS["stripe"].stored.encode(), f"{now}.".encode() + stripe_body,
                          hashlib.sha256).hexdigest()
-    refused = send(live, stripe, stripe_body, {"Stripe-Signature": f"t={now},v1={signature}",
-                                               "Content-Type": "application/json"})
+    refused = send_http(live, stripe, stripe_body, {"Stripe-Signature": f"t={now},v1={signature}",
+                                                    "Content-Type": "application/json"},
+                        content_type=None)
     assert refused.status_code == 413
     assert ledger_counts(app)["receipts"] == 1
 
@@ -120,7 +106,8 @@ def test_github_limit_stays_overridable_per_integration(app, live) -> None:
     sender = make_sender(app, name="gh", profile="github", secret=KEYS["github"].stored,
                          max_body_bytes=2048)
     body = _push_of(10_000)
-    assert send(live, sender, body, github_headers(body, "push")).status_code == 413
+    refused = send_http(live, sender, body, github_headers(body, "push"), content_type=None)
+    assert refused.status_code == 413
     assert ledger_counts(app) == NOTHING
 
 
@@ -141,11 +128,11 @@ def test_shopify_unprefixed_header_set_is_accepted(app, live) -> None:
                "shopify-event-id": "98880550-7158-44d4-b7cd-2c97c8a091b5",
                "shopify-webhook-id": "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043",
                "Content-Type": "application/json"}
-    answer = send(live, sender, body, headers)
+    answer = send_http(live, sender, body, headers, content_type=None)
     assert answer.status_code == 202, answer.json()
     assert recorded(app)[0][:2] == ("98880550-7158-44d4-b7cd-2c97c8a091b5", "orders.create")
     headers["shopify-hmac-sha256"] = shopify_signature(body + b" ")
-    assert send(live, sender, body, headers).status_code == 401
+    assert send_http(live, sender, body, headers, content_type=None).status_code == 401
 
 
 def test_shopify_event_id_falls_back_to_the_webhook_id(app, live) -> None:
@@ -156,8 +143,8 @@ def test_shopify_event_id_falls_back_to_the_webhook_id(app, live) -> None:
                "X-Shopify-Topic": "products/update",
                "X-Shopify-Webhook-Id": "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043",
                "Content-Type": "application/json"}
-    assert send(live, sender, body, headers).status_code == 202
-    assert send(live, sender, body, headers).json()["status"] == "duplicate"
+    assert send_http(live, sender, body, headers, content_type=None).status_code == 202
+    assert send_http(live, sender, body, headers, content_type=None).json()["status"] == "duplicate"
     assert recorded(app)[0][:2] == ("b54557e4-bdd9-4b37-8a5f-bf7d70bcd043", "products.update")
 
 
@@ -175,9 +162,9 @@ def test_slack_app_rate_limited_gets_the_body_digest_id(app, live) -> None:
                          hashlib.sha256).hexdigest()
     headers = {"X-Slack-Signature": "v0=" + signature, "X-Slack-Request-Timestamp": now,
                "Content-Type": "application/json"}
-    first = send(live, sender, body, headers)
+    first = send_http(live, sender, body, headers, content_type=None)
     assert first.status_code == 202, first.json()
-    assert send(live, sender, body, headers).json()["status"] == "duplicate"
+    assert send_http(live, sender, body, headers, content_type=None).json()["status"] == "duplicate"
     [(event_id, event_type, _, digest)] = recorded(app)
     assert event_id == digest_id(digest) == first.json()["event_id"]
     assert event_id == "sha256:" + hashlib.sha256(body).hexdigest()[:32]
@@ -194,8 +181,8 @@ def twilio_post(live: str, sender: Sender, params: dict[str, str], signed_url: s
                 **extra: str) -> requests.Response:
     """POST a form signed by twilio's RequestValidator over `signed_url`."""
     signature = RequestValidator(KEYS["twilio"].stored).compute_signature(signed_url, params)
-    return send(live, sender, urlencode(params).encode(),
-                {"X-Twilio-Signature": signature, "Content-Type": FORM, **extra})
+    return send_http(live, sender, urlencode(params).encode(),
+                {"X-Twilio-Signature": signature, "Content-Type": FORM, **extra}, content_type=None)
 
 
 def test_twilio_without_idempotency_token_gets_the_body_digest_id(app, live) -> None:
@@ -249,13 +236,14 @@ def test_standard_webhooks_with_both_header_sets(app, live) -> None:
     sender = make_sender(app, name="sw", profile="standard-webhooks",
                          secret=KEYS["standard-webhooks"].stored)
     body = b'{"type": "user.created", "data": {}}'
-    answer = send(live, sender, body, both_sets(body, "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"))
+    answer = send_http(live, sender, body, both_sets(body, "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"),
+                       content_type=None)
     assert answer.status_code == 202, answer.json()
     assert recorded(app)[0][:2] == ("msg_2KWPBgLlAfxdpx2AI54pPJ85f4W", "user.created")
     other_id = both_sets(body, "msg_a", svix_id="msg_b")
-    assert send(live, sender, body, other_id).status_code == 401
+    assert send_http(live, sender, body, other_id, content_type=None).status_code == 401
     other_time = both_sets(body, "msg_c", svix_timestamp=int(time.time()) - 1)
-    assert send(live, sender, body, other_time).status_code == 401
+    assert send_http(live, sender, body, other_time, content_type=None).status_code == 401
     assert ledger_counts(app)["receipts"] == 1
 
 
@@ -270,8 +258,8 @@ def test_gitlab_tampered_body_with_the_same_idempotency_key_is_a_conflict(app, l
                "Idempotency-Key": "f5b1a6b1-9f4c-4c1b-9f4c-1b9f4c1b9f4c",
                "Content-Type": "application/json"}
     body = b'{"object_kind": "push", "ref": "refs/heads/main"}'
-    assert send(live, sender, body, headers).status_code == 202
-    tampered = send(live, sender, body.replace(b"main", b"evil"), headers)
+    assert send_http(live, sender, body, headers, content_type=None).status_code == 202
+    tampered = send_http(live, sender, body.replace(b"main", b"evil"), headers, content_type=None)
     assert tampered.status_code == 409
     assert ledger_counts(app) == {"receipts": 1, "jobs": 1, "conflicts": 1}
     assert recorded(app)[0][2]["ref"] == "refs/heads/main"

@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import requests
 from sqlalchemy import select
 
 from ledger.access import audit
 from ledger.access.credentials import add_credential, revoke_credential
 from ledger.access.integrations import get_integration
 from ledger.db.schema import receipts
-from tests.helpers import Sender, ledger_counts, make_sender
+from tests.helpers import Sender, ledger_counts, make_sender, send_http
 from tests.servers import thread_server
 
 NOTHING = {"receipts": 0, "jobs": 0, "conflicts": 0}
@@ -25,23 +23,9 @@ JSON = {"Content-Type": "application/json"}
 SECRET = "postmark-shared-token-0123456789"
 
 
-@pytest.fixture
-def live(app: Any) -> Iterator[str]:
-    """The app served on a loopback port."""
-    with thread_server(app) as base_url:
-        yield base_url
-
-
 def token_sender(app: Any, secret: str = SECRET, **options: Any) -> Sender:
     """Connect a shared-token sender with these token options."""
     return make_sender(app, name="tok", profile="token", secret=secret, hmac_options=options)
-
-
-def send(live: str, sender: Sender, body: bytes, headers: dict[str, str] | None = None,
-         query: str = "", **kwargs: Any) -> requests.Response:
-    """POST a delivery over HTTP."""
-    return requests.post(f"{live}/hooks/{sender.public_id}{query}", data=body,
-                         headers={**JSON, **(headers or {})}, timeout=30, **kwargs)
 
 
 def receipt_rows(app: Any) -> list[tuple[str, str]]:
@@ -57,12 +41,12 @@ def test_header_token_with_id_and_type_headers(app, live) -> None:
                           type_header="X-Record-Type")
     headers = {"X-Postmark-Token": SECRET, "X-Message-Id": "m-1", "X-Record-Type": "Delivery"}
     body = b'{"RecordType": "Delivery"}'
-    assert send(live, sender, body, headers).status_code == 202
-    assert send(live, sender, body, headers).json()["status"] == "duplicate"
+    assert send_http(live, sender, body, headers).status_code == 202
+    assert send_http(live, sender, body, headers).json()["status"] == "duplicate"
     assert receipt_rows(app) == [("m-1", "Delivery")]
     for wrong in ({**headers, "X-Postmark-Token": SECRET + "x"},
                   {k: v for k, v in headers.items() if k != "X-Postmark-Token"}):
-        assert send(live, sender, body, wrong).status_code == 401
+        assert send_http(live, sender, body, wrong).status_code == 401
     assert ledger_counts(app)["receipts"] == 1
 
 
@@ -72,11 +56,11 @@ def test_query_token_with_body_id_path_and_type_path(app, live) -> None:
                          hmac_options={"token_query": "key", "id_path": "data.id"},
                          type_path="data.kind")
     body = json.dumps({"data": {"id": "evt-7", "kind": "order.paid"}}).encode()
-    assert send(live, sender, body, query=f"?key={SECRET}&x=1").status_code == 202
+    assert send_http(live, sender, body, query=f"?key={SECRET}&x=1").status_code == 202
     assert receipt_rows(app) == [("evt-7", "order.paid")]
-    assert send(live, sender, body, query="?key=nope").status_code == 401
-    assert send(live, sender, body, query=f"?key={SECRET}&key={SECRET}").status_code == 401
-    assert send(live, sender, body, {"key": SECRET}).status_code == 401  # not the query
+    assert send_http(live, sender, body, query="?key=nope").status_code == 401
+    assert send_http(live, sender, body, query=f"?key={SECRET}&key={SECRET}").status_code == 401
+    assert send_http(live, sender, body, {"key": SECRET}).status_code == 401  # not the query
 
 
 def test_basic_auth_without_an_id_gets_the_digest_id_and_a_fixed_type(app, live) -> None:
@@ -84,15 +68,15 @@ def test_basic_auth_without_an_id_gets_the_digest_id_and_a_fixed_type(app, live)
     sender = make_sender(app, name="tok", profile="token", secret="hooks:s3cret-pass",
                          hmac_options={"basic": True}, event_type="inbound.mail")
     body = b'{"From": "a@example.com"}'
-    first = send(live, sender, body, auth=("hooks", "s3cret-pass"))
+    first = send_http(live, sender, body, auth=("hooks", "s3cret-pass"))
     assert first.status_code == 202, first.json()
     assert first.json()["event_id"].startswith("sha256:")
-    assert send(live, sender, body, auth=("hooks", "s3cret-pass")).json()["status"] == (
+    assert send_http(live, sender, body, auth=("hooks", "s3cret-pass")).json()["status"] == (
         "duplicate")
     assert [t for _, t in receipt_rows(app)] == ["inbound.mail"]
-    assert send(live, sender, body, auth=("hooks", "wrong")).status_code == 401
+    assert send_http(live, sender, body, auth=("hooks", "wrong")).status_code == 401
     bearer = {"Authorization": "Bearer " + base64.b64encode(b"hooks:s3cret-pass").decode()}
-    assert send(live, sender, body, bearer).status_code == 401
+    assert send_http(live, sender, body, bearer).status_code == 401
 
 
 def test_every_live_credential_is_accepted_and_a_revoked_one_is_not(app, live) -> None:
@@ -104,13 +88,13 @@ def test_every_live_credential_is_accepted_and_a_revoked_one_is_not(app, live) -
         integration = get_integration(conn, sender.public_id)
         second = add_credential(conn, svc.box, actor, integration, now=svc.clock.now(),
                                 secret="second-token-abcdefghijkl")
-    assert send(live, sender, b'{"id": "a", "type": "t"}', {"X-Token": SECRET}).ok
-    assert send(live, sender, b'{"id": "b", "type": "t"}',
+    assert send_http(live, sender, b'{"id": "a", "type": "t"}', {"X-Token": SECRET}).ok
+    assert send_http(live, sender, b'{"id": "b", "type": "t"}',
                 {"X-Token": "second-token-abcdefghijkl"}).ok
     with svc.engine.begin() as conn:
         revoke_credential(conn, actor, second.key_id, reason="leaked", now=svc.clock.now())
     svc.view.invalidate()  # as the propagation bound's expiry does
-    refused = send(live, sender, b'{"id": "c", "type": "t"}',
+    refused = send_http(live, sender, b'{"id": "c", "type": "t"}',
                    {"X-Token": "second-token-abcdefghijkl"})
     assert refused.status_code == 401
     assert sorted(i for i, _ in receipt_rows(app)) == ["a", "b"]
@@ -120,8 +104,8 @@ def test_the_body_digest_guard_applies(app, live) -> None:
     """The token signs nothing: the same body under a fresh id is the original's duplicate."""
     sender = token_sender(app, token_header="X-Token", id_header="X-Id")
     body = b'{"type": "t", "amount": 5}'
-    assert send(live, sender, body, {"X-Token": SECRET, "X-Id": "first"}).status_code == 202
-    replay = send(live, sender, body, {"X-Token": SECRET, "X-Id": "second"})
+    assert send_http(live, sender, body, {"X-Token": SECRET, "X-Id": "first"}).status_code == 202
+    replay = send_http(live, sender, body, {"X-Token": SECRET, "X-Id": "second"})
     assert replay.json()["status"] == "duplicate"
     assert replay.json()["event_id"] == "first"
     assert ledger_counts(app) == {"receipts": 1, "jobs": 1, "conflicts": 1}
@@ -147,10 +131,11 @@ def test_production_refuses_a_token_over_plain_http_unless_allowed(production_en
                                             "allow_plaintext": True})
         with thread_server(app) as live:
             body = b'{"id": "p-1", "type": "t"}'
-            assert send(live, strict, body, {"X-Token": SECRET}).status_code == 401
+            assert send_http(live, strict, body, {"X-Token": SECRET}).status_code == 401
             assert ledger_counts(app) == NOTHING
-            assert send(live, relaxed, body, {"X-Token": SECRET}).status_code == 202
-            proxied = send(live, strict, body, {"X-Token": SECRET, "X-Forwarded-Proto": "https"})
+            assert send_http(live, relaxed, body, {"X-Token": SECRET}).status_code == 202
+            proxied = send_http(live, strict, body,
+                                {"X-Token": SECRET, "X-Forwarded-Proto": "https"})
             assert proxied.status_code == 202
     finally:
         app.extensions["ledger"].close()
@@ -165,7 +150,8 @@ def test_a_clients_own_forwarded_proto_is_not_trusted(production_env) -> None:
         sender = token_sender(app, token_header="X-Token", id_path="id")
         with thread_server(app) as live:
             body = b'{"id": "p-1", "type": "t"}'
-            forged = send(live, sender, body, {"X-Token": SECRET, "X-Forwarded-Proto": "https"})
+            forged = send_http(live, sender, body,
+                               {"X-Token": SECRET, "X-Forwarded-Proto": "https"})
             assert forged.status_code == 401
             assert ledger_counts(app) == NOTHING
     finally:
@@ -186,7 +172,7 @@ def test_cli_creates_token_integrations_and_refuses_stray_flags(app, runner, liv
     assert user and password
     sender = Sender(out["integration"], "token", out["credential"]["secret"], "acme/pm", 0, "")
     body = b'{"MessageID": "b7bc2f4a-e38e", "From": "a@example.com"}'
-    assert send(live, sender, body, auth=(user, password)).status_code == 202
+    assert send_http(live, sender, body, auth=(user, password)).status_code == 202
     assert receipt_rows(app) == [("b7bc2f4a-e38e", "inbound")]
     for args, code in ((["--profile", "stripe", "--token-header", "X-T"], 2),
                        (["--profile", "hmac", "--basic", "--signature-header", "x"], 2),

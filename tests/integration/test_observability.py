@@ -16,9 +16,10 @@ from ledger.access.integrations import get_integration
 from ledger.clock import unix
 from ledger.scheduling.runner import default_jobs, run_once
 from ledger.worker.loop import process_one
-from tests.helpers import deliver, event_body, make_sender, signed_headers
+from tests.helpers import event_body, make_sender, send, signed_headers
 
 MARKER = "payload-marker-7f3a"  # a value only the bodies carry
+DATA = {"amount": 3, "note": MARKER}
 
 
 class _Lines(logging.Handler):
@@ -60,13 +61,6 @@ def clocked_env(test_env):
     return {**test_env, "LEDGER_MAX_ATTEMPTS": "1"}
 
 
-def _send(app, sender, event_id, event_type="demo.credit", **kwargs):
-    """Deliver at the app's clock time."""
-    now = unix(app.extensions["ledger"].clock.now())
-    return deliver(app.test_client(), sender, event_id, event_type,
-                   kwargs.pop("data", {"amount": 3, "note": MARKER}), timestamp=now, **kwargs)
-
-
 def test_request_id_is_echoed_generated_and_logged(client, lines):
     """A sane caller id comes back and tags the log; a missing or unsafe one is replaced."""
     given = client.post("/hooks/in_0000000000000000000000", data=b"{}",
@@ -92,7 +86,7 @@ def test_web_worker_and_scheduler_lines_carry_their_fields(clocked_app, lines):
     app = clocked_app
     svc = app.extensions["ledger"]
     sender = make_sender(app)
-    response = _send(app, sender, "evt_fields_1")
+    response = send(app, sender, "evt_fields_1", data=DATA)
     assert response.status_code == 202
     svc.clock.advance(7)
     assert process_one(svc, "w-fields")
@@ -130,9 +124,9 @@ def _secrets_flow(app) -> tuple[list[str], list[str]]:
     forbidden.append(headers["Stripe-Signature"])
     client = app.test_client()
     assert client.post(f"/hooks/{sender.public_id}", data=body, headers=headers).status_code == 202
-    assert _send(app, sender, ids[0], data={"amount": 9, "note": MARKER}).status_code == 409
-    assert _send(app, sender, ids[1], "demo.fail").status_code == 202
-    assert _send(app, sender, "evt_bad_sig", secret="whsec_wrong").status_code == 401
+    assert send(app, sender, ids[0], data={"amount": 9, "note": MARKER}).status_code == 409
+    assert send(app, sender, ids[1], "demo.fail", DATA).status_code == 202
+    assert send(app, sender, "evt_bad_sig", data=DATA, secret="whsec_wrong").status_code == 401
     assert client.post(f"/hooks/{sender.public_id}", data=b'{"id": 1}',
                        headers=headers).status_code in (400, 401)
     actor = audit.Actor(name="test", role="admin")
@@ -144,7 +138,7 @@ def _secrets_flow(app) -> tuple[list[str], list[str]]:
                           now=svc.clock.now())
     forbidden.append(rotation.secret)
     svc.view.invalidate()
-    assert _send(app, sender, "evt_revoked", secret=rotation.secret).status_code == 401
+    assert send(app, sender, "evt_revoked", data=DATA, secret=rotation.secret).status_code == 401
     while process_one(svc, "w-secrets"):
         pass
     svc.clock.advance(svc.settings.retention_seconds + 60)

@@ -23,12 +23,11 @@ from ledger.clock import unix
 from ledger.scheduling.runner import default_jobs, run_once
 from ledger.worker.loop import process_one
 from tests.conftest import TEST_MASTER_KEY as KEY
-from tests.helpers import deliver, event_body, make_sender, signed_headers
+from tests.helpers import WAIT, deliver, event_body, make_sender, signed_headers
 from tests.servers import gunicorn_server
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
-WAIT = 60  # seconds: the bound of every subprocess in this module
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -11,12 +11,9 @@ Each test runs a private, throwaway cluster (never the shared server).
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -29,10 +26,9 @@ from ledger.clock import FixedClock
 from ledger.db.schema import scheduler_runs
 from ledger.scheduling import runs
 from ledger.scheduling.runner import ScheduledJob, period_start, run_once
-from tests.conftest import TEST_MASTER_KEY
-from tests.helpers import make_sender
+from tests.helpers import WAIT, make_sender
 from tests.integration.load import post_delivery
-from tests.integration.pg_cluster import PrivateCluster
+from tests.integration.pg_cluster import ledger_env, migrate
 from tests.integration.pgbouncer import PrivatePgBouncer
 from tests.servers import thread_server
 
@@ -40,60 +36,28 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
-WAIT = 60  # seconds: the bound of every wait in this module
 # Pool wait (2 s) + connect (3 s) + PgBouncer's query_wait_timeout (2 s, checked once a
 # second) + this machine's scheduling: well under PgBouncer's default 15 s retry wait.
 BOUNDED = 10.0
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[PrivateCluster]:
-    """A started private cluster with an empty `ledger` database."""
-    private = PrivateCluster(tmp_path)
-    try:
-        private.create()
-        private.start()
-        admin = create_engine(private.admin_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text("CREATE DATABASE ledger"))
-        admin.dispose()
-        yield private
-    finally:
-        private.drop()
-
-
-def _env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
-    """Environment of ledger processes on `url`."""
-    return {"DATABASE_URL": url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
-            "LEDGER_VAR_DIR": str(tmp_path), "LEDGER_SECRET_KEY": "outage-tests",
-            "LEDGER_DEMO_HANDLERS": "1", "LEDGER_LOG_LEVEL": "WARNING", **extra}
-
-
-def _migrate(env: dict[str, str]) -> None:
-    """Run `ledger db upgrade` on the environment's database."""
-    done = subprocess.run([str(BIN / "ledger"), "db", "upgrade"], cwd=str(ROOT),
-                          env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=WAIT, check=False)
-    assert done.returncode == 0, done.stderr
-
-
-def test_behind_pgbouncer_a_database_gone_answers_503_within_the_bounds(cluster, tmp_path):
+def test_behind_pgbouncer_a_database_gone_answers_503_within_the_bounds(private_cluster, tmp_path):
     """PostgreSQL stops behind PgBouncer: deliveries get 503 + Retry-After in seconds,
     also for an integration not yet cached, whose look-up stalls before the body is read
     (a 1 s body deadline must not turn that stall into a 408)."""
-    bouncer = PrivatePgBouncer(cluster.admin_url)
+    bouncer = PrivatePgBouncer(private_cluster.admin_url)
     bouncer.start()
     try:
-        env = _env(bouncer.url("ledger"), tmp_path, LEDGER_DB_PGBOUNCER="1",
-                   LEDGER_BODY_READ_TIMEOUT_SECONDS="1")
-        _migrate(env)
+        env = ledger_env(bouncer.url("ledger"), tmp_path, LEDGER_DB_PGBOUNCER="1",
+                         LEDGER_BODY_READ_TIMEOUT_SECONDS="1")
+        migrate(env)
         app = create_app(env)
         try:
             cached = make_sender(app, name="cached")
             uncached = make_sender(app, name="uncached")
             with thread_server(app) as base_url, requests.Session() as session:
                 assert post_delivery(session, base_url, cached, "evt_before").status == 202
-                cluster.stop()
+                private_cluster.stop()
                 answers = [post_delivery(session, base_url, sender, f"evt_down_{n}")
                            for n, sender in enumerate((cached, uncached))]
                 for answer in answers:
@@ -101,7 +65,7 @@ def test_behind_pgbouncer_a_database_gone_answers_503_within_the_bounds(cluster,
                     assert answer.body == {"error": "unavailable"}
                     assert answer.retry_after
                     assert answer.seconds < BOUNDED, answer
-                cluster.start()
+                private_cluster.start()
                 deadline = time.monotonic() + WAIT
                 while time.monotonic() < deadline:
                     if post_delivery(session, base_url, uncached, "evt_after").status == 202:
@@ -115,13 +79,13 @@ def test_behind_pgbouncer_a_database_gone_answers_503_within_the_bounds(cluster,
         bouncer.stop()
 
 
-def test_readyz_sees_commits_stall_when_the_synchronous_standby_is_gone(cluster, tmp_path):
+def test_readyz_sees_commits_stall_when_the_synchronous_standby_is_gone(private_cluster, tmp_path):
     """`SELECT 1` still answers while every commit waits for a standby that is not there:
     /readyz must say unready then, and ready again once commits go through."""
-    env = _env(cluster.url("ledger"), tmp_path)
-    _migrate(env)
+    env = ledger_env(private_cluster.url("ledger"), tmp_path)
+    migrate(env)
     app = create_app(env)
-    admin = create_engine(cluster.admin_url, isolation_level="AUTOCOMMIT")
+    admin = create_engine(private_cluster.admin_url, isolation_level="AUTOCOMMIT")
 
     def standby_names(value: str) -> None:
         with admin.connect() as conn:
@@ -147,11 +111,12 @@ def test_readyz_sees_commits_stall_when_the_synchronous_standby_is_gone(cluster,
         app.extensions["ledger"].close()
 
 
-def test_a_period_whose_firing_met_an_outage_runs_once_the_database_is_back(cluster, tmp_path):
+def test_a_period_whose_firing_met_an_outage_runs_once_the_database_is_back(
+        private_cluster, tmp_path):
     """The scheduler fires while PostgreSQL is down: it retries the claim within the
     period, and the job runs once, for the period it fired in, when the server is back."""
-    env = _env(cluster.url("ledger"), tmp_path)
-    _migrate(env)
+    env = ledger_env(private_cluster.url("ledger"), tmp_path)
+    migrate(env)
     fired_at = period_start(datetime.now(UTC), 3600) + timedelta(seconds=5)
     app = create_app(env, clock=FixedClock(fired_at))
     svc = app.extensions["ledger"]
@@ -160,13 +125,13 @@ def test_a_period_whose_firing_met_an_outage_runs_once_the_database_is_back(clus
                        func=lambda _engine, _settings, clock: ran.append(clock.now()) or 1)
     outcome: list[runs.RunOutcome | None] = []
     try:
-        cluster.stop()
+        private_cluster.stop()
         firing = threading.Thread(target=lambda: outcome.append(run_once(
             svc.engine, svc.settings, svc.clock, job, instance="outage")), daemon=True)
         firing.start()
         time.sleep(3)  # the firing met the outage and is retrying its claim
         assert firing.is_alive() and not ran
-        cluster.start()
+        private_cluster.start()
         firing.join(WAIT)
         assert not firing.is_alive()
         assert outcome == [runs.RunOutcome.OK]
@@ -179,17 +144,17 @@ def test_a_period_whose_firing_met_an_outage_runs_once_the_database_is_back(clus
         svc.close()
 
 
-def test_a_stopping_scheduler_ends_a_claim_retry_at_once(cluster, tmp_path):
+def test_a_stopping_scheduler_ends_a_claim_retry_at_once(private_cluster, tmp_path):
     """A firing retrying its claim through an outage does not hold up a scheduler's stop."""
-    env = _env(cluster.url("ledger"), tmp_path)
-    _migrate(env)
+    env = ledger_env(private_cluster.url("ledger"), tmp_path)
+    migrate(env)
     app = create_app(env)
     svc = app.extensions["ledger"]
     job = ScheduledJob(name="outage-stop", period_seconds=3600, func=lambda *_: 1)
     stopping = threading.Event()
     outcome: list[runs.RunOutcome | None] = []
     try:
-        cluster.stop()
+        private_cluster.stop()
         firing = threading.Thread(target=lambda: outcome.append(run_once(
             svc.engine, svc.settings, svc.clock, job, instance="outage", stopping=stopping)),
             daemon=True)
@@ -201,7 +166,7 @@ def test_a_stopping_scheduler_ends_a_claim_retry_at_once(cluster, tmp_path):
         assert not firing.is_alive()
         assert outcome == [None]
     finally:
-        cluster.start()
+        private_cluster.start()
         svc.close()
 
 
@@ -209,7 +174,7 @@ def test_a_stall_before_the_body_is_read_is_not_blamed_on_the_sender(pg_url, tmp
     """The integration's look-up waits 1.5 s on a table lock while the sender's whole body
     is already there: the 0.5 s body deadline starts at the first read, so the delivery is
     accepted (a deadline counted from the request's arrival answered 408)."""
-    env = _env(pg_url, tmp_path, LEDGER_BODY_READ_TIMEOUT_SECONDS="0.5")
+    env = ledger_env(pg_url, tmp_path, LEDGER_BODY_READ_TIMEOUT_SECONDS="0.5")
     app = create_app(env)
     locker = create_engine(pg_url)
     try:

@@ -21,12 +21,11 @@ from app import create_app
 from ledger.db.engine import upgrade
 from tests.conftest import IN_CI, TEST_AUDIT_KEY, TEST_MASTER_KEY
 from tests.dashboard_helpers import fast_hashes, logged_in, make_operator, make_token, post
-from tests.helpers import deliver, event_body, make_sender
+from tests.helpers import WAIT, deliver, event_body, make_sender
 from tests.integration.pg_cluster import PrivateCluster
 
 __all__ = ["fast_hashes"]  # the autouse fixture: cheap password hashes here too
 
-WAIT = 20.0  # seconds: the bound of every wait here
 SOURCE, LAG = "X-Ledger-Read-Source", "X-Ledger-Replica-Lag-Seconds"
 
 

@@ -40,7 +40,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def live(request, tmp_path_factory):  # type: ignore[no-untyped-def]
+def fuzzed_server(request, tmp_path_factory):  # type: ignore[no-untyped-def]
     """One server per database for the whole module, with data, a sender and a token.
 
     Sharing the server across operations keeps this module to seconds; fuzzed
@@ -86,9 +86,9 @@ def _seed(app) -> tuple[Sender, str]:  # type: ignore[no-untyped-def]
         return sender, issue_token(conn, actor, "fuzzer", now=datetime.now(UTC)).token
 
 
-def test_the_served_document_is_the_one_fuzzed(live):  # type: ignore[no-untyped-def]
+def test_the_served_document_is_the_one_fuzzed(fuzzed_server):  # type: ignore[no-untyped-def]
     """The server serves exactly the document the cases below are generated from."""
-    base_url, _sender, _token = live
+    base_url, _sender, _token = fuzzed_server
     assert requests.get(f"{base_url}/openapi.json", timeout=10).json() == document()
 
 
@@ -99,9 +99,9 @@ schema = schemathesis.openapi.from_dict(document())
 @schema.parametrize()
 @settings(max_examples=12, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
-def test_every_operation_matches_its_document(case, live):  # type: ignore[no-untyped-def]
+def test_every_operation_matches_its_document(case, fuzzed_server):  # type: ignore[no-untyped-def]
     """No 5xx; status, content type, headers and body as documented."""
-    base_url, sender, token = live
+    base_url, sender, token = fuzzed_server
     headers = {"Authorization": f"Bearer {token}"} if case.path.startswith("/api/") else {}
     if case.path == "/hooks/{integration}":
         headers = aim_at_the_sender(case, sender)
@@ -155,9 +155,9 @@ def test_every_api_read_documents_the_keys_of_its_body(path):  # type: ignore[no
 
 @pytest.mark.parametrize("role", ["viewer", "oncall"])
 @pytest.mark.parametrize("path", API_READS)
-def test_every_api_read_of_real_records_matches_its_document(live, path, role):  # type: ignore[no-untyped-def]
+def test_every_api_read_of_real_records_matches_its_document(fuzzed_server, path, role):  # type: ignore[no-untyped-def]
     """Fuzzed ids name no record (404): read the seeded ones, so every 200 body is checked."""
-    base_url, sender, token = live
+    base_url, sender, token = fuzzed_server
     values = {"integration": sender.public_id, "event_id": "evt_fuzz_0"}
     case = schema[path]["GET"].Case(
         path_parameters={k: v for k, v in values.items() if "{" + k + "}" in path})

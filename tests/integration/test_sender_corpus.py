@@ -20,7 +20,6 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -32,7 +31,6 @@ from sqlalchemy import select
 
 from ledger.db.schema import receipts
 from tests.helpers import make_sender
-from tests.servers import thread_server
 
 ROOT = Path(__file__).resolve().parents[2]
 OCTOKIT = ROOT / "tests/js/node_modules/@octokit/webhooks-examples/api.github.com/index.json"
@@ -58,13 +56,6 @@ def expected_type(name: str, payload: dict[str, Any]) -> str:
     """The type GitHub means: the event, and its action when it has one."""
     action = payload.get("action")
     return f"{name}.{action}" if isinstance(action, str) and action else name
-
-
-@pytest.fixture
-def live(app: Any) -> Iterator[str]:
-    """The app served on a loopback port."""
-    with thread_server(app) as base_url:
-        yield base_url
 
 
 def test_octokit_github_examples_are_accepted_as_github_means(app, live) -> None:

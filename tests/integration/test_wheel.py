@@ -28,7 +28,7 @@ from tests.servers import ROOT, free_port, wait_until_up
 
 pytestmark = pytest.mark.slow
 
-WAIT = 120
+INSTALL_WAIT = 120  # seconds: building and installing a wheel into a fresh venv
 # Build artefacts and local state that never belong in a wheel's source copy.
 NOT_SOURCES = {".git", ".venv", "build", "dist", "var", "docs", "__pycache__",
                ".pytest_cache", ".ruff_cache", ".hypothesis"}
@@ -36,7 +36,7 @@ NOT_SOURCES = {".git", ".venv", "build", "dist", "var", "docs", "__pycache__",
 
 def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
     """Run a command, failing the test with its output when it fails."""
-    done = subprocess.run(args, capture_output=True, text=True, timeout=WAIT, check=False,
+    done = subprocess.run(args, capture_output=True, text=True, timeout=INSTALL_WAIT, check=False,
                           **kwargs)
     assert done.returncode == 0, f"{args[:3]} exited {done.returncode}:\n{done.stderr[-3000:]}"
     return done

@@ -18,7 +18,7 @@ from ledger.db.schema import attempts, audit_log, jobs
 from ledger.demo.seed import balance
 from ledger.reads.receipts import get_receipt, receipt_detail
 from ledger.worker.loop import WorkerHooks, process_one
-from tests.helpers import deliver, make_sender
+from tests.helpers import deliver, make_sender, send
 
 
 class FixedRandom:
@@ -49,15 +49,6 @@ def make_app(test_env):
     yield factory
     for app in made:
         app.extensions["ledger"].close()
-
-
-def _send(app, sender, event_id, event_type="demo.credit", data=None):
-    """Deliver one event signed at the app's clock time; assert it was accepted."""
-    now = unix(app.extensions["ledger"].clock.now())
-    response = deliver(app.test_client(), sender, event_id, event_type,
-                       data if data is not None else {"amount": 5}, timestamp=now)
-    assert response.status_code == 202, response.get_json()
-    return response
 
 
 def _receipt(app, sender, event_id):
@@ -97,8 +88,8 @@ def _drain(app, rng=None, hooks=None):
 def test_credit_completes_once_and_its_payload_leaves(make_app):
     app = make_app()
     sender = make_sender(app)
-    _send(app, sender, "evt_1", data={"amount": 5})
-    _send(app, sender, "evt_2", data={"amount": 7})
+    send(app, sender, "evt_1", data={"amount": 5}, expect=202)
+    send(app, sender, "evt_2", data={"amount": 7}, expect=202)
     assert _drain(app) == 2
     assert _balance(app, sender) == 12
     receipt = _receipt(app, sender, "evt_1")
@@ -117,7 +108,7 @@ def test_credit_completes_once_and_its_payload_leaves(make_app):
 def test_type_without_handler_completes_as_ignored(make_app):
     app = make_app()
     sender = make_sender(app)
-    _send(app, sender, "evt_x", "invoice.paid", {"amount": 5})
+    send(app, sender, "evt_x", "invoice.paid", {"amount": 5}, expect=202)
     assert _drain(app) == 1
     receipt = _receipt(app, sender, "evt_x")
     assert (receipt.state.value, receipt.result_ref) == ("complete", "ignored:no-handler")
@@ -126,7 +117,7 @@ def test_type_without_handler_completes_as_ignored(make_app):
 def test_demo_handlers_are_absent_unless_enabled(make_app):
     app = make_app(LEDGER_DEMO_HANDLERS="0")
     sender = make_sender(app)
-    _send(app, sender, "evt_c", "demo.credit", {"amount": 5})
+    send(app, sender, "evt_c", "demo.credit", {"amount": 5}, expect=202)
     _drain(app)
     assert _receipt(app, sender, "evt_c").result_ref == "ignored:no-handler"
     assert _balance(app, sender) == 0
@@ -136,7 +127,7 @@ def test_flaky_retries_with_backoff_then_credits(make_app):
     app = make_app(LEDGER_RETRY_BASE_SECONDS="10")
     clock = app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_f", "demo.flaky", {"amount": 3, "fail_times": 2})
+    send(app, sender, "evt_f", "demo.flaky", {"amount": 3, "fail_times": 2}, expect=202)
     assert _drain(app) == 1
     # Full jitter with the injected RNG at 0.5: half of min(cap, 10 * 2^0).
     assert _job(app, sender, "evt_f").run_at == clock.now() + timedelta(seconds=5)
@@ -167,7 +158,7 @@ def test_terminal_at_max_attempts_keeps_payload_for_review(make_app):
     app = make_app(LEDGER_MAX_ATTEMPTS="3", LEDGER_RETRY_BASE_SECONDS="10")
     clock = app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_p", "demo.fail", {})
+    send(app, sender, "evt_p", "demo.fail", {}, expect=202)
     before = _terminal_count("demo.fail")
     for _ in range(3):
         assert _drain(app) == 1
@@ -191,7 +182,7 @@ def test_terminal_at_max_event_age(make_app):
     app = make_app(LEDGER_MAX_EVENT_AGE_SECONDS="100", LEDGER_RETRY_BASE_SECONDS="10")
     clock = app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_old", "demo.fail", {})
+    send(app, sender, "evt_old", "demo.fail", {}, expect=202)
     assert _drain(app) == 1  # attempt 1 fails, retry due 5 s later
     clock.advance(200)  # the workers were away: the retry is now too old to start
     assert _drain(app) == 1
@@ -205,7 +196,7 @@ def test_retry_that_would_start_past_max_age_fails_at_once(make_app):
     app = make_app(LEDGER_MAX_EVENT_AGE_SECONDS="100", LEDGER_RETRY_BASE_SECONDS="1000",
                    LEDGER_RETRY_CAP_SECONDS="1000")
     sender = make_sender(app)
-    _send(app, sender, "evt_far", "demo.fail", {})
+    send(app, sender, "evt_far", "demo.fail", {}, expect=202)
     assert _drain(app) == 1  # the retry would wait 500 s: past the 100 s age limit
     receipt = _receipt(app, sender, "evt_far")
     assert (receipt.state.value, receipt.last_error) == (
@@ -220,7 +211,7 @@ def test_crashes_count_as_attempts_so_a_killer_job_still_fails(make_app):
     app = make_app(LEDGER_MAX_ATTEMPTS="2", LEDGER_LEASE_SECONDS="60")
     clock = app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_k", data={"amount": 5})
+    send(app, sender, "evt_k", data={"amount": 5}, expect=202)
     for _ in range(2):
         with pytest.raises(SimulatedCrash):
             _drain(app, hooks=WorkerHooks(before_commit=_crash))
@@ -238,7 +229,7 @@ def test_crashed_worker_job_is_claimable_after_its_lease(make_app, caplog):
     app = make_app(LEDGER_LEASE_SECONDS="60")
     clock = app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_l", data={"amount": 9})
+    send(app, sender, "evt_l", data={"amount": 9}, expect=202)
     with pytest.raises(SimulatedCrash):
         _drain(app, hooks=WorkerHooks(before_commit=_crash))
     clock.advance(59)
@@ -265,7 +256,7 @@ def test_database_errors_in_the_completion_spend_no_attempt(make_app):
     app = make_app(LEDGER_MAX_ATTEMPTS="2", LEDGER_RETRY_BASE_SECONDS="10")
     clock = app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_db", data={"amount": 5})
+    send(app, sender, "evt_db", data={"amount": 5}, expect=202)
     for number in (1, 2):
         assert _drain(app, hooks=WorkerHooks(before_commit=_database_error)) == 1
         job = _job(app, sender, "evt_db")
@@ -290,7 +281,7 @@ def test_database_errors_are_still_bounded_by_the_events_age(make_app):
     app = make_app(LEDGER_MAX_EVENT_AGE_SECONDS="100", LEDGER_RETRY_BASE_SECONDS="10")
     clock = app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_db_old", data={"amount": 5})
+    send(app, sender, "evt_db_old", data={"amount": 5}, expect=202)
     assert _drain(app, hooks=WorkerHooks(before_commit=_database_error)) == 1
     clock.advance(96)  # the next wait (up to 10 s, 5 s here) would end past the age limit
     assert _drain(app, hooks=WorkerHooks(before_commit=_database_error)) == 1
@@ -304,7 +295,7 @@ def test_a_complete_receipt_shows_no_superseded_error(make_app):
     app = make_app(LEDGER_RETRY_BASE_SECONDS="10")
     clock = app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_f2", "demo.flaky", {"amount": 3, "fail_times": 1})
+    send(app, sender, "evt_f2", "demo.flaky", {"amount": 3, "fail_times": 1}, expect=202)
     assert _drain(app) == 1
     assert _receipt(app, sender, "evt_f2").last_error == (
         "DemoFailure: demo.flaky fails attempt 1 of 1")  # pending: why it waits
@@ -326,15 +317,15 @@ def test_poison_event_does_not_block_good_ones(make_app):
     app = make_app(LEDGER_RETRY_BASE_SECONDS="10")
     clock = app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_poison", "demo.fail", {})
+    send(app, sender, "evt_poison", "demo.fail", {}, expect=202)
     for n in range(5):
         clock.advance(1)
-        _send(app, sender, f"evt_good_{n}", data={"amount": n + 1})
+        send(app, sender, f"evt_good_{n}", data={"amount": n + 1}, expect=202)
     assert _drain(app) == 6
     assert all(_receipt(app, sender, f"evt_good_{n}").state.value == "complete"
                for n in range(5))
     assert _receipt(app, sender, "evt_poison").state.value == "pending"  # still retrying
-    _send(app, sender, "evt_late", data={"amount": 100})
+    send(app, sender, "evt_late", data={"amount": 100}, expect=202)
     clock.advance(5)
     assert _drain(app) == 2  # the poison's retry and the late good event
     assert _receipt(app, sender, "evt_late").state.value == "complete"
@@ -352,7 +343,7 @@ def _fail_to_terminal(app, sender, event_id):
 def test_requeue_keeps_history_and_is_audited(make_app):
     app = make_app(LEDGER_MAX_ATTEMPTS="2")
     sender = make_sender(app)
-    _send(app, sender, "evt_r", "demo.flaky", {"amount": 4, "fail_times": 2})
+    send(app, sender, "evt_r", "demo.flaky", {"amount": 4, "fail_times": 2}, expect=202)
     _fail_to_terminal(app, sender, "evt_r")
     assert _receipt(app, sender, "evt_r").attempts == 2
     result = app.test_cli_runner().invoke(args=[
@@ -391,14 +382,14 @@ def _requeue_audits(app):
 def test_requeue_refuses_what_it_cannot_do(make_app):
     app = make_app(LEDGER_MAX_ATTEMPTS="1", LEDGER_REVIEW_WINDOW_SECONDS="86400")
     sender = make_sender(app)
-    _send(app, sender, "evt_pending", data={"amount": 1})
+    send(app, sender, "evt_pending", data={"amount": 1}, expect=202)
     code, answer = _requeue(app, "--scope", sender.scope, "--event-id", "evt_pending",
                             "--reason", "why not")
     assert (code, answer["error"]) == (1, "refused")
     assert "only failed receipts" in answer["detail"]
     code, answer = _requeue(app, "--scope", sender.scope, "--event-id", "nope", "--reason", "x")
     assert (code, answer["error"]) == (1, "not_found")
-    _send(app, sender, "evt_dead", "demo.fail", {})
+    send(app, sender, "evt_dead", "demo.fail", {}, expect=202)
     _fail_to_terminal(app, sender, "evt_dead")
     code, answer = _requeue(app, "--scope", sender.scope, "--event-id", "evt_dead",
                             "--reason", "  ")
@@ -416,7 +407,7 @@ def test_requeue_refuses_what_it_cannot_do(make_app):
 def test_requeue_refused_once_the_payload_was_dropped(make_app):
     app = make_app(LEDGER_MAX_ATTEMPTS="1")
     sender = make_sender(app)
-    _send(app, sender, "evt_gone", "demo.fail", {})
+    send(app, sender, "evt_gone", "demo.fail", {}, expect=202)
     _fail_to_terminal(app, sender, "evt_gone")
     with app.extensions["ledger"].engine.begin() as conn:  # what the retention purge does
         conn.execute(jobs.update().where(jobs.c.event_id == "evt_gone").values(payload=None))
@@ -436,7 +427,7 @@ def _transitions(caplog) -> list[dict]:
 def test_transition_logs_are_privacy_safe(make_app, caplog):
     app = make_app()
     sender = make_sender(app)
-    _send(app, sender, "evt_secret_id", "demo.fail", {"amount": 31337})
+    send(app, sender, "evt_secret_id", "demo.fail", {"amount": 31337}, expect=202)
     with caplog.at_level(logging.INFO, logger="ledger"):
         _drain(app)
     info = _transitions(caplog)
@@ -493,8 +484,8 @@ def test_handler_that_writes_then_raises_leaves_no_effect(make_app):
     app = make_app()
     svc = app.extensions["ledger"]
     sender = make_sender(app)
-    _send(app, sender, "evt_w1", "t.raise", {"amount": 5})
-    _send(app, sender, "evt_w2", "t.huge", {"amount": 5})
+    send(app, sender, "evt_w1", "t.raise", {"amount": 5}, expect=202)
+    send(app, sender, "evt_w2", "t.huge", {"amount": 5}, expect=202)
     registry = Registry.of({"t.raise": credit_then_fail, "t.huge": credit_with_a_huge_ref})
     while process_one(svc, "w-test", handlers=registry, rng=FixedRandom(0.5)):
         pass
@@ -530,14 +521,14 @@ def test_user_handler_modules_are_loaded_and_get_the_idempotency_key(
     monkeypatch.syspath_prepend(str(tmp_path))
     app = make_app(LEDGER_HANDLER_MODULES=name)
     sender = make_sender(app)
-    _send(app, sender, "evt_inv", "invoice.paid", {"amount": 12})
+    send(app, sender, "evt_inv", "invoice.paid", {"amount": 12}, expect=202)
     assert _drain(app) == 1
     assert _receipt(app, sender, "evt_inv").result_ref == "invoice:r-1:12"
     assert [f"{sender.scope}:evt_inv"] == importlib.import_module(name).SEEN
     # Another app without the module does not pick its handler up from this process.
     other = make_app()
     other_sender = make_sender(other, account="other")
-    _send(other, other_sender, "evt_inv", "invoice.paid", {"amount": 12})
+    send(other, other_sender, "evt_inv", "invoice.paid", {"amount": 12}, expect=202)
     assert _drain(other) == 1
     assert _receipt(other, other_sender, "evt_inv").result_ref == "ignored:no-handler"
 

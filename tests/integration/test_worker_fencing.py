@@ -16,16 +16,14 @@ import pytest
 from sqlalchemy import select
 
 from app import create_app
-from ledger.clock import FixedClock, unix
+from ledger.clock import FixedClock
 from ledger.db.schema import attempts, jobs
 from ledger.demo.handlers import credit
 from ledger.demo.seed import balance
 from ledger.reads.receipts import get_receipt
 from ledger.worker.handlers import HandlerSpec, Registry
 from ledger.worker.loop import Worker, WorkerHooks, run_worker
-from tests.helpers import deliver, make_sender
-
-WAIT = 20  # seconds: the bound of every wait in this module
+from tests.helpers import WAIT, deliver, make_sender, send
 
 
 @pytest.fixture
@@ -35,13 +33,6 @@ def fixed_app(test_env):
                      clock=FixedClock(datetime.now(UTC)))
     yield app
     app.extensions["ledger"].close()
-
-
-def _send(app, sender, event_id, event_type="demo.credit", data=None):
-    now = unix(app.extensions["ledger"].clock.now())
-    response = deliver(app.test_client(), sender, event_id, event_type,
-                       data if data is not None else {"amount": 5}, timestamp=now)
-    assert response.status_code == 202, response.get_json()
 
 
 def _state(app, sender, event_id):
@@ -70,7 +61,7 @@ def test_late_commit_after_takeover_is_refused_while_b_holds_the_lease(fixed_app
     """A pauses after its claim, its lease expires, B claims; A's commit changes nothing."""
     app, clock = fixed_app, fixed_app.extensions["ledger"].clock
     sender = make_sender(app)
-    _send(app, sender, "evt_fence", data={"amount": 5})
+    send(app, sender, "evt_fence", data={"amount": 5}, expect=202)
     paused = {1: (threading.Event(), threading.Event()), 2: (threading.Event(), threading.Event())}
 
     def pause(event) -> None:  # the out-of-transaction step: where slow work happens
@@ -112,7 +103,7 @@ def test_late_commit_after_b_completed_changes_nothing(fixed_app):
     app, clock = fixed_app, fixed_app.extensions["ledger"].clock
     svc = app.extensions["ledger"]
     sender = make_sender(app)
-    _send(app, sender, "evt_once", data={"amount": 8})
+    send(app, sender, "evt_once", data={"amount": 8}, expect=202)
     apply = CountingCredit()
     worker_b = Worker(svc, worker_id="worker-b",
                       handlers=Registry({"demo.credit": HandlerSpec(event_type="demo.credit",
@@ -194,7 +185,7 @@ def test_no_lock_is_held_while_a_handler_prepares(fixed_app):
     app = fixed_app
     svc = app.extensions["ledger"]
     sender = make_sender(app)
-    _send(app, sender, "evt_prep", "demo.slow", {"amount": 2, "seconds": 0})
+    send(app, sender, "evt_prep", "demo.slow", {"amount": 2, "seconds": 0}, expect=202)
     preparing, go = threading.Event(), threading.Event()
 
     def slow_step(event) -> None:
@@ -242,9 +233,9 @@ def _two_queued(app, first, second):  # type: ignore[no-untyped-def]
     """Queue two (event id, type, amount) deliveries a second apart; return (services, sender)."""
     svc = app.extensions["ledger"]
     sender = make_sender(app)
-    _send(app, sender, first[0], first[1], {"amount": first[2]})
+    send(app, sender, first[0], first[1], {"amount": first[2]}, expect=202)
     svc.clock.advance(1)
-    _send(app, sender, second[0], second[1], {"amount": second[2]})
+    send(app, sender, second[0], second[1], {"amount": second[2]}, expect=202)
     return svc, sender
 
 
@@ -289,7 +280,8 @@ def test_a_chained_claim_closes_the_attempt_a_vanished_worker_left_open(fixed_ap
                          "t.kill": HandlerSpec(event_type="t.kill", apply=kill_once)})
     with pytest.raises(SimulatedCrash):
         Worker(svc, worker_id="w-dead", handlers=registry, batch_size=1).run(stop=threading.Event())
-    _send(app, sender, "evt_third", "demo.credit", {"amount": 2})  # due before the lease ends
+    # due before the lease ends
+    send(app, sender, "evt_third", "demo.credit", {"amount": 2}, expect=202)
     svc.clock.advance(61)
     stop = threading.Event()
     done: list[str] = []

@@ -20,13 +20,12 @@ from ledger.db.schema import attempts, jobs, receipts
 from ledger.demo.seed import balance
 from ledger.reads.receipts import get_receipt
 from ledger.worker.loop import process_one
-from tests.helpers import deliver, event_body, make_sender, signed_headers
+from tests.helpers import WAIT, deliver, event_body, make_sender, signed_headers
 from tests.servers import gunicorn_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only,
               pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)]
 
-WAIT = 30  # seconds: the bound of every wait in this module
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 
