@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from ledger.access import audit
@@ -99,21 +101,25 @@ def _change_state(public_id: str, state: DestinationState, reason: str, as_json:
          text=f"{destination.public_id} is {destination.state.value}")
 
 
+def _state_options(func: Callable[..., None]) -> Callable[..., None]:
+    """Give pause and resume their shared options: the destination, a reason, --json."""
+    for option in reversed((
+            click.option("--destination", "public_id", required=True, help=DESTINATION_ID_HELP),
+            click.option("--reason", required=True, help="Why (kept in the audit log)."),
+            json_option, handles_ledger_errors)):
+        func = option(func)
+    return func
+
+
 @destination_group.command("pause")
-@click.option("--destination", "public_id", required=True, help=DESTINATION_ID_HELP)
-@click.option("--reason", required=True, help="Why (kept in the audit log).")
-@json_option
-@handles_ledger_errors
+@_state_options
 def destination_pause(public_id: str, reason: str, as_json: bool) -> None:
     """Hold the destination's events (no attempt spent) until `resume`."""
     _change_state(public_id, DestinationState.PAUSED, reason, as_json)
 
 
 @destination_group.command("resume")
-@click.option("--destination", "public_id", required=True, help=DESTINATION_ID_HELP)
-@click.option("--reason", required=True, help="Why (kept in the audit log).")
-@json_option
-@handles_ledger_errors
+@_state_options
 def destination_resume(public_id: str, reason: str, as_json: bool) -> None:
     """Deliver the destination's events again."""
     _change_state(public_id, DestinationState.ACTIVE, reason, as_json)
