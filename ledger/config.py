@@ -62,8 +62,8 @@ REVIEW_WINDOW_CAP_SECONDS = 14 * 86400
 # one process writes per integration (and per dead key) before it only counts them.
 DEFAULT_DELIVERY_LOG_SECONDS = 14 * 86400
 DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE = 60
-# Share of wall time the retention purge may spend deleting (jobs/retention.py Pacer); the
-# rest is left to the intake. 1 = full speed.
+# Share of wall time the retention purge may spend deleting (the Pacer,
+# jobs/retention_batching.py); the rest is left to the intake. 1 = full speed.
 DEFAULT_DUTY_CYCLE = 0.5
 # Jobs a worker claims and commits at once (ledger/worker/batch.py; 1 = one per claim).
 # Unset, it is the measured best for the database (docs/explanation/capacity.md): 16 on

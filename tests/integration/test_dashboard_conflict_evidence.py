@@ -10,7 +10,7 @@ import pytest
 from flask import Flask
 from sqlalchemy import func, select
 
-from jobs.retention_preview import drop_expired_forensic_bodies
+from jobs.retention_payloads import drop_expired_forensic_bodies
 from ledger.db.schema import conflict_bodies, conflicts
 from ledger.worker.loop import Worker
 from tests.dashboard_helpers import fast_hashes, logged_in
