@@ -14,6 +14,7 @@ from ledger.db.schema import audit_log, conflicts, credentials, integrations
 from ledger.domain import Integration
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
 from ledger.reads.deliveries import credential_usage
+from ledger.reads.models import CredentialItem
 from ledger.reads.receipts import MAX_LIMIT, conflict_columns, conflict_item, scope_names
 
 
@@ -90,14 +91,14 @@ def integrations_with_live_keys(conn: Connection, *, now: datetime,
 
 
 def read_credentials(conn: Connection, public_id: str, now: datetime | None = None,
-                     ) -> tuple[Integration, list[dict[str, Any]]]:
+                     ) -> tuple[Integration, list[CredentialItem]]:
     """Return an integration and its credentials (never a secret); NotFound when unknown."""
     integration = get_integration(conn, public_id)
     return integration, credential_rows(conn, integration.id, now)
 
 
 def credential_rows(conn: Connection, integration_id: int,
-                    now: datetime | None = None) -> list[dict[str, Any]]:
+                    now: datetime | None = None) -> list[CredentialItem]:
     """Return an integration's credentials, newest first, never the secret, with their use.
 
     Use comes from the delivery log: `last_used_at`, `uses_24h`, `uses_after_dead`.
@@ -108,9 +109,13 @@ def credential_rows(conn: Connection, integration_id: int,
                credentials.c.revoked_reason, credentials.c.label)
         .where(credentials.c.integration_id == integration_id)
         .order_by(credentials.c.id.desc()))
-    items = [dict(r._mapping) for r in rows]
+    items = [r._mapping for r in rows]
     usage = credential_usage(conn, items, now or datetime.now(UTC))
-    return [dict(item, **usage[item["key_id"]]) for item in items]
+    return [CredentialItem(
+        key_id=c["key_id"], state=c["state"], fingerprint=c["fingerprint"],
+        created_at=c["created_at"], expires_at=c["expires_at"], revoked_at=c["revoked_at"],
+        revoked_reason=c["revoked_reason"], label=c["label"], **usage[c["key_id"]])
+        for c in items]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,6 +23,13 @@ from sqlalchemy import Connection, Label, Select, and_, select
 
 from ledger.db.schema import attempts, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
+from ledger.reads.models import (
+    OrphanReceiptItem,
+    QueuedWorkItem,
+    RetryingItem,
+    RunningItem,
+    StuckItem,
+)
 from ledger.reads.receipts import scope_names
 from ledger.scheduling.instances import InstanceKind, live_instances
 
@@ -59,18 +66,21 @@ def _last_error() -> Label[Any]:
 
 
 def _item(row: Any, names: Mapping[int, tuple[str, str]], now: datetime,
-          max_attempts: int) -> dict[str, Any]:
-    """Turn a job row into what the page shows."""
+          max_attempts: int) -> QueuedWorkItem:
+    """Turn a work item's row into what the page shows."""
     scope, public_id = names.get(row.scope_id, (str(row.scope_id), ""))
-    item = dict(row._mapping, scope=scope, integration=public_id, max_attempts=max_attempts,
-                window_age_seconds=(now - row.window_start).total_seconds(),
-                requeued=row.accepted_at is not None and row.window_start > row.accepted_at)
-    item.setdefault("last_error", None)
-    return item
+    return QueuedWorkItem(
+        scope_id=row.scope_id, event_id=row.event_id, event_type=row.event_type,
+        run_at=row.run_at, attempts=row.attempts, leased_by=row.leased_by,
+        leased_until=row.leased_until, window_start=row.window_start,
+        accepted_at=row.accepted_at, last_error=row.last_error, scope=scope,
+        integration=public_id, max_attempts=max_attempts,
+        window_age_seconds=(now - row.window_start).total_seconds(),
+        requeued=row.accepted_at is not None and row.window_start > row.accepted_at)
 
 
 def retrying_jobs(conn: Connection, now: datetime, *, grace_seconds: float,
-                  max_attempts: int) -> list[dict[str, Any]]:
+                  max_attempts: int) -> list[RetryingItem]:
     """Return queued jobs that failed before and wait on their backoff, soonest first."""
     rows = conn.execute(
         select(*_JOB_COLUMNS, _last_error())
@@ -79,8 +89,8 @@ def retrying_jobs(conn: Connection, now: datetime, *, grace_seconds: float,
                jobs.c.attempts >= 1, jobs.c.leased_by.is_(None))
         .order_by(jobs.c.run_at).limit(LIST_LIMIT)).all()
     names = scope_names(conn, {r.scope_id for r in rows})
-    return [dict(_item(r, names, now, max_attempts),
-                 next_in_seconds=(r.run_at - now).total_seconds()) for r in rows]
+    return [RetryingItem(**_item(r, names, now, max_attempts),
+                         next_in_seconds=(r.run_at - now).total_seconds()) for r in rows]
 
 
 def _stuck_reason(row: Any, now: datetime, *, live: frozenset[str]) -> str:
@@ -95,7 +105,7 @@ def _stuck_reason(row: Any, now: datetime, *, live: frozenset[str]) -> str:
 
 
 def stuck_jobs(conn: Connection, now: datetime, *, grace_seconds: float, max_attempts: int,
-               live: frozenset[str]) -> list[dict[str, Any]]:
+               live: frozenset[str]) -> list[StuckItem]:
     """Return due jobs nobody else may run: past the grace, or due at all when no worker lives."""
     cutoff = now if not live else now - timedelta(seconds=grace_seconds)
     rows = conn.execute(
@@ -103,13 +113,13 @@ def stuck_jobs(conn: Connection, now: datetime, *, grace_seconds: float, max_att
         .where(jobs.c.status == JobStatus.QUEUED.value, jobs.c.run_at <= cutoff)
         .order_by(jobs.c.run_at).limit(LIST_LIMIT)).all()
     names = scope_names(conn, {r.scope_id for r in rows})
-    return [dict(_item(r, names, now, max_attempts),
-                 reason=_stuck_reason(r, now, live=live),
-                 overdue_seconds=(now - r.run_at).total_seconds()) for r in rows]
+    return [StuckItem(**_item(r, names, now, max_attempts),
+                      reason=_stuck_reason(r, now, live=live),
+                      overdue_seconds=(now - r.run_at).total_seconds()) for r in rows]
 
 
 def pending_without_job(conn: Connection, now: datetime, *,
-                        grace_seconds: float) -> list[dict[str, Any]]:
+                        grace_seconds: float) -> list[OrphanReceiptItem]:
     """Return pending receipts (among the oldest ORPHAN_PROBE) with no queued job."""
     oldest = (select(receipts.c.scope_id, receipts.c.event_id, receipts.c.event_type,
                      receipts.c.accepted_at, receipts.c.attempts)
@@ -126,9 +136,11 @@ def pending_without_job(conn: Connection, now: datetime, *,
     items = []
     for r in rows:
         scope, public_id = names.get(r.scope_id, (str(r.scope_id), ""))
-        items.append(dict(r._mapping, scope=scope, integration=public_id, reason=NO_JOB,
-                          window_age_seconds=(now - r.accepted_at).total_seconds(),
-                          requeued=False, run_at=None, leased_by=None, last_error=None))
+        items.append(OrphanReceiptItem(
+            scope_id=r.scope_id, event_id=r.event_id, event_type=r.event_type,
+            accepted_at=r.accepted_at, attempts=r.attempts, scope=scope, integration=public_id,
+            reason=NO_JOB, window_age_seconds=(now - r.accepted_at).total_seconds(),
+            requeued=False, run_at=None, leased_by=None, last_error=None))
     return items
 
 
@@ -157,7 +169,7 @@ def running_stmt(now: datetime) -> Select[Any]:
 
 
 def running_jobs(conn: Connection, now: datetime, *,
-                 live: frozenset[str]) -> list[dict[str, Any]]:
+                 live: frozenset[str]) -> list[RunningItem]:
     """Return the jobs a worker holds now: job, worker, running for, lease left.
 
     A claim pushes run_at to the lease's end, so held jobs are found in ix_jobs_due's
@@ -171,8 +183,10 @@ def running_jobs(conn: Connection, now: datetime, *,
     for r in held:
         scope, public_id = names.get(r.scope_id, (str(r.scope_id), ""))
         left = (r.leased_until - now).total_seconds() if r.leased_until else None
-        items.append(dict(r._mapping, scope=scope, integration=public_id,
-                          worker_alive=r.leased_by in live, lease_left_seconds=left,
-                          running_seconds=(now - r.started_at).total_seconds()
-                          if r.started_at else None))
+        items.append(RunningItem(
+            scope_id=r.scope_id, event_id=r.event_id, event_type=r.event_type,
+            attempts=r.attempts, leased_by=r.leased_by, leased_until=r.leased_until,
+            started_at=r.started_at, scope=scope, integration=public_id,
+            worker_alive=r.leased_by in live, lease_left_seconds=left,
+            running_seconds=(now - r.started_at).total_seconds() if r.started_at else None))
     return items
