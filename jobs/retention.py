@@ -99,7 +99,7 @@ def purge(engine: Engine, settings: Settings, clock: Clock, *, dry_run: bool = F
         # batched cross-scope UPDATE below cannot be routed to one shard): README, Limits.
         bodies = 0
     else:
-        # Payloads first: a failed job past retention is also past review, so each
+        # Payloads first: a failed work item past retention is also past review, so each
         # dropped payload is counted once, whichever step removes it.
         dropped = expire_payloads(engine, settings, review_cutoff, batch_size)
         bodies = expire_conflict_bodies(engine, settings, review_cutoff, batch_size)

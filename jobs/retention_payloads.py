@@ -23,21 +23,21 @@ from .retention_batching import run_batch
 
 
 def count_expired_payloads(conn: Connection, review_cutoff: datetime) -> int:
-    """Count failed jobs still holding a payload accepted before `review_cutoff`."""
+    """Count failed work items still holding a payload accepted before `review_cutoff`."""
     return int(conn.execute(
         select(func.count()).select_from(jobs).where(*_payload_due(review_cutoff))
     ).scalar_one())
 
 
 def _payload_due(review_cutoff: datetime) -> tuple[Any, ...]:
-    """Return the predicate of failed jobs whose payload outlived the review window."""
+    """Return the predicate of failed work items whose payload outlived the review window."""
     return (jobs.c.status == JobStatus.FAILED.value, jobs.c.payload.is_not(None),
             jobs.c.accepted_at < review_cutoff)
 
 
 def expire_payloads(engine: Engine, settings: Settings, review_cutoff: datetime,
                     batch_size: int) -> int:
-    """Set payload = NULL on failed jobs past the review window, batch by batch."""
+    """Set payload = NULL on failed work items past the review window, batch by batch."""
     total = 0
     while True:
         picked = (select(jobs.c.scope_id, jobs.c.event_id)

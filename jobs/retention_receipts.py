@@ -1,4 +1,4 @@
-"""Expire finished receipts with their attempts, failed job, unsigned-body record, conflicts.
+"""Expire finished receipts with attempts, failed work item, unsigned-body record, conflicts.
 
 A receipt is deleted only when it is `complete` or `failed` and was accepted
 more than LEDGER_RETENTION_SECONDS ago; a pending receipt is never touched.
@@ -41,22 +41,21 @@ FINISHED = (ReceiptState.COMPLETE.code, ReceiptState.FAILED.code)
 CLOCK_SKEW = timedelta(seconds=CLOCK_SKEW_SECONDS)
 
 # Attempts go first, by their own time: one started before `:before` belongs to a
-# receipt accepted before the cutoff (CLOCK_SKEW covers hosts' clocks), which this
-# purge deletes unless it is unfinished. An unfinished receipt (pending or failed)
-# is exactly one with a job row, so an attempt stays while its receipt has a job:
-# a pending receipt keeps its history, and a failed one keeps it for the receipts
-# pass below, which deletes it with its receipt under the receipt's row lock. (A
-# failed receipt requeued between the two passes keeps its history too; the check
-# on the receipt's state that this replaces deleted it.) An attempt whose outcome is
-# 'complete' needs no lookup: it completed its receipt and deleted its job in the
-# same transaction (only "Run again" gives a completed receipt a job again; past the
-# retention its earlier completed attempts then go, as before). The others probe
-# the job's primary key: the jobs table holds only unfinished work, so its key stays
+# receipt accepted before the cutoff (CLOCK_SKEW covers hosts' clocks), which this purge
+# deletes unless it is unfinished. An unfinished receipt (pending or failed) is exactly
+# one with a work item (a `jobs` row), so an attempt stays while its receipt has a work
+# item: a pending receipt keeps its history, and a failed one keeps it for the receipts
+# pass below, which deletes it with its receipt under the receipt's row lock. (A failed
+# receipt requeued between the two passes keeps its history too; the check on the
+# receipt's state that this replaces deleted it.) An attempt whose outcome is 'complete'
+# needs no lookup: it completed its receipt and deleted its work item in the same
+# transaction (only "Run again" gives a completed receipt a work item again; past the
+# retention its earlier completed attempts then go, as before). The others probe the
+# work item's primary key: the jobs table holds only unfinished work, so its key stays
 # small enough to stay in shared_buffers at any ledger size, where the receipts' key
-# (730 MB at 10M receipts) would be read into them for most probes. (A `NOT IN (pending receipts)`
-# set is hashed only while it fits
-# in work_mem; past that PostgreSQL rescans the whole set for every row: 37 s per
-# window at 10M.)
+# (730 MB at 10M receipts) would be read into them for most probes. (A `NOT IN (pending
+# receipts)` set is hashed only while it fits in work_mem; past that PostgreSQL rescans
+# the whole set for every row: 37 s per window at 10M.)
 _PG_ATTEMPTS_WINDOW = text("""
 DELETE FROM attempts a
 WHERE a.ctid >= CAST(:lo AS tid) AND a.ctid < CAST(:hi AS tid) AND a.started_at < :before
@@ -66,7 +65,7 @@ WHERE a.ctid >= CAST(:lo AS tid) AND a.ctid < CAST(:hi AS tid) AND a.started_at 
 
 # Receipts, statement 1 of a batch: lock the window's expired receipts that still
 # have dependants, delete those dependants and the receipts. After the attempts
-# pass that is a failed receipt (attempts, job), one finished after `:late`
+# pass that is a failed receipt (attempts, work item), one finished after `:late`
 # (attempts), or one with a conflict or an unsigned-body record: about 1 % of the
 # window. FOR UPDATE keeps a held receipt as it is until the batch commits (a
 # requeue waits), so its dependants and the receipt go together or not at all.
@@ -127,7 +126,7 @@ _PG_PROBE_SETTINGS = ("SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejo
                       "SET LOCAL jit = off")
 
 # Attempts rows are never locked by the intake, and an attempts batch may hash the
-# unfinished jobs' keys once (when they fit in work_mem), so its windows are larger.
+# unfinished work items' keys once (when they fit in work_mem), so its windows are larger.
 ATTEMPTS_WINDOW_FACTOR = 4
 
 _SQLITE_BATCH = text("""
@@ -148,7 +147,7 @@ def count_expired(conn: Connection, cutoff: datetime) -> int:
 
 def expire_attempts_by_time(engine: Engine, settings: Settings, cutoff: datetime,
                             batch_size: int, pacer: Pacer | None = None) -> int:
-    """PostgreSQL: delete attempts older than the cutoff (less skew) but an unfinished job's."""
+    """PostgreSQL: delete attempts older than the cutoff (less skew) but unfinished work's."""
     if engine.dialect.name != "postgresql":
         return 0
     params: dict[str, Any] = {"before": cutoff - CLOCK_SKEW}

@@ -128,7 +128,7 @@ def scope_batch(conn: Connection, scope: int, cutoff: datetime, batch: int) -> d
 
 
 def payload_scopes(conn: Connection, review_cutoff: datetime) -> list[int]:
-    """Return the scopes with failed jobs whose payload outlived the review window."""
+    """Return the scopes with failed work items whose payload outlived the review window."""
     return [int(s) for s in conn.execute(_PAYLOAD_SCOPES,
                                          {"review_cutoff": review_cutoff}).scalars()]
 

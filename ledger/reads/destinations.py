@@ -3,7 +3,7 @@
 Per destination: its settings and state, and from its recent answered attempts the
 success rate, the p95 latency and the latest failures (a request still open, or whose
 worker died before it recorded the answer, is `sending`: only a receipt's answers show
-it); its backlog is its integration's queued jobs of the types it takes, counted up to
+it); its backlog is its integration's queued work items of the types it takes, counted up to
 BACKLOG_CAP.
 """
 

@@ -41,7 +41,8 @@ class ConflictEvidence:
     # What the ledger still knows of the original receipt: digest, times, state, result
     # (None once the retention purge expired it).
     original: dict[str, Any] | None = None
-    # "job" (not yet completed), "forensic window" (LEDGER_CONFLICT_BODY_SECONDS) or None.
+    # "job" (its work item: not yet completed), "forensic window"
+    # (LEDGER_CONFLICT_BODY_SECONDS) or None.
     original_source: str | None = None
     incoming_body: str | None = None  # pretty-printed, for the roles that see payloads
 
@@ -112,7 +113,7 @@ def read_conflict_evidence(conn: Connection, conflict_id: int) -> ConflictEviden
 
 
 def _original_body(conn: Connection, scope_id: int, event_id: str) -> tuple[str | None, str | None]:
-    """Return the original's body and where it was found: its job, or the forensic window."""
+    """Return the original's body and where it was found: its work item, or the forensic window."""
     body = conn.execute(select(jobs.c.payload).where(
         jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).scalar()
     if body is not None:

@@ -31,14 +31,14 @@ INSTANCE_LIMIT = 50
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Overview:
-    """What the overview shows: headline numbers, a page of scopes, instances, job runs."""
+    """What the overview shows: headline numbers, a page of scopes, instances, scheduled runs."""
 
     headline: dict[str, Any]
     scopes: Page
     rollups_refreshed_at: datetime | None  # the age of the scopes' counts
     instances: list[dict[str, Any]]  # each with `live`: a beat within the bound
     live_counts: dict[str, int]  # live instances per kind: web, worker, scheduler
-    work_due: bool  # a queued job is due now
+    work_due: bool  # a queued work item is due now
     scheduler_runs: list[dict[str, Any]]
 
     @property
@@ -142,7 +142,7 @@ def live_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def work_due(conn: Connection, now: datetime) -> bool:
-    """Tell whether a queued job is due (the partial due-jobs index, one row)."""
+    """Tell whether a queued work item is due (the partial due-jobs index, one row)."""
     return conn.execute(select(jobs.c.run_at).where(
         jobs.c.status == JobStatus.QUEUED.value, jobs.c.run_at <= now).limit(1)).first() \
         is not None

@@ -34,8 +34,8 @@ from ledger.reads.receipts import (
 )
 
 STUCK_LIMIT = 100
-# A queued job due for longer than this is stuck: its lease expired, or no worker
-# claimed it. An idle worker polls twice a second, so such a job was not merely
+# A queued work item due for longer than this is stuck: its lease expired, or no worker
+# claimed it. An idle worker polls twice a second, so such a one was not merely
 # waiting for the next poll; the grace keeps a busy moment off the stuck list.
 STUCK_GRACE_SECONDS = 30
 # Counts shown to operators stop here: an exact count of a huge set costs a scan.
@@ -115,8 +115,8 @@ def stuck_pending(conn: Connection, now: datetime,
             for r in rows]
 
 
-def overdue_jobs(conn: Connection, now: datetime, grace_seconds: int) -> list[OverdueItem]:
-    """Return queued jobs due for longer than the grace: expired leases and unclaimed work."""
+def overdue_work(conn: Connection, now: datetime, grace_seconds: int) -> list[OverdueItem]:
+    """Return queued work items due for longer than the grace: expired leases, unclaimed work."""
     cutoff = now - timedelta(seconds=grace_seconds)
     rows = conn.execute(
         select(jobs.c.scope_id, jobs.c.event_id, jobs.c.event_type, jobs.c.accepted_at,
@@ -149,7 +149,7 @@ def open_findings(conn: Connection, limit: int = STUCK_LIMIT) -> list[dict[str, 
 class StuckWork:
     """Stuck work with its reason, retrying work apart from it, and open findings.
 
-    `pending` and `overdue_jobs` are the older, reason-less lists the API keeps.
+    `pending` and `overdue_jobs` (the API's key) are the older, reason-less lists it keeps.
     """
 
     stuck: list[StuckItem | OrphanReceiptItem]  # each with `reason` (ledger.reads.stuck)
@@ -160,7 +160,7 @@ class StuckWork:
     overdue_jobs: list[OverdueItem]
     findings: list[dict[str, Any]]
     threshold_seconds: float  # pending longer than this is stuck
-    grace_seconds: int  # a job due longer than this is overdue
+    grace_seconds: int  # a work item due longer than this is overdue
 
 
 def read_stuck_work(conn: Connection, now: datetime, *, threshold_seconds: float,
@@ -171,15 +171,16 @@ def read_stuck_work(conn: Connection, now: datetime, *, threshold_seconds: float
     live = stuck.live_workers(conn, now, within_seconds=live_within)
     grace = STUCK_GRACE_SECONDS
     stuck_items: list[StuckItem | OrphanReceiptItem] = [
-        *stuck.stuck_jobs(conn, now, grace_seconds=grace, max_attempts=max_attempts, live=live),
-        *stuck.pending_without_job(conn, now, grace_seconds=grace)]
+        *stuck.stuck_work_items(conn, now, grace_seconds=grace, max_attempts=max_attempts,
+                                live=live),
+        *stuck.pending_without_work_item(conn, now, grace_seconds=grace)]
     return StuckWork(stuck=stuck_items,
-                     retrying=stuck.retrying_jobs(conn, now, grace_seconds=grace,
+                     retrying=stuck.retrying_work(conn, now, grace_seconds=grace,
                                                   max_attempts=max_attempts),
                      live_workers=len(live),
-                     running=stuck.running_jobs(conn, now, live=live),
+                     running=stuck.running_work(conn, now, live=live),
                      pending=stuck_pending(conn, now, threshold_seconds),
-                     overdue_jobs=overdue_jobs(conn, now, grace),
+                     overdue_jobs=overdue_work(conn, now, grace),
                      findings=open_findings(conn), threshold_seconds=threshold_seconds,
                      grace_seconds=grace)
 

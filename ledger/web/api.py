@@ -108,7 +108,7 @@ def me() -> Response:
 
 @bp.get("/overview")
 def overview() -> Response:
-    """Headline numbers, a page of scopes with rollup counts, instances and job runs."""
+    """Headline numbers, a page of scopes with rollup counts, instances, scheduled runs."""
     svc = services()
     now = svc.clock.now()
     view = replica_read(lambda conn: read_overview(
@@ -146,7 +146,7 @@ def receipt(public_id: str, event_id: str) -> Response:
 
 @bp.get("/stuck")
 def stuck() -> Response:
-    """Pending past the threshold, overdue jobs and open findings."""
+    """Stuck and retrying work, pending past the threshold, overdue work items, findings."""
     svc = services()
     now = svc.clock.now()
     view = replica_read(lambda conn: read_stuck_work(
