@@ -40,6 +40,63 @@ class PendingReceiptItem(ReceiptItem):
     age_seconds: float
 
 
+class ConflictItem(TypedDict):
+    """A conflict: a delivery that reused an event id with another body, by digest only.
+
+    The kept incoming body is evidence for oncall (ledger.reads.evidence), never part
+    of a list: `body_kept` says whether it is still there.
+    """
+
+    id: int
+    scope_id: int
+    event_id: str
+    kind: str
+    original_event_id: str
+    original_sha256: str
+    incoming_sha256: str
+    first_seen: datetime
+    last_seen: datetime
+    count: int
+    acknowledged_at: datetime | None
+    acknowledged_by: str | None
+    ack_note: str | None
+    incoming_size: int | None
+    body_kept: bool
+
+
+class ListedConflict(ConflictItem):
+    """A conflict in the conflicts list or on its evidence page, with its scope's names."""
+
+    scope: str
+    integration: str
+
+
+class AuditItem(TypedDict):
+    """An audit log row as the audit page and the API list it (never its hash chain)."""
+
+    id: int
+    at: datetime
+    actor: str
+    role: str
+    action: str
+    target: str
+    scope: str | None
+    reason: str | None
+    detail: str | None
+    request_id: str | None
+
+
+class ReceiptAuditItem(TypedDict):
+    """An audit row about one receipt, as its detail shows it."""
+
+    id: int
+    at: datetime
+    actor: str
+    role: str
+    action: str
+    reason: str | None
+
+
 class WorkItemState(TypedDict):
     """A receipt's work item as the detail shows it: never its payload."""
 
@@ -70,8 +127,8 @@ class ReceiptDetail(ReceiptItem):
     body_sha256: str
     attempt_rows: list[dict[str, Any]]  # the attempts table's columns
     last_error: str | None
-    conflicts: list[dict[str, Any]]  # ledger.reads.receipts.conflict_item
-    audit: list[dict[str, Any]]
+    conflicts: list[ConflictItem]
+    audit: list[ReceiptAuditItem]
     deliveries: Sequence[DeliveryItem]  # a page may show each with more keys
     destination_attempts: list[dict[str, Any]]  # ledger.reads.destinations.receipt_answers
     job: WorkItemState | None  # the key is CONTRACT.md's

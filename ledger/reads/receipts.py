@@ -19,8 +19,10 @@ from ledger.errors import NotFound
 from ledger.reads.cursor import BadCursor, Page, decode_cursor, encode_cursor
 from ledger.reads.destinations import receipt_answers
 from ledger.reads.models import (
+    ConflictItem,
     DeliveryItem,
     FailureItem,
+    ReceiptAuditItem,
     ReceiptDetail,
     ReceiptItem,
     WorkItemState,
@@ -272,7 +274,7 @@ def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> ReceiptDet
         payload=pretty_payload(work.payload) if work is not None and work.payload else None)
 
 
-def _receipt_conflicts(conn: Connection, scope_id: int, event_id: str) -> list[dict[str, Any]]:
+def _receipt_conflicts(conn: Connection, scope_id: int, event_id: str) -> list[ConflictItem]:
     """Return the newest conflicts naming the event, as its own or as the original."""
     return [conflict_item(c) for c in conn.execute(
         select(*conflict_columns()).where(conflicts.c.scope_id == scope_id,
@@ -281,9 +283,10 @@ def _receipt_conflicts(conn: Connection, scope_id: int, event_id: str) -> list[d
         .order_by(conflicts.c.last_seen.desc()).limit(50))]
 
 
-def _receipt_audit(conn: Connection, scope: str, event_id: str) -> list[dict[str, Any]]:
+def _receipt_audit(conn: Connection, scope: str, event_id: str) -> list[ReceiptAuditItem]:
     """Return the newest audit rows about the event (targeted by id or scope:id)."""
-    return [dict(a._mapping) for a in conn.execute(
+    return [ReceiptAuditItem(id=a.id, at=a.at, actor=a.actor, role=a.role, action=a.action,
+                             reason=a.reason) for a in conn.execute(
         select(audit_log.c.id, audit_log.c.at, audit_log.c.actor, audit_log.c.role,
                audit_log.c.action, audit_log.c.reason)
         .where(audit_log.c.scope == scope,
@@ -338,17 +341,19 @@ def conflict_columns() -> list[Any]:
             conflicts.c.incoming_body.is_not(None).label("body_kept")]
 
 
-def conflict_item(row: Any) -> dict[str, Any]:
-    """Turn a conflict row into a dict with hex digests."""
-    item = dict(row._mapping)
+def conflict_item(row: Any) -> ConflictItem:
+    """Turn a conflict row into its read model: hex digests, the kept body only as a flag."""
+    fields = row._mapping
     # The kept body is evidence for oncall (ledger.reads.evidence), never part of a list.
-    if "incoming_body" in item:
-        item["body_kept"] = item.pop("incoming_body") is not None
-    if "body_kept" in item:
-        item["body_kept"] = bool(item["body_kept"])
-    item["original_sha256"] = bytes(row.original_sha256).hex()
-    item["incoming_sha256"] = bytes(row.incoming_sha256).hex()
-    return item
+    kept = fields["body_kept"] if "body_kept" in fields else fields["incoming_body"] is not None
+    return ConflictItem(
+        id=row.id, scope_id=row.scope_id, event_id=row.event_id, kind=row.kind,
+        original_event_id=row.original_event_id,
+        original_sha256=bytes(row.original_sha256).hex(),
+        incoming_sha256=bytes(row.incoming_sha256).hex(), first_seen=row.first_seen,
+        last_seen=row.last_seen, count=row.count, acknowledged_at=row.acknowledged_at,
+        acknowledged_by=row.acknowledged_by, ack_note=row.ack_note,
+        incoming_size=row.incoming_size, body_kept=bool(kept))
 
 
 __all__ = ["BadCursor", "ReceiptFilter", "list_receipts", "receipt_detail"]
