@@ -50,7 +50,7 @@ DEFAULT_BATCH_SIZE = 25_000
 
 
 class PurgeImpossible(LedgerError):
-    """The purge cannot do its job on this database; it says why instead of deleting nothing."""
+    """The purge cannot work on this database; it says why instead of deleting nothing."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -136,6 +136,7 @@ def _distributed(engine: Engine) -> bool:
                               "purge nor the per-scope purge would find every expired row: "
                               + "; ".join(problems) + " (run `ledger db distribute`)")
     return layout.distributed
+
 
 def _check_nothing_left(engine: Engine, cutoff: datetime, started: datetime) -> None:
     """Raise when expired receipts that finished before the purge began are still there."""
