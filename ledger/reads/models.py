@@ -13,6 +13,16 @@ from datetime import datetime
 from typing import Any, NotRequired, TypedDict
 
 
+class Headline(TypedDict):
+    """The live numbers at the top of the overview; the counts stop at `cap`."""
+
+    oldest_pending_at: datetime | None
+    oldest_pending_age_seconds: float | None
+    failures_24h: int
+    conflicts_24h: int
+    cap: int
+
+
 class ReceiptItem(TypedDict):
     """A receipt in a list: its key, state (the stored name), counts and times."""
 
