@@ -107,6 +107,24 @@ class ReceiptAuditItem(TypedDict):
     reason: str | None
 
 
+class DestinationAnswer(TypedDict):
+    """What a destination answered to one attempt of a receipt (the excerpt: oncall and up)."""
+
+    attempt: int
+    at: datetime
+    outcome: str
+    http_status: int | None
+    latency_ms: float
+    error: str | None
+    response_excerpt: str | None
+
+
+class DestinationFailure(DestinationAnswer):
+    """One of a destination's latest attempts that did not complete."""
+
+    event_id: str
+
+
 class WorkItemState(TypedDict):
     """A receipt's work item as the detail shows it: never its payload."""
 
@@ -140,7 +158,7 @@ class ReceiptDetail(ReceiptItem):
     conflicts: list[ConflictItem]
     audit: list[ReceiptAuditItem]
     deliveries: Sequence[DeliveryItem]  # a page may show each with more keys
-    destination_attempts: list[dict[str, Any]]  # ledger.reads.destinations.receipt_answers
+    destination_attempts: list[DestinationAnswer]
     job: WorkItemState | None  # the key is CONTRACT.md's
     # Not required: the API drops it for roles below oncall.
     payload: NotRequired[str | None]

@@ -137,7 +137,7 @@ def receipt(public_id: str, event_id: str) -> Response:
     item["deliveries"] = visible_deliveries(item["deliveries"])
     if not g.operator.can("oncall"):
         item.pop("payload", None)
-        item["destination_attempts"] = [dict(a, response_excerpt=None)
+        item["destination_attempts"] = [{**a, "response_excerpt": None}
                                         for a in item["destination_attempts"]]
     elif (payload := item.get("payload")) is not None:
         item["payload"] = payload_value(payload)

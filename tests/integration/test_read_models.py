@@ -9,11 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from ledger.access import audit
+from ledger.access.integrations import get_integration
+from ledger.destinations.addresses import AddressPolicy
+from ledger.destinations.store import DestinationSettings, create_destination, record_attempt
 from ledger.reads.models import (
     AuditItem,
     ConflictItem,
     CredentialItem,
     DeliveryItem,
+    DestinationAnswer,
+    DestinationFailure,
     FailureItem,
     ListedConflict,
     ReceiptAuditItem,
@@ -72,3 +77,28 @@ def test_the_api_answers_the_keys_of_its_read_models(app) -> None:  # type: igno
     creds = get(f"/api/v1/integrations/{sender.public_id}/credentials")["credentials"]
     assert set(creds[0]) == _keys(CredentialItem)
     assert set(get("/api/v1/audit")["items"][0]) == _keys(AuditItem)
+
+
+def test_destination_answers_carry_the_keys_of_their_read_models(app) -> None:  # type: ignore[no-untyped-def]
+    svc = app.extensions["ledger"]
+    sender = make_sender(app)
+    with svc.engine.begin() as conn:
+        created = create_destination(
+            conn, svc.box, audit.Actor(name="test", role="admin"),
+            get_integration(conn, sender.public_id),
+            DestinationSettings(url="https://orders.example.com/in", event_types=["order.paid"]),
+            policy=AddressPolicy(), handled_types=(), now=svc.clock.now())
+        record_attempt(conn, created.destination.id, scope_id=sender.scope_id,
+                       event_id="evt_1", number=1, started_at=svc.clock.now(), latency_ms=40.0,
+                       http_status=502, outcome="retry", error="destination answered 502",
+                       response_excerpt="bad gateway")
+    add_receipt(app, sender.scope_id, "evt_1", state=0, event_type="order.paid")
+    make_operator(app, "olga", "oncall")
+    headers = {"Authorization": f"Bearer {make_token(app, 'olga')}"}
+    client = app.test_client()
+    detail = client.get(f"/api/v1/receipts/{sender.public_id}/evt_1", headers=headers)
+    (answer,) = detail.get_json()["destination_attempts"]
+    assert set(answer) == _keys(DestinationAnswer)
+    listed = client.get("/api/v1/destinations", headers=headers).get_json()
+    (failure,) = listed["destinations"][0]["recent_failures"]
+    assert set(failure) == _keys(DestinationFailure)
