@@ -29,7 +29,8 @@ from bench.datagen import DataSpec, generate
 from bench.intake import CONNECTIONS, THREADS, ours_app, signed_files
 from bench.loadgen import LUA, wrk_binary
 from bench.report import percentile
-from jobs.retention import Pacer, purge
+from jobs.retention import purge
+from jobs.retention_batching import Pacer
 from ledger.access import audit
 from ledger.access.operators import create_operator
 from ledger.access.secrets_box import load_box

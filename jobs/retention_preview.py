@@ -14,20 +14,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, delete, func, select, text, tuple_
+from sqlalchemy import Connection, Select, func, select, text
 
 from ledger.config import Settings
-from ledger.db.schema import (
-    conflict_bodies,
-    conflicts,
-    receipts,
-    requeue_members,
-    scheduler_runs,
-)
+from ledger.db.schema import conflict_bodies, conflicts, receipts, scheduler_runs
 from ledger.reads.receipts import scope_names
 from ledger.scheduling.runner import default_jobs, period_start
 
-from .retention import FINISHED, count_expired_payloads
+from .retention_payloads import count_expired_payloads
+from .retention_receipts import FINISHED
 
 JOB = "retention"
 PAGE_CAP = 100_000
@@ -125,24 +120,3 @@ def forensic_cost(conn: Connection, cap: int = PAGE_CAP) -> dict[str, Any]:
         size = conn.execute(select(func.coalesce(
             func.sum(func.length(conflict_bodies.c.body)), 0))).scalar()
     return {"rows": min(rows, cap), "capped": rows > cap, "bytes": int(size or 0)}
-
-
-def drop_expired_forensic_bodies(engine: Engine, now: datetime, batch_size: int) -> int:
-    """Delete the forensic window's bodies whose time is up, batch by batch; return how many."""
-    total = 0
-    key = tuple_(conflict_bodies.c.scope_id, conflict_bodies.c.event_id)
-    while True:
-        picked = (select(conflict_bodies.c.scope_id, conflict_bodies.c.event_id)
-                  .where(conflict_bodies.c.expires_at < now).limit(batch_size))
-        with engine.begin() as conn:
-            count = int(conn.execute(delete(conflict_bodies).where(key.in_(picked))).rowcount)
-        total += count
-        if count < batch_size:
-            return total
-
-
-def drop_old_requeue_members(engine: Engine, cutoff: datetime) -> int:
-    """Forget the bulk requeues older than the retention (their receipts are gone too)."""
-    with engine.begin() as conn:
-        return int(conn.execute(delete(requeue_members)
-                                .where(requeue_members.c.requeued_at < cutoff)).rowcount)

@@ -1,6 +1,6 @@
-"""The retention purge's statements on a distributed (Citus) ledger: one scope at a time.
+"""The retention purge on a distributed (Citus) ledger: one scope at a time.
 
-jobs/retention.py walks PostgreSQL tables in heap-page windows (ctid ranges,
+On plain PostgreSQL the purge walks PostgreSQL tables in heap-page windows (ctid ranges,
 sized by pg_relation_size). On Citus neither works: the coordinator's table is
 an empty shell (0 pages), ctid means nothing across shards, and a locking
 statement must name one scope. So the purge there first reads which scopes
@@ -10,18 +10,24 @@ node holding the scope and commits there. retention.purge checks afterwards that
 nothing it had to delete is left, and raises when something is.
 
 Same rules as the page-window purge: a pending receipt is never touched; a
-batch's receipts go with their attempts, failed job, unsigned-body record and
+batch's receipts go with their attempts, failed work item, unsigned-body record and
 conflicts in one transaction, the receipts locked first (a requeue waits).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 
-from sqlalchemy import Connection, bindparam, text
+from sqlalchemy import Connection, Engine, bindparam, text
 
+from ledger.config import Settings
 from ledger.db.schema import UTCDateTime
+from ledger.metrics import PURGED_ROWS
 from ledger.worker.failure_groups import forget_members
+
+from .retention_batching import Pacer, run_batch
 
 # Scopes with finished receipts accepted before the cutoff. The btree on
 # accepted_at gives each shard the expired rows to read.
@@ -122,7 +128,7 @@ def scope_batch(conn: Connection, scope: int, cutoff: datetime, batch: int) -> d
 
 
 def payload_scopes(conn: Connection, review_cutoff: datetime) -> list[int]:
-    """Return the scopes with failed jobs whose payload outlived the review window."""
+    """Return the scopes with failed work items whose payload outlived the review window."""
     return [int(s) for s in conn.execute(_PAYLOAD_SCOPES,
                                          {"review_cutoff": review_cutoff}).scalars()]
 
@@ -146,3 +152,42 @@ def scope_orphans(conn: Connection, scope: int, cutoff: datetime) -> int:
 def left_behind(conn: Connection, cutoff: datetime, started: datetime) -> int:
     """Count the expired receipts, finished before the purge began, that are still there."""
     return int(conn.execute(_LEFT_BEHIND, {"cutoff": cutoff, "started": started}).scalar_one())
+
+
+def scoped_payloads(engine: Engine, settings: Settings, review_cutoff: datetime,
+                    batch_size: int) -> int:
+    """Distributed: drop reviewed failed payloads scope by scope, batch by batch."""
+    with engine.connect() as conn:
+        scopes = payload_scopes(conn, review_cutoff)
+    total = 0
+    for scope in scopes:
+        while True:
+            count = run_batch(engine, settings, partial(
+                scope_payloads, scope=scope, review_cutoff=review_cutoff,
+                batch=batch_size))
+            total += count
+            PURGED_ROWS.labels("payloads").inc(count)
+            if count < batch_size:
+                break
+    return total
+
+
+def scoped_receipts(engine: Engine, settings: Settings, cutoff: datetime, batch_size: int,
+                    on_batch: Callable[[int], None] | None = None,
+                    pacer: Pacer | None = None) -> int:
+    """Distributed: delete expired receipts with their dependants, scope by scope."""
+    with engine.connect() as conn:
+        scopes = expired_scopes(conn, cutoff)
+    total = 0
+    for scope in scopes:
+        while True:
+            counts = run_batch(engine, settings, partial(
+                scope_batch, scope=scope, cutoff=cutoff, batch=batch_size), pacer)
+            for kind, count in counts.items():
+                PURGED_ROWS.labels(kind).inc(count)
+            total += counts["receipts"]
+            if on_batch is not None:
+                on_batch(total)
+            if counts["receipts"] < batch_size:
+                break
+    return total

@@ -1,13 +1,14 @@
 """Stuck-work and integrity sweep: record what needs an operator as `findings` rows.
 
 Kinds of finding (subject `"<account>/<integration>:<event_id>"`):
-- `lease_expired`: a queued job was claimed, its lease ran out more than a lease
+- `lease_expired`: a queued work item was claimed, its lease ran out more than a lease
   ago, and no worker took it over (are the workers running?).
-- `overdue`: a queued job was due more than LEDGER_STUCK_PENDING_SECONDS ago.
-- `pending_without_job`: a pending receipt has no job, so nothing will ever
-  finish it (integrity: receipt and job are written in one transaction).
-- `job_without_receipt`: a job whose receipt is gone (integrity).
-- `job_of_complete_receipt`: a job still queued for a receipt already complete.
+- `overdue`: a queued work item was due more than LEDGER_STUCK_PENDING_SECONDS ago.
+- `pending_without_job`: a pending receipt has no work item, so nothing will ever
+  finish it (integrity: receipt and work item are written in one transaction).
+  (The kinds are stored names and keep the `jobs` table's word.)
+- `job_without_receipt`: a work item whose receipt is gone (integrity).
+- `job_of_complete_receipt`: a work item still queued for a receipt already complete.
 A finding no longer true is resolved (resolved_at); one that comes back reopens.
 The sweep also marks scheduler runs whose holder died (their lease ran out) abandoned,
 and corrects the stored failure groups (ledger.worker.failure_groups) a bounded step at
@@ -33,7 +34,7 @@ from ledger.worker.failure_groups import sweep_members, sweep_signatures
 
 KINDS = ("lease_expired", "overdue", "pending_without_job", "job_without_receipt",
          "job_of_complete_receipt")
-# A backlog of a million stuck jobs needs one alert, not a million rows.
+# A backlog of a million stuck work items needs one alert, not a million rows.
 MAX_FINDINGS_PER_KIND = 1000
 # At one run a minute: 300,000 failure members an hour, every group text every few minutes.
 MEMBERS_PER_RUN = 5000

@@ -56,19 +56,19 @@ SENDER_RETRY_WINDOW_SECONDS = 3 * 86400
 REPAIR_WINDOW_SECONDS = 4 * 86400
 CLOCK_SKEW_SECONDS = 300
 DEFAULT_RETENTION_SECONDS = SENDER_RETRY_WINDOW_SECONDS + REPAIR_WINDOW_SECONDS + CLOCK_SKEW_SECONDS
-# A failed job keeps its payload for review this long, never longer than the retention.
+# A failed work item keeps its payload for review this long, never longer than the retention.
 REVIEW_WINDOW_CAP_SECONDS = 14 * 86400
 # The delivery log: how long its rows are kept, and how many exact refusal rows per minute
 # one process writes per integration (and per dead key) before it only counts them.
 DEFAULT_DELIVERY_LOG_SECONDS = 14 * 86400
 DEFAULT_DELIVERY_LOG_REFUSALS_PER_MINUTE = 60
-# Share of wall time the retention purge may spend deleting (jobs/retention.py Pacer); the
-# rest is left to the intake. 1 = full speed.
+# Share of wall time the retention purge may spend deleting (the Pacer,
+# jobs/retention_batching.py); the rest is left to the intake. 1 = full speed.
 DEFAULT_DUTY_CYCLE = 0.5
-# Jobs a worker claims and commits at once (ledger/worker/batch.py; 1 = one per claim).
+# Work items a worker claims and commits at once (ledger/worker/batch.py; 1 = one per claim).
 # Unset, it is the measured best for the database (docs/explanation/capacity.md): 16 on
 # PostgreSQL; 8 on SQLite, where a batch holds the one writer against the intake. A batch
-# is one transaction with a savepoint per job: past 64 of them PostgreSQL's per-backend
+# is one transaction with a savepoint per work item: past 64 of them PostgreSQL's per-backend
 # subtransaction cache overflows and every other session's snapshot checks slow down.
 DEFAULT_WORKER_BATCH = 8  # SQLite's, and any database but PostgreSQL
 DEFAULT_WORKER_BATCH_POSTGRESQL = 16
@@ -218,10 +218,10 @@ DECLARED: tuple[Setting, ...] = (
             meaning="no retry starts later than this after acceptance"),
     Setting(name="LEDGER_LEASE_SECONDS", attribute="lease_seconds", section=_WORK,
             parser=Seconds(1), default=60,
-            meaning="a claimed job is claimable again after this (its worker died)"),
+            meaning="a claimed work item is claimable again after this (its worker died)"),
     Setting(name="LEDGER_WORKER_BATCH", attribute="worker_batch", section=_WORK,
             parser=Integer(1, MAX_WORKER_BATCH), shown_default="16 on PostgreSQL, 8 on SQLite",
-            meaning="jobs a worker claims and commits at once (`ledger worker --batch N`)"),
+            meaning="work items a worker claims and commits at once (`ledger worker --batch N`)"),
     Setting(name="LEDGER_HANDLER_MODULES", attribute="handler_modules", section=_WORK,
             parser=Names("comma-separated import paths"), default=(), shown_default="none",
             meaning="modules whose handlers every worker registers"),
@@ -235,7 +235,7 @@ DECLARED: tuple[Setting, ...] = (
     Setting(name="LEDGER_REVIEW_WINDOW_SECONDS", attribute="review_window_seconds",
             section=_KEEP, parser=Seconds(1), default_from=_review_window,
             shown_default="14 days or the retention, whichever is shorter (605100)",
-            meaning="a failed job keeps its payload for review this long; never longer than "
+            meaning="a failed work item keeps its payload for review this long; never longer than "
                     "the retention"),
     Setting(name="LEDGER_CONFLICT_BODY_SECONDS", attribute="conflict_body_seconds",
             section=_KEEP, parser=Seconds(0), default=0, shown_default="0 (off)",

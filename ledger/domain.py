@@ -31,7 +31,7 @@ _CODE_STATES = {v: k for k, v in _STATE_CODES.items()}
 
 
 class JobStatus(IntEnum):
-    """A job is queued until it ends; a failed one is kept for review."""
+    """A work item (a `jobs` row) is queued until it ends; a failed one is kept for review."""
 
     QUEUED = 0
     FAILED = 1

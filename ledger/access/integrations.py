@@ -142,7 +142,7 @@ _SCOPE_NAMES = (select(integrations.c.id, integrations.c.account, integrations.c
 def scope_names(conn: Connection, integration_ids: Collection[int]) -> dict[int, ScopeName]:
     """Return the scope and public id of each of these internal ids that exists.
 
-    One statement for many: a worker's batch names the scopes of all its jobs at once,
+    One statement for many: a worker's batch names the scopes of all its work items at once,
     and a page the scopes of all its rows.
     """
     if not integration_ids:

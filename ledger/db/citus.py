@@ -1,7 +1,7 @@
 """Citus: the distributed layout (`ledger db distribute`) and how the ledger sees it.
 
 The ledger tables are distributed by `scope_id` and co-located, so the rows of one
-scope (receipt, job, attempts, conflicts, unsigned bodies, demo balance) live in
+scope (receipt, work item, attempts, conflicts, unsigned bodies, demo balance) live in
 one shard group on one node; every other table is a reference table, copied to
 every node. A statement that names one scope with `scope_id = :value` is then
 routed to that one node; the intake's claim, the worker's claim and the purge

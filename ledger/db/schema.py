@@ -169,7 +169,7 @@ jobs = Table(
     Column("event_id", Text, primary_key=True),
     Column("event_type", Text, nullable=False),
     Column("accepted_at", UTCDateTime, nullable=False),
-    # When the job may next be claimed. A claim pushes it to the lease's end,
+    # When the work item may next be claimed. A claim pushes it to the lease's end,
     # so an expired lease needs no separate condition to become claimable.
     Column("run_at", UTCDateTime, nullable=False),
     Column("status", SmallInteger, nullable=False),
@@ -186,7 +186,7 @@ jobs = Table(
 )
 Index("ix_jobs_due", jobs.c.run_at, postgresql_where=jobs.c.status == 0,
       sqlite_where=jobs.c.status == 0)
-# The batch claim's pick of one scope's due jobs, oldest first (ledger/worker/sql.py,
+# The batch claim's pick of one scope's due work items, oldest first (ledger/worker/sql.py,
 # CLAIM_BATCH_SQL). SQLite has one writer, so its batches never wait on each other's
 # rows and it claims plainly oldest first (ledger/worker/batch_store.py).
 only_on("postgresql", Index("ix_jobs_scope_due", jobs.c.scope_id, jobs.c.run_at,
@@ -231,7 +231,7 @@ conflicts = Table(
 Index("ix_conflicts_last_seen", conflicts.c.last_seen)
 
 # The forensic window (LEDGER_CONFLICT_BODY_SECONDS, off by default): the original body of
-# a completed receipt, kept apart from the job (which leaves when it completes) so that a
+# a completed receipt, kept apart from the work item (which leaves when it completes) so that a
 # later conflict on its event id can be diffed; the retention purge drops expired rows.
 conflict_bodies = Table(
     "conflict_bodies",

@@ -95,7 +95,7 @@ def _receipt(scope_id: int, event_id: str, rng: random.Random, accepted_at: date
 
 
 def _job(row: dict[str, Any], status: JobStatus, now: datetime) -> dict[str, Any]:
-    """Return the job row kept for a failed or pending receipt (payload retained)."""
+    """Return the work item kept for a failed or pending receipt (payload retained)."""
     payload = json.dumps({"id": row["event_id"], "type": row["event_type"],
                           "data": {"amount": 100, "fail_times": 1, "note": "demo history"}})
     return {"scope_id": row["scope_id"], "event_id": row["event_id"],

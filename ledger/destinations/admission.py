@@ -5,10 +5,10 @@ failure holds the whole destination (`blocked_until`), and its events wait behin
 without spending attempts. When it answers again, sends resume at `rate_per_second`
 (`next_send_at` moves one interval per send) and at most `max_in_flight` at once.
 
-Requests in flight are the destination's `sending` attempts: `admit` opens one for the job
-it admits, in the same transaction as its check, and the answer closes it. A worker that
+Requests in flight are the destination's `sending` attempts: `admit` opens one for the work
+item it admits, in the same transaction as its check, and the answer closes it. A worker that
 dies mid-request leaves its row open, which stops counting once the request's own timeout
-has passed, so nothing leaks. `admit` decides for one claimed job in its own short
+has passed, so nothing leaks. `admit` decides for one claimed work item in its own short
 transaction, before the HTTP call and without holding any lock across it (STYLE rule 7);
 `note_outcome` moves the backoff after the answer.
 """
@@ -24,7 +24,7 @@ from sqlalchemy import Connection, func, select, update
 from ledger.db.schema import destination_attempts, destinations
 from ledger.destinations.store import SENDING, DestinationState, open_attempt
 
-# How long a job waits when the destination has no free request slot: short, as a slot
+# How long a work item waits when the destination has no free request slot: short, as a slot
 # frees when any request ends.
 IN_FLIGHT_WAIT_SECONDS = 1.0
 # An open request counts until its timeout has passed, plus this margin for recording
@@ -34,7 +34,7 @@ IN_FLIGHT_SLACK_SECONDS = 2.0
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Admission:
-    """Whether a job may be sent now; if not, why and the earliest moment to ask again."""
+    """Whether a work item may be sent now; if not, why and the earliest moment to ask again."""
 
     admitted: bool
     reason: str | None = None  # "paused", "backoff", "in_flight", "rate"
@@ -63,7 +63,7 @@ def in_flight(conn: Connection, row: Any, *, now: datetime) -> int:
 
 def admit(conn: Connection, destination_id: int, *, now: datetime,
           job: tuple[int, str, int] | None = None) -> Admission:
-    """Decide whether `job` (scope id, event id, attempt number) may be sent now.
+    """Decide whether the work item `job` (scope id, event id, attempt number) may be sent now.
 
     Admitted, it takes the next send slot at the destination's rate and its request is
     open (in flight) until answered. Refused, it should go back to the queue until

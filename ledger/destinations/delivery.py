@@ -9,7 +9,7 @@ through its connection, and the request did happen whatever the worker does next
 
 `apply` runs in the fenced completion transaction and only returns the `result_ref` or
 raises: PermanentFailure, RetryAfter, DeliveryError (the worker's own backoff), or
-NotAdmitted, which asks the worker to put the job back until `not_before` without
+NotAdmitted, which asks the worker to put the work item back until `not_before` without
 spending an attempt.
 """
 
@@ -71,7 +71,7 @@ class DeliveryJob:
     event_id: str
     event_type: str
     attempt: int  # the attempt's number in the receipt's history (X-Ledger-Attempt)
-    payload: str | None  # the job's payload: the body as received unless it was a form
+    payload: str | None  # the work item's payload: the body as received unless it was a form
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -221,15 +221,15 @@ def destination_for(conn: Connection, scope_id: int, event_type: str) -> Destina
     return None
 
 
-# The type forwarded when the sender's Content-Type was absent or unusable, or the job
-# predates keeping it: that of the stored body's format.
+# The type forwarded when the sender's Content-Type was absent or unusable, or the work
+# item predates keeping it: that of the stored body's format.
 JSON_CONTENT_TYPE = "application/json"
 FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 
 def stored_request(conn: Connection, scope_id: int, event_id: str,
                    payload: str | None) -> tuple[bytes, str]:
-    """Return the body as received and its Content-Type, as the job keeps them.
+    """Return the body as received and its Content-Type, as the work item keeps them.
 
     A JSON sender's `payload` is its body as received; a form sender's is the decoded
     fields its handlers read, and the form as received is kept in `raw_body`.
@@ -290,7 +290,7 @@ def answer_attempt(conn: Connection, attempt_id: int, *, latency_ms: float,
 def release_held_jobs(conn: Connection, destination: Destination, *, now: datetime) -> int:
     """Make the destination's waiting events due now (a resume): they drain at its limits.
 
-    Jobs under a lease are left alone; one that a worker holds back while this commits
+    Work items under a lease are left alone; one that a worker holds back while this commits
     comes again after that worker's paused hold (ledger.worker.outcome.hold_back).
     """
     terms = [jobs.c.scope_id == destination.integration_id,

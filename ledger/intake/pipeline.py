@@ -155,9 +155,9 @@ class Intake:
     def _new_event(self, scope_id: int, profile: SenderProfile, headers: HeaderMap,
                    payload: Any, body: bytes, now: Any, *, form: bool = False,
                    received: bool = False) -> NewEvent:
-        """Validate the event's id and type; the job carries the body (a form, decoded).
+        """Validate the event's id and type; the work item carries the body (a form, decoded).
 
-        `received`: `body` is the delivery's whole body (not a batch element), so the job
+        `received`: `body` is the delivery's whole body (not a batch element), so the work item
         keeps its Content-Type and, for a form, the body as received (for destinations).
         """
         # The fields directly (SenderProfile.identity, minus a call on the hot path).
@@ -184,7 +184,7 @@ class Intake:
 
     def _accept_batch(self, auth: IntegrationAuth, profile: SenderProfile, key: KeyMaterial,
                       headers: HeaderMap, events: list[Any], now: Any) -> IntakeAnswer:
-        """Give each event of a batch its own receipt and job, all in one transaction."""
+        """Give each event of a batch its own receipt and work item, all in one transaction."""
         integration = auth.integration
         batch = []
         for index, element in enumerate(events):
@@ -309,7 +309,7 @@ class Intake:
 
 
 def _claim_unsigned(conn: Connection, event: NewEvent) -> tuple[bool, RecordedOutcome | None]:
-    """Claim an unsigned id (GitHub) with its job, or return the outcome recorded under it.
+    """Claim an unsigned id (GitHub) with its work item, or return the outcome recorded under it.
 
     Raises _ReplayedBody (rolling the claim back) when the body was accepted
     before under another id.

@@ -71,9 +71,9 @@ def _statements(dialect: Any) -> dict[str, Any]:
 _STATEMENTS = {"postgresql": _statements(postgresql), "sqlite": _statements(sqlite)}
 
 
-# PENDING = 0 and QUEUED = 0 (ledger.domain). The job insert reads the receipt
+# PENDING = 0 and QUEUED = 0 (ledger.domain). The work item's insert reads the receipt
 # insert's RETURNING, so a taken id (ON CONFLICT DO NOTHING returns nothing)
-# inserts no job; the last SELECT then answers with the recorded receipt. It runs
+# inserts no work item; the last SELECT then answers with the recorded receipt. It runs
 # on the statement's snapshot: a receipt committed by a concurrent delivery after
 # it began is not visible, and the caller claims again (Intake._claim's loop).
 _CLAIM_WITH_JOB = text("""
@@ -149,7 +149,7 @@ GROUP_COMMIT_LIMIT = 64
 
 
 class DriverClaim:
-    """Claim a signed event id with its job, on the driver connection: no SQLAlchemy per call.
+    """Claim a signed event id with its work item, on the driver connection, no SQLAlchemy.
 
     The claim is the intake's one hot statement, and SQLAlchemy's execution
     machinery (connection and result objects, execution options, type
@@ -158,8 +158,8 @@ class DriverClaim:
     (same pool, same connect-time settings and timeouts):
 
     - PostgreSQL: `_CLAIM_WITH_JOB`, one statement in autocommit (its own
-      transaction): receipt + job, or the recorded receipt for a taken id.
-    - SQLite: BEGIN IMMEDIATE, insert the receipt, then the job, or read the
+      transaction): receipt + work item, or the recorded receipt for a taken id.
+    - SQLite: BEGIN IMMEDIATE, insert the receipt, then the work item, or read the
       recorded receipt, COMMIT; the claims waiting in this process share that
       transaction, a savepoint each (`GroupCommit`, `group_limit` of them at
       most).
@@ -265,7 +265,7 @@ class DriverClaim:
         return rows
 
     def _claim_sqlite_many(self, conn: Any, events: Sequence[NewEvent]) -> list[Any]:
-        # A claim's own constraint error (an orphan job holding its id, say) rolls back
+        # A claim's own constraint error (an orphan work item holding its id, say) rolls back
         # to its savepoint and answers it alone; any other error ends the transaction
         # and is every claim's (run_pooled translates it, the pool rolls back).
         rows: list[Any] = []

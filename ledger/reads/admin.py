@@ -14,12 +14,13 @@ from ledger.db.schema import audit_log, conflicts, credentials, integrations
 from ledger.domain import Integration
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
 from ledger.reads.deliveries import credential_usage
+from ledger.reads.models import AuditItem, CredentialItem, ListedConflict
 from ledger.reads.receipts import MAX_LIMIT, conflict_columns, conflict_item, scope_names
 
 
 def list_conflicts(conn: Connection, *, scope_id: int | None = None,
                    unacknowledged: bool = False, cursor: str | None = None,
-                   limit: int = 50) -> Page:
+                   limit: int = 50) -> Page[ListedConflict]:
     """Return one page of conflicts, most recently seen first."""
     limit = max(1, min(limit, MAX_LIMIT))
     terms = []
@@ -40,7 +41,7 @@ def list_conflicts(conn: Connection, *, scope_id: int | None = None,
     items = []
     for r in rows:
         scope, public_id = names.get(r.scope_id, (str(r.scope_id), ""))
-        items.append(dict(conflict_item(r), scope=scope, integration=public_id))
+        items.append(ListedConflict(**conflict_item(r), scope=scope, integration=public_id))
     return Page(items=items, next_cursor=encode_cursor(rows[-1].last_seen, rows[-1].id)
                 if more else None)
 
@@ -90,14 +91,14 @@ def integrations_with_live_keys(conn: Connection, *, now: datetime,
 
 
 def read_credentials(conn: Connection, public_id: str, now: datetime | None = None,
-                     ) -> tuple[Integration, list[dict[str, Any]]]:
+                     ) -> tuple[Integration, list[CredentialItem]]:
     """Return an integration and its credentials (never a secret); NotFound when unknown."""
     integration = get_integration(conn, public_id)
     return integration, credential_rows(conn, integration.id, now)
 
 
 def credential_rows(conn: Connection, integration_id: int,
-                    now: datetime | None = None) -> list[dict[str, Any]]:
+                    now: datetime | None = None) -> list[CredentialItem]:
     """Return an integration's credentials, newest first, never the secret, with their use.
 
     Use comes from the delivery log: `last_used_at`, `uses_24h`, `uses_after_dead`.
@@ -108,9 +109,13 @@ def credential_rows(conn: Connection, integration_id: int,
                credentials.c.revoked_reason, credentials.c.label)
         .where(credentials.c.integration_id == integration_id)
         .order_by(credentials.c.id.desc()))
-    items = [dict(r._mapping) for r in rows]
+    items = [r._mapping for r in rows]
     usage = credential_usage(conn, items, now or datetime.now(UTC))
-    return [dict(item, **usage[item["key_id"]]) for item in items]
+    return [CredentialItem(
+        key_id=c["key_id"], state=c["state"], fingerprint=c["fingerprint"],
+        created_at=c["created_at"], expires_at=c["expires_at"], revoked_at=c["revoked_at"],
+        revoked_reason=c["revoked_reason"], label=c["label"], **usage[c["key_id"]])
+        for c in items]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,7 +130,7 @@ class AuditFilter:
 
 
 def list_audit(conn: Connection, f: AuditFilter, *, cursor: str | None = None,
-               limit: int = 50) -> Page:
+               limit: int = 50) -> Page[AuditItem]:
     """Return one page of audit rows, newest first (keyset on id)."""
     limit = max(1, min(limit, MAX_LIMIT))
     terms = []
@@ -148,5 +153,7 @@ def list_audit(conn: Connection, f: AuditFilter, *, cursor: str | None = None,
         .where(*terms).order_by(audit_log.c.id.desc()).limit(limit + 1)).all()
     more = len(rows) > limit
     rows = rows[:limit]
-    return Page(items=[dict(r._mapping) for r in rows],
+    return Page(items=[AuditItem(id=r.id, at=r.at, actor=r.actor, role=r.role, action=r.action,
+                                 target=r.target, scope=r.scope, reason=r.reason,
+                                 detail=r.detail, request_id=r.request_id) for r in rows],
                 next_cursor=encode_cursor(rows[-1].id) if more else None)

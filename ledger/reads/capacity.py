@@ -8,8 +8,8 @@ dead tuples included, because the disk holds them too), or on a distributed
 (Citus) ledger `citus_total_relation_size`, the same summed over every shard on
 every node (the coordinator's own table is an empty shell); SQLite the `dbstat`
 virtual table's pages of the table and its indexes. events_per_day is what the
-ledger accepted over the last 24 hours. Jobs are not counted: a finished job's
-row is deleted, so jobs scale with the backlog, not with retention.
+ledger accepted over the last 24 hours. Work items (the `jobs` table) are not counted: a
+finished one's row is deleted, so they scale with the backlog, not with retention.
 
 The dashboard and the API read the two counts from the rollups (`from_rollups`:
 scope_counts and the hourly series, up to a rollups period old, the day in whole

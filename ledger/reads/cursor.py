@@ -7,7 +7,7 @@ import binascii
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 MAX_CURSOR_LENGTH = 2048
 # Instants the ledger can hold and do arithmetic on (windows, timezone shifts)
@@ -17,6 +17,8 @@ LATEST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 # Every integer in a cursor is a database id or count: it fits a signed 64-bit column.
 MAX_CURSOR_INT = 2**63 - 1
 MAX_CURSOR_TEXT = 512
+# What a page holds: a read model of ledger.reads.models, or a plain dict.
+Item = TypeVar("Item")
 
 
 class BadCursor(ValueError):
@@ -24,10 +26,10 @@ class BadCursor(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Page:
+class Page(Generic[Item]):
     """One page of a keyset list and the cursor of the next page (None on the last)."""
 
-    items: list[dict[str, Any]] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
     next_cursor: str | None = None
 
 

@@ -8,7 +8,7 @@ integration is named, the partial (key_id, at) index for a key, the partial
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Select, func, literal_column, select, tuple_
 
 from ledger.db.schema import deliveries, integrations
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
+from ledger.reads.models import DeliveryItem, KeyUsage
 from ledger.reads.receipts import MAX_LIMIT, scope_names
 
 # The intake's outcomes (CONTRACT section 2 and 7): what the outcome filter accepts.
@@ -77,7 +78,7 @@ def _terms(f: DeliveryFilter) -> list[Any]:
 
 
 def list_deliveries(conn: Connection, f: DeliveryFilter, *, cursor: str | None = None,
-                    limit: int = 50) -> Page:
+                    limit: int = 50) -> Page[DeliveryItem]:
     """Return one page of the delivery log, newest first."""
     limit = max(1, min(limit, MAX_LIMIT))
     key = None if cursor is None else decode_cursor(cursor, (datetime, int))
@@ -102,7 +103,7 @@ def deliveries_stmt(f: DeliveryFilter, key: tuple[datetime, int] | None,
             .order_by(deliveries.c.at.desc(), deliveries.c.id.desc()).limit(limit))
 
 
-def event_deliveries(conn: Connection, scope_id: int, event_id: str) -> list[dict[str, Any]]:
+def event_deliveries(conn: Connection, scope_id: int, event_id: str) -> list[DeliveryItem]:
     """Return every logged delivery of one event, oldest first (a receipt's timeline)."""
     return delivery_items(conn, conn.execute(event_deliveries_stmt(scope_id, event_id)).all())
 
@@ -114,16 +115,16 @@ def event_deliveries_stmt(scope_id: int, event_id: str) -> Select[Any]:
             .order_by(deliveries.c.at, deliveries.c.id).limit(EVENT_TIMELINE_LIMIT))
 
 
-def delivery_items(conn: Connection, rows: Sequence[Any]) -> list[dict[str, Any]]:
-    """Turn deliveries rows into the dicts the API and the pages show."""
+def delivery_items(conn: Connection, rows: Sequence[Any]) -> list[DeliveryItem]:
+    """Turn deliveries rows into the read models the API and the pages show."""
     names = scope_names(conn, {r.integration_id for r in rows if r.integration_id is not None})
     items = []
     for r in rows:
         scope, public_id = names.get(r.integration_id, (None, r.public_id))
-        items.append({"at": r.at, "integration": public_id or r.public_id, "scope": scope,
-                      "outcome": r.outcome, "http_status": r.http_status, "key_id": r.key_id,
-                      "event_id": r.event_id, "client": r.client, "reason": r.reason,
-                      "count": r.count})
+        items.append(DeliveryItem(
+            at=r.at, integration=public_id or r.public_id, scope=scope, outcome=r.outcome,
+            http_status=r.http_status, key_id=r.key_id, event_id=r.event_id, client=r.client,
+            reason=r.reason, count=r.count))
     return items
 
 
@@ -141,8 +142,8 @@ def refusal_category(outcome: str, reason: str | None) -> str | None:
     return outcome
 
 
-def credential_usage(conn: Connection, creds: list[dict[str, Any]],
-                     now: datetime) -> dict[str, dict[str, Any]]:
+def credential_usage(conn: Connection, creds: Sequence[Mapping[Any, Any]],
+                     now: datetime) -> dict[str, KeyUsage]:
     """Return {key_id: last_used_at, uses_24h, uses_after_dead, uses_capped} from the log.
 
     "After dead" counts the key's matching signatures at or after its revocation or
@@ -155,8 +156,7 @@ def credential_usage(conn: Connection, creds: list[dict[str, Any]],
         key_id = cred["key_id"]
         last = conn.execute(select(func.max(deliveries.c.at))
                             .where(deliveries.c.key_id == key_id)).scalar()
-        item = {"last_used_at": last, "uses_24h": 0, "uses_after_dead": 0,
-                "uses_capped": False}
+        item = KeyUsage(last_used_at=last, uses_24h=0, uses_after_dead=0, uses_capped=False)
         deaths = [t for t in (cred.get("revoked_at"), cred.get("expires_at")) if t is not None]
         if last is not None:
             item["uses_24h"], capped = _uses_since(conn, key_id, now - USAGE_WINDOW)

@@ -3,7 +3,7 @@
 Per destination: its settings and state, and from its recent answered attempts the
 success rate, the p95 latency and the latest failures (a request still open, or whose
 worker died before it recorded the answer, is `sending`: only a receipt's answers show
-it); its backlog is its integration's queued jobs of the types it takes, counted up to
+it); its backlog is its integration's queued work items of the types it takes, counted up to
 BACKLOG_CAP.
 """
 
@@ -18,6 +18,7 @@ from sqlalchemy import Connection, func, select
 from ledger.db.schema import destination_attempts, integrations, jobs
 from ledger.destinations.store import SENDING, Destination, list_destinations
 from ledger.domain import JobStatus
+from ledger.reads.models import DestinationAnswer, DestinationFailure
 
 WINDOW_SECONDS = 24 * 3600
 # The rate and p95 are computed over at most this many of the newest attempts in the
@@ -60,7 +61,7 @@ def _backlog(conn: Connection, destination: Destination) -> int:
 
 
 def recent_failures(conn: Connection, destination_id: int, *,
-                    limit: int = FAILURES_SHOWN) -> list[dict[str, Any]]:
+                    limit: int = FAILURES_SHOWN) -> list[DestinationFailure]:
     """Return the destination's latest attempts that did not complete, newest first."""
     rows = conn.execute(
         select(destination_attempts)
@@ -68,9 +69,9 @@ def recent_failures(conn: Connection, destination_id: int, *,
                destination_attempts.c.outcome.not_in(("complete", SENDING)))
         .order_by(destination_attempts.c.started_at.desc(), destination_attempts.c.id.desc())
         .limit(limit)).all()
-    return [{"event_id": r.event_id, "attempt": r.number, "at": r.started_at,
-             "outcome": r.outcome, "http_status": r.http_status, "error": r.error,
-             "latency_ms": r.latency_ms, "response_excerpt": r.response_excerpt}
+    return [DestinationFailure(event_id=r.event_id, attempt=r.number, at=r.started_at,
+                               outcome=r.outcome, http_status=r.http_status, error=r.error,
+                               latency_ms=r.latency_ms, response_excerpt=r.response_excerpt)
             for r in rows]
 
 
@@ -103,13 +104,14 @@ def hide_responses(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for item in items]
 
 
-def receipt_answers(conn: Connection, scope_id: int, event_id: str) -> list[dict[str, Any]]:
+def receipt_answers(conn: Connection, scope_id: int, event_id: str) -> list[DestinationAnswer]:
     """Return what destinations answered to each attempt of one receipt, oldest first."""
     rows = conn.execute(
         select(destination_attempts)
         .where(destination_attempts.c.scope_id == scope_id,
                destination_attempts.c.event_id == event_id)
         .order_by(destination_attempts.c.number, destination_attempts.c.id)).all()
-    return [{"attempt": r.number, "at": r.started_at, "outcome": r.outcome,
-             "http_status": r.http_status, "latency_ms": r.latency_ms, "error": r.error,
-             "response_excerpt": r.response_excerpt} for r in rows]
+    return [DestinationAnswer(attempt=r.number, at=r.started_at, outcome=r.outcome,
+                              http_status=r.http_status, latency_ms=r.latency_ms,
+                              error=r.error, response_excerpt=r.response_excerpt)
+            for r in rows]

@@ -11,6 +11,7 @@ from sqlalchemy import Connection, select
 from ledger.db.schema import conflict_bodies, conflicts, jobs, receipts
 from ledger.domain import ReceiptState
 from ledger.errors import NotFound
+from ledger.reads.models import ListedConflict
 from ledger.reads.receipts import conflict_item, payload_value, pretty_payload, scope_names
 
 # A diff longer than this is cut (and said so): a page of 10,000 changed paths helps no one.
@@ -33,7 +34,7 @@ class Change:
 class ConflictEvidence:
     """A conflict row with what is still retained of both bodies, and their diff."""
 
-    conflict: dict[str, Any]
+    conflict: ListedConflict
     original_retained: bool
     incoming_retained: bool
     changes: list[Change] | None  # None unless both bodies are retained
@@ -41,7 +42,8 @@ class ConflictEvidence:
     # What the ledger still knows of the original receipt: digest, times, state, result
     # (None once the retention purge expired it).
     original: dict[str, Any] | None = None
-    # "job" (not yet completed), "forensic window" (LEDGER_CONFLICT_BODY_SECONDS) or None.
+    # "job" (its work item: not yet completed), "forensic window"
+    # (LEDGER_CONFLICT_BODY_SECONDS) or None.
     original_source: str | None = None
     incoming_body: str | None = None  # pretty-printed, for the roles that see payloads
 
@@ -95,8 +97,7 @@ def read_conflict_evidence(conn: Connection, conflict_id: int) -> ConflictEviden
     original, source = _original_body(conn, row.scope_id, row.original_event_id)
     scope, public_id = scope_names(conn, {row.scope_id}).get(row.scope_id,
                                                              (str(row.scope_id), ""))
-    item = {k: v for k, v in conflict_item(row).items() if k != "incoming_body"}
-    item.update(scope=scope, integration=public_id)
+    item = ListedConflict(**conflict_item(row), scope=scope, integration=public_id)
     changes = truncated = None
     if original is not None and row.incoming_body is not None:
         changes = json_diff(payload_value(original), payload_value(row.incoming_body))
@@ -112,7 +113,7 @@ def read_conflict_evidence(conn: Connection, conflict_id: int) -> ConflictEviden
 
 
 def _original_body(conn: Connection, scope_id: int, event_id: str) -> tuple[str | None, str | None]:
-    """Return the original's body and where it was found: its job, or the forensic window."""
+    """Return the original's body and where it was found: its work item, or the forensic window."""
     body = conn.execute(select(jobs.c.payload).where(
         jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).scalar()
     if body is not None:

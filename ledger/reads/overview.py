@@ -22,6 +22,7 @@ from ledger.db.schema import (
 from ledger.domain import JobStatus, ReceiptState
 from ledger.reads.admin import list_integrations
 from ledger.reads.cursor import Page
+from ledger.reads.models import Headline
 from ledger.scheduling.instances import InstanceKind, handled_types
 
 HEADLINE_CAP = 100_000
@@ -31,14 +32,14 @@ INSTANCE_LIMIT = 50
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Overview:
-    """What the overview shows: headline numbers, a page of scopes, instances, job runs."""
+    """What the overview shows: headline numbers, a page of scopes, instances, scheduled runs."""
 
-    headline: dict[str, Any]
+    headline: Headline
     scopes: Page
     rollups_refreshed_at: datetime | None  # the age of the scopes' counts
     instances: list[dict[str, Any]]  # each with `live`: a beat within the bound
     live_counts: dict[str, int]  # live instances per kind: web, worker, scheduler
-    work_due: bool  # a queued job is due now
+    work_due: bool  # a queued work item is due now
     scheduler_runs: list[dict[str, Any]]
 
     @property
@@ -66,7 +67,7 @@ def _capped_count(conn: Connection, stmt: Any) -> int:
     return int(conn.execute(select(func.count()).select_from(inner)).scalar_one())
 
 
-def headline(conn: Connection, now: datetime) -> dict[str, Any]:
+def headline(conn: Connection, now: datetime) -> Headline:
     """Return the live numbers at the top of the overview (all through small indexes)."""
     day_ago = now - timedelta(hours=24)
     oldest = conn.execute(
@@ -79,9 +80,9 @@ def headline(conn: Connection, now: datetime) -> dict[str, Any]:
         receipts.c.state != ReceiptState.COMPLETE.code, receipts.c.accepted_at >= day_ago))
     conflicted = _capped_count(conn, select(conflicts.c.id).where(
         conflicts.c.last_seen >= day_ago))
-    return {"oldest_pending_at": oldest,
-            "oldest_pending_age_seconds": (now - oldest).total_seconds() if oldest else None,
-            "failures_24h": failed, "conflicts_24h": conflicted, "cap": HEADLINE_CAP}
+    return Headline(oldest_pending_at=oldest,
+                    oldest_pending_age_seconds=(now - oldest).total_seconds() if oldest else None,
+                    failures_24h=failed, conflicts_24h=conflicted, cap=HEADLINE_CAP)
 
 
 def scope_rows(conn: Connection, now: datetime, *, cursor: str | None = None,
@@ -142,7 +143,7 @@ def live_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def work_due(conn: Connection, now: datetime) -> bool:
-    """Tell whether a queued job is due (the partial due-jobs index, one row)."""
+    """Tell whether a queued work item is due (the partial due-jobs index, one row)."""
     return conn.execute(select(jobs.c.run_at).where(
         jobs.c.status == JobStatus.QUEUED.value, jobs.c.run_at <= now).limit(1)).first() \
         is not None

@@ -18,6 +18,15 @@ from ledger.domain import Integration, Receipt, ReceiptState
 from ledger.errors import NotFound
 from ledger.reads.cursor import BadCursor, Page, decode_cursor, encode_cursor
 from ledger.reads.destinations import receipt_answers
+from ledger.reads.models import (
+    ConflictItem,
+    DeliveryItem,
+    FailureItem,
+    ReceiptAuditItem,
+    ReceiptDetail,
+    ReceiptItem,
+    WorkItemState,
+)
 
 DEFAULT_LIMIT = 50
 # Deeper stored payloads are shown as text: the pretty-printer recurses per level.
@@ -157,7 +166,7 @@ def prefix_stmt(f: ReceiptFilter, scope_ids: list[int] | None, after: tuple[int,
 
 
 def list_receipts(conn: Connection, f: ReceiptFilter, *, now: datetime,
-                  cursor: str | None = None, limit: int = DEFAULT_LIMIT) -> Page:
+                  cursor: str | None = None, limit: int = DEFAULT_LIMIT) -> Page[ReceiptItem]:
     """Return one keyset page of receipts matching the filter."""
     limit = max(1, min(limit, MAX_LIMIT))
     if f.prefix:
@@ -189,7 +198,7 @@ def _read_windows(conn: Connection, f: ReceiptFilter, key: tuple[datetime, int, 
 
 
 def _list_by_prefix(conn: Connection, f: ReceiptFilter, cursor: str | None,
-                    limit: int) -> Page:
+                    limit: int) -> Page[ReceiptItem]:
     """Page receipts by event id prefix, within one scope or across all, scope by scope."""
     key = None if cursor is None else decode_cursor(cursor, (int, str))
     if f.scope_id is not None:
@@ -204,16 +213,23 @@ def _list_by_prefix(conn: Connection, f: ReceiptFilter, cursor: str | None,
     return _page(conn, rows, limit, lambda r: encode_cursor(r.scope_id, r.event_id))
 
 
-def receipt_item(row: Any, names: Mapping[int, tuple[str, str]]) -> dict[str, Any]:
-    """Turn a receipt row into the dict pages and the API show."""
-    item = dict(row._mapping)
+def receipt_item(row: Any, names: Mapping[int, tuple[str, str]]) -> ReceiptItem:
+    """Turn a receipt row into the read model pages and the API show."""
     scope, public_id = names.get(row.scope_id, (str(row.scope_id), ""))
-    item.update(scope=scope, integration=public_id,
-                state=ReceiptState.from_code(row.state).value)
-    return item
+    return ReceiptItem(
+        scope_id=row.scope_id, event_id=row.event_id, event_type=row.event_type,
+        state=ReceiptState.from_code(row.state).value, attempts=row.attempts,
+        accepted_at=row.accepted_at, completed_at=row.completed_at, result_ref=row.result_ref,
+        scope=scope, integration=public_id)
 
 
-def _page(conn: Connection, rows: list[Any], limit: int, key_of: Any) -> Page:
+def failure_item(row: Any, names: Mapping[int, tuple[str, str]]) -> FailureItem:
+    """Turn a failed receipt's row (with its `last_error` column) into its read model."""
+    return FailureItem(**receipt_item(row, names), last_error=row.last_error)
+
+
+def _page(conn: Connection, rows: list[Any], limit: int,
+          key_of: Any) -> Page[ReceiptItem]:
     """Cut rows to the page size and compute the next cursor."""
     more = len(rows) > limit
     rows = rows[:limit]
@@ -223,7 +239,7 @@ def _page(conn: Connection, rows: list[Any], limit: int, key_of: Any) -> Page:
 
 
 def read_receipt(conn: Connection, public_id: str,
-                 event_id: str) -> tuple[Integration, dict[str, Any]]:
+                 event_id: str) -> tuple[Integration, ReceiptDetail]:
     """Return a receipt's integration and detail; NotFound when either does not exist."""
     integration = get_integration(conn, public_id)
     item = receipt_detail(conn, integration.id, event_id)
@@ -232,39 +248,50 @@ def read_receipt(conn: Connection, public_id: str,
     return integration, item
 
 
-def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> dict[str, Any] | None:
+def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> ReceiptDetail | None:
     """Return a receipt with its timeline, conflicts, audit rows and retained payload."""
     row = conn.execute(select(receipts).where(receipts.c.scope_id == scope_id,
                                               receipts.c.event_id == event_id)).first()
     if row is None:
         return None
-    names = scope_names(conn, {scope_id})
-    item = receipt_item(row, names)
-    item["body_sha256"] = bytes(row.body_sha256).hex()
-    item["attempt_rows"] = [dict(a._mapping) for a in conn.execute(
+    item = receipt_item(row, scope_names(conn, {scope_id}))
+    attempt_rows = [dict(a._mapping) for a in conn.execute(
         select(attempts).where(attempts.c.scope_id == scope_id, attempts.c.event_id == event_id)
         .order_by(attempts.c.number, attempts.c.id))]
-    item["last_error"] = last_error_of(row.state, [a["error"] for a in item["attempt_rows"]])
-    item["conflicts"] = [conflict_item(c) for c in conn.execute(
+    work = conn.execute(select(jobs.c.status, jobs.c.run_at, jobs.c.leased_by,
+                               jobs.c.leased_until, jobs.c.payload)
+                        .where(jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).first()
+    return ReceiptDetail(
+        **item, body_sha256=bytes(row.body_sha256).hex(), attempt_rows=attempt_rows,
+        last_error=last_error_of(row.state, [a["error"] for a in attempt_rows]),
+        conflicts=_receipt_conflicts(conn, scope_id, event_id),
+        audit=_receipt_audit(conn, item["scope"], event_id),
+        deliveries=event_deliveries(conn, scope_id, event_id),
+        destination_attempts=receipt_answers(conn, scope_id, event_id),
+        job=None if work is None else WorkItemState(
+            status=work.status, run_at=work.run_at, leased_by=work.leased_by,
+            leased_until=work.leased_until),
+        payload=pretty_payload(work.payload) if work is not None and work.payload else None)
+
+
+def _receipt_conflicts(conn: Connection, scope_id: int, event_id: str) -> list[ConflictItem]:
+    """Return the newest conflicts naming the event, as its own or as the original."""
+    return [conflict_item(c) for c in conn.execute(
         select(*conflict_columns()).where(conflicts.c.scope_id == scope_id,
-                                (conflicts.c.event_id == event_id)
-                                | (conflicts.c.original_event_id == event_id))
+                                          (conflicts.c.event_id == event_id)
+                                          | (conflicts.c.original_event_id == event_id))
         .order_by(conflicts.c.last_seen.desc()).limit(50))]
-    item["audit"] = [dict(a._mapping) for a in conn.execute(
+
+
+def _receipt_audit(conn: Connection, scope: str, event_id: str) -> list[ReceiptAuditItem]:
+    """Return the newest audit rows about the event (targeted by id or scope:id)."""
+    return [ReceiptAuditItem(id=a.id, at=a.at, actor=a.actor, role=a.role, action=a.action,
+                             reason=a.reason) for a in conn.execute(
         select(audit_log.c.id, audit_log.c.at, audit_log.c.actor, audit_log.c.role,
                audit_log.c.action, audit_log.c.reason)
-        .where(audit_log.c.scope == item["scope"],
-               audit_log.c.target.in_([event_id, f"{item['scope']}:{event_id}"]))
+        .where(audit_log.c.scope == scope,
+               audit_log.c.target.in_([event_id, f"{scope}:{event_id}"]))
         .order_by(audit_log.c.id.desc()).limit(50))]
-    item["deliveries"] = event_deliveries(conn, scope_id, event_id)
-    item["destination_attempts"] = receipt_answers(conn, scope_id, event_id)
-    job = conn.execute(select(jobs.c.status, jobs.c.run_at, jobs.c.leased_by,
-                              jobs.c.leased_until, jobs.c.payload)
-                       .where(jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).first()
-    item["job"] = None if job is None else {k: v for k, v in job._mapping.items()
-                                            if k != "payload"}
-    item["payload"] = pretty_payload(job.payload) if job is not None and job.payload else None
-    return item
 
 
 def last_error_of(state: int, errors: list[str | None]) -> str | None:
@@ -279,7 +306,7 @@ def last_error_of(state: int, errors: list[str | None]) -> str | None:
     return found[-1] if found else None
 
 
-def event_deliveries(conn: Connection, scope_id: int, event_id: str) -> list[dict[str, Any]]:
+def event_deliveries(conn: Connection, scope_id: int, event_id: str) -> list[DeliveryItem]:
     """Return the delivery log's rows of one event (imported late: deliveries imports us)."""
     from ledger.reads.deliveries import event_deliveries as read
 
@@ -314,17 +341,19 @@ def conflict_columns() -> list[Any]:
             conflicts.c.incoming_body.is_not(None).label("body_kept")]
 
 
-def conflict_item(row: Any) -> dict[str, Any]:
-    """Turn a conflict row into a dict with hex digests."""
-    item = dict(row._mapping)
+def conflict_item(row: Any) -> ConflictItem:
+    """Turn a conflict row into its read model: hex digests, the kept body only as a flag."""
+    fields = row._mapping
     # The kept body is evidence for oncall (ledger.reads.evidence), never part of a list.
-    if "incoming_body" in item:
-        item["body_kept"] = item.pop("incoming_body") is not None
-    if "body_kept" in item:
-        item["body_kept"] = bool(item["body_kept"])
-    item["original_sha256"] = bytes(row.original_sha256).hex()
-    item["incoming_sha256"] = bytes(row.incoming_sha256).hex()
-    return item
+    kept = fields["body_kept"] if "body_kept" in fields else fields["incoming_body"] is not None
+    return ConflictItem(
+        id=row.id, scope_id=row.scope_id, event_id=row.event_id, kind=row.kind,
+        original_event_id=row.original_event_id,
+        original_sha256=bytes(row.original_sha256).hex(),
+        incoming_sha256=bytes(row.incoming_sha256).hex(), first_seen=row.first_seen,
+        last_seen=row.last_seen, count=row.count, acknowledged_at=row.acknowledged_at,
+        acknowledged_by=row.acknowledged_by, ack_note=row.ack_note,
+        incoming_size=row.incoming_size, body_kept=bool(kept))
 
 
 __all__ = ["BadCursor", "ReceiptFilter", "list_receipts", "receipt_detail"]

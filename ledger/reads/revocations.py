@@ -10,6 +10,7 @@ revocation propagated) each linked to its receipt, refused ones counted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +24,7 @@ LIST_LIMIT = 50
 READ_LIMIT = 10_000
 
 
-def revocation_evidence(conn: Connection, creds: list[dict[str, Any]], *, now: datetime,
+def revocation_evidence(conn: Connection, creds: Sequence[Mapping[str, Any]], *, now: datetime,
                         live_within: float) -> dict[str, dict[str, Any]]:
     """Return {key_id: evidence} for every revoked credential of `creds`."""
     revoked = [c for c in creds if c.get("revoked_at") is not None]

@@ -23,12 +23,12 @@ SAMPLE_ROWS = 20_000
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Throughput:
-    """Completions per minute, oldest minute first, and how old the oldest due job is."""
+    """Completions per minute, oldest minute first, and how old the oldest due work item is."""
 
     per_minute: list[tuple[datetime, int | None]]  # None: a minute the sample did not reach
     per_minute_now: float  # the average over the minutes known, completions per minute
     covered_from: datetime  # the window's start, or the oldest attempt read
-    queue_age_seconds: float | None  # the oldest due job's wait; None when nothing is due
+    queue_age_seconds: float | None  # the oldest due work item's wait; None when nothing is due
 
 
 def newest_attempts_stmt() -> Select[Any]:

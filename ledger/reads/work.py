@@ -11,11 +11,21 @@ from sqlalchemy import Connection, Label, func, select, tuple_
 from ledger.db.schema import attempts, findings, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
+from ledger.reads.models import (
+    FailureItem,
+    OrphanReceiptItem,
+    OverdueItem,
+    PendingReceiptItem,
+    RetryingItem,
+    RunningItem,
+    StuckItem,
+)
 from ledger.reads.receipts import (
     LIST_COLUMNS,
     MAX_LIMIT,
     ReceiptFilter,
     before_key,
+    failure_item,
     filter_terms,
     newest_first,
     receipt_item,
@@ -24,8 +34,8 @@ from ledger.reads.receipts import (
 )
 
 STUCK_LIMIT = 100
-# A queued job due for longer than this is stuck: its lease expired, or no worker
-# claimed it. An idle worker polls twice a second, so such a job was not merely
+# A queued work item due for longer than this is stuck: its lease expired, or no worker
+# claimed it. An idle worker polls twice a second, so such a one was not merely
 # waiting for the next poll; the grace keeps a busy moment off the stuck list.
 STUCK_GRACE_SECONDS = 30
 # Counts shown to operators stop here: an exact count of a huge set costs a scan.
@@ -49,7 +59,7 @@ def failures_filter(f: ReceiptFilter) -> ReceiptFilter:
 
 
 def list_failures(conn: Connection, f: ReceiptFilter, *, cursor: str | None = None,
-                  limit: int = 50) -> Page:
+                  limit: int = 50) -> Page[FailureItem]:
     """Return one page of failed receipts with their last error, newest first."""
     limit = max(1, min(limit, MAX_LIMIT))
     f = failures_filter(f)
@@ -60,7 +70,7 @@ def list_failures(conn: Connection, f: ReceiptFilter, *, cursor: str | None = No
     more = len(rows) > limit
     rows = rows[:limit]
     names = scope_names(conn, {r.scope_id for r in rows})
-    items = [receipt_item(r, names) for r in rows]
+    items = [failure_item(r, names) for r in rows]
     next_cursor = (encode_cursor(rows[-1].accepted_at, rows[-1].scope_id, rows[-1].event_id)
                    if more else None)
     return Page(items=items, next_cursor=next_cursor)
@@ -91,7 +101,7 @@ def failures_chunk(conn: Connection, f: ReceiptFilter, after: tuple[datetime, in
 
 
 def stuck_pending(conn: Connection, now: datetime,
-                  threshold_seconds: float) -> list[dict[str, Any]]:
+                  threshold_seconds: float) -> list[PendingReceiptItem]:
     """Return the oldest receipts still pending past the threshold (partial index)."""
     cutoff = now - timedelta(seconds=threshold_seconds)
     rows = conn.execute(
@@ -100,12 +110,13 @@ def stuck_pending(conn: Connection, now: datetime,
                                     receipts.c.accepted_at < cutoff)
         .order_by(receipts.c.accepted_at).limit(STUCK_LIMIT)).all()
     names = scope_names(conn, {r.scope_id for r in rows})
-    return [dict(receipt_item(r, names), age_seconds=(now - r.accepted_at).total_seconds())
+    return [PendingReceiptItem(**receipt_item(r, names),
+                               age_seconds=(now - r.accepted_at).total_seconds())
             for r in rows]
 
 
-def overdue_jobs(conn: Connection, now: datetime, grace_seconds: int) -> list[dict[str, Any]]:
-    """Return queued jobs due for longer than the grace: expired leases and unclaimed work."""
+def overdue_work(conn: Connection, now: datetime, grace_seconds: int) -> list[OverdueItem]:
+    """Return queued work items due for longer than the grace: expired leases, unclaimed work."""
     cutoff = now - timedelta(seconds=grace_seconds)
     rows = conn.execute(
         select(jobs.c.scope_id, jobs.c.event_id, jobs.c.event_type, jobs.c.accepted_at,
@@ -117,10 +128,13 @@ def overdue_jobs(conn: Connection, now: datetime, grace_seconds: int) -> list[di
     for r in rows:
         scope, public_id = names.get(r.scope_id, (str(r.scope_id), ""))
         expired = r.leased_until is not None and r.leased_until <= now
-        items.append(dict(r._mapping, scope=scope, integration=public_id,
-                          kind="expired lease" if expired else "due, unclaimed",
-                          age_seconds=(now - r.accepted_at).total_seconds(),
-                          overdue_seconds=(now - r.run_at).total_seconds()))
+        items.append(OverdueItem(
+            scope_id=r.scope_id, event_id=r.event_id, event_type=r.event_type,
+            accepted_at=r.accepted_at, run_at=r.run_at, attempts=r.attempts,
+            leased_by=r.leased_by, leased_until=r.leased_until, scope=scope,
+            integration=public_id, kind="expired lease" if expired else "due, unclaimed",
+            age_seconds=(now - r.accepted_at).total_seconds(),
+            overdue_seconds=(now - r.run_at).total_seconds()))
     return items
 
 
@@ -135,18 +149,18 @@ def open_findings(conn: Connection, limit: int = STUCK_LIMIT) -> list[dict[str, 
 class StuckWork:
     """Stuck work with its reason, retrying work apart from it, and open findings.
 
-    `pending` and `overdue_jobs` are the older, reason-less lists the API keeps.
+    `pending` and `overdue_jobs` (the API's key) are the older, reason-less lists it keeps.
     """
 
-    stuck: list[dict[str, Any]]  # each with `reason` (ledger.reads.stuck)
-    retrying: list[dict[str, Any]]  # attempt n of N, next attempt, last error
+    stuck: list[StuckItem | OrphanReceiptItem]  # each with `reason` (ledger.reads.stuck)
+    retrying: list[RetryingItem]  # attempt n of N, next attempt, last error
     live_workers: int
-    running: list[dict[str, Any]]  # held now: worker, running for, lease left
-    pending: list[dict[str, Any]]
-    overdue_jobs: list[dict[str, Any]]
+    running: list[RunningItem]  # held now: worker, running for, lease left
+    pending: list[PendingReceiptItem]
+    overdue_jobs: list[OverdueItem]
     findings: list[dict[str, Any]]
     threshold_seconds: float  # pending longer than this is stuck
-    grace_seconds: int  # a job due longer than this is overdue
+    grace_seconds: int  # a work item due longer than this is overdue
 
 
 def read_stuck_work(conn: Connection, now: datetime, *, threshold_seconds: float,
@@ -156,16 +170,17 @@ def read_stuck_work(conn: Connection, now: datetime, *, threshold_seconds: float
 
     live = stuck.live_workers(conn, now, within_seconds=live_within)
     grace = STUCK_GRACE_SECONDS
-    stuck_items = (stuck.stuck_jobs(conn, now, grace_seconds=grace, max_attempts=max_attempts,
-                                    live=live)
-                   + stuck.pending_without_job(conn, now, grace_seconds=grace))
+    stuck_items: list[StuckItem | OrphanReceiptItem] = [
+        *stuck.stuck_work_items(conn, now, grace_seconds=grace, max_attempts=max_attempts,
+                                live=live),
+        *stuck.pending_without_work_item(conn, now, grace_seconds=grace)]
     return StuckWork(stuck=stuck_items,
-                     retrying=stuck.retrying_jobs(conn, now, grace_seconds=grace,
+                     retrying=stuck.retrying_work(conn, now, grace_seconds=grace,
                                                   max_attempts=max_attempts),
                      live_workers=len(live),
-                     running=stuck.running_jobs(conn, now, live=live),
+                     running=stuck.running_work(conn, now, live=live),
                      pending=stuck_pending(conn, now, threshold_seconds),
-                     overdue_jobs=overdue_jobs(conn, now, grace),
+                     overdue_jobs=overdue_work(conn, now, grace),
                      findings=open_findings(conn), threshold_seconds=threshold_seconds,
                      grace_seconds=grace)
 
@@ -174,7 +189,7 @@ def read_stuck_work(conn: Connection, now: datetime, *, threshold_seconds: float
 class Failures:
     """One page of failed receipts and how many match in all (capped at COUNT_CAP)."""
 
-    page: Page
+    page: Page[FailureItem]
     total: int
     capped: bool  # True when more than `total` match
 
@@ -195,7 +210,7 @@ def read_failures(conn: Connection, f: ReceiptFilter, *, cursor: str | None = No
 
 
 def list_group_failures(conn: Connection, f: ReceiptFilter, gid: str, *,
-                        cursor: str | None = None, limit: int = 50) -> Page:
+                        cursor: str | None = None, limit: int = 50) -> Page[FailureItem]:
     """Return one page of a failure group's receipts, in its index's order (scope, time)."""
     from ledger.reads.groups import group_chunk
 
@@ -208,5 +223,5 @@ def list_group_failures(conn: Connection, f: ReceiptFilter, gid: str, *,
             tuple_(receipts.c.scope_id, receipts.c.event_id).in_([k[1:] for k in keys])))
     } if keys else {}
     names = scope_names(conn, {k[1] for k in keys})
-    items = [receipt_item(rows[k[1:]], names) for k in keys if k[1:] in rows]
+    items = [failure_item(rows[k[1:]], names) for k in keys if k[1:] in rows]
     return Page(items=items, next_cursor=encode_cursor(*keys[-1]) if found > limit else None)

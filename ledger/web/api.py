@@ -7,6 +7,7 @@ which read the primary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +21,7 @@ from ledger.reads.admin import list_audit, list_conflicts, list_integrations, re
 from ledger.reads.capacity import measure_on
 from ledger.reads.deliveries import list_deliveries
 from ledger.reads.destinations import hide_responses, read_destinations
+from ledger.reads.models import DeliveryItem
 from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, payload_value, read_receipt
 from ledger.reads.work import read_failures, read_stuck_work
@@ -106,7 +108,7 @@ def me() -> Response:
 
 @bp.get("/overview")
 def overview() -> Response:
-    """Headline numbers, a page of scopes with rollup counts, instances and job runs."""
+    """Headline numbers, a page of scopes with rollup counts, instances, scheduled runs."""
     svc = services()
     now = svc.clock.now()
     view = replica_read(lambda conn: read_overview(
@@ -135,16 +137,16 @@ def receipt(public_id: str, event_id: str) -> Response:
     item["deliveries"] = visible_deliveries(item["deliveries"])
     if not g.operator.can("oncall"):
         item.pop("payload", None)
-        item["destination_attempts"] = [dict(a, response_excerpt=None)
+        item["destination_attempts"] = [{**a, "response_excerpt": None}
                                         for a in item["destination_attempts"]]
-    elif item.get("payload") is not None:
-        item["payload"] = payload_value(item["payload"])
+    elif (payload := item.get("payload")) is not None:
+        item["payload"] = payload_value(payload)
     return jsonify(plain(item))
 
 
 @bp.get("/stuck")
 def stuck() -> Response:
-    """Pending past the threshold, overdue jobs and open findings."""
+    """Stuck and retrying work, pending past the threshold, overdue work items, findings."""
     svc = services()
     now = svc.clock.now()
     view = replica_read(lambda conn: read_stuck_work(
@@ -195,11 +197,11 @@ def deliveries() -> Response:
     return _page(Page(items=visible_deliveries(page.items), next_cursor=page.next_cursor))
 
 
-def visible_deliveries(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def visible_deliveries(items: Sequence[DeliveryItem]) -> list[DeliveryItem]:
     """Blank the refusal reasons for roles below security (CONTRACT section 7)."""
     if g.operator.can("security"):
-        return items
-    return [dict(item, reason=None) for item in items]
+        return list(items)
+    return [{**item, "reason": None} for item in items]
 
 
 @bp.get("/destinations")

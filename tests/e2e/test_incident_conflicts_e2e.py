@@ -37,7 +37,7 @@ def test_a_completed_original_still_shows_what_is_known(page: Any, app: Flask) -
     make_operator(app, "olga", "oncall")
     with thread_server(app) as url:
         login(page, url, "olga", "/conflicts")
-        expect(page.locator("#kept-note")).to_contain_text("leaves with its job")
+        expect(page.locator("#kept-note")).to_contain_text("leaves with its work item")
         page.locator("#conflicts a", has_text="evt_1").first.click()
         page.wait_for_url(f"{url}/conflicts/{conflict_id}")
         expect(page.locator("#incoming-body")).to_contain_text("500")

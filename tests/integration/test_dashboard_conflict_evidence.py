@@ -10,7 +10,7 @@ import pytest
 from flask import Flask
 from sqlalchemy import func, select
 
-from jobs.retention_preview import drop_expired_forensic_bodies
+from jobs.retention_payloads import drop_expired_forensic_bodies
 from ledger.db.schema import conflict_bodies, conflicts
 from ledger.worker.loop import Worker
 from tests.dashboard_helpers import fast_hashes, logged_in
@@ -44,7 +44,7 @@ def test_without_the_window_the_page_still_shows_what_is_known(app: Flask) -> No
     assert "complete" in page and "credit" in page  # the original's state and result
     assert 'id="diff"' not in page and "LEDGER_CONFLICT_BODY_SECONDS" in page
     listing = logged_in(app, "viewer", "vic").get("/conflicts").get_data(as_text=True)
-    assert "(incoming body kept)" in listing and "leaves with its job" in listing
+    assert "(incoming body kept)" in listing and "leaves with its work item" in listing
     viewer = logged_in(app, "viewer", "val").get(f"/conflicts/{conflict_id}")
     assert 'id="incoming-body"' not in viewer.get_data(as_text=True)
 

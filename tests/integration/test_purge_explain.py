@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from jobs.retention import _PG_ATTEMPTS_WINDOW, CLOCK_SKEW
+from jobs.retention_receipts import _PG_ATTEMPTS_WINDOW, CLOCK_SKEW
 from tests.integration.pg_filled import filled_pg_ledger, insert_integrations
 
 pytestmark = pytest.mark.postgres_only

@@ -11,7 +11,9 @@ import pytest
 from sqlalchemy import select, text, update
 
 from app import create_app
-from jobs.retention import Pacer, expire_attempts_by_time, expire_receipts, purge
+from jobs.retention import purge
+from jobs.retention_batching import Pacer
+from jobs.retention_receipts import expire_attempts_by_time, expire_receipts
 from ledger.access import audit
 from ledger.clock import FixedClock
 from ledger.config import DEFAULT_RETENTION_SECONDS

@@ -24,7 +24,8 @@ from sqlalchemy import Integer, cast, delete, func, insert, select, update
 from app import create_app
 from jobs import rollups
 from jobs.delivery_log import purge_deliveries
-from jobs.retention import Pacer, purge
+from jobs.retention import purge
+from jobs.retention_batching import Pacer
 from jobs.rollup_band import HOUR, hour_of, settled_band
 from jobs.rollup_deliveries import DELIVERY_SETTLE_SECONDS, latency_bucket
 from jobs.rollup_series import window_start

@@ -19,7 +19,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import event
 
-from jobs import retention
+from jobs import retention_scoped
+from jobs.retention_bookkeeping import expire_bookkeeping
 from ledger.clock import FixedClock
 from ledger.db import citus
 from ledger.intake.store import DriverClaim
@@ -209,9 +210,9 @@ def test_the_scope_by_scope_purge_writes_one_scope_per_statement(app):
     now = FixedClock(svc.clock.now() + timedelta(days=30))  # failed payloads past review too
     cutoff = now.now() - timedelta(seconds=svc.settings.retention_seconds)
     with captured_sql(svc.engine) as statements:
-        dropped = retention.scoped_payloads(svc.engine, svc.settings, now.now(), 2)
-        expired = retention.scoped_receipts(svc.engine, svc.settings, cutoff, 2)
-        retention.expire_bookkeeping(svc.engine, svc.settings, cutoff, scoped_conflicts=True)
+        dropped = retention_scoped.scoped_payloads(svc.engine, svc.settings, now.now(), 2)
+        expired = retention_scoped.scoped_receipts(svc.engine, svc.settings, cutoff, 2)
+        expire_bookkeeping(svc.engine, svc.settings, cutoff, scoped_conflicts=True)
     assert (dropped, expired) == (2, 6)
     keyed, spanning = _scoped(statements)
     assert any(s.startswith("with held") for s in keyed)

@@ -74,7 +74,7 @@ def media_type(headers: HeaderMap) -> str:
     return values[0].partition(";")[0].strip().lower()
 
 
-# The longest Content-Type a job keeps (a destination forwards it as received).
+# The longest Content-Type a work item keeps (a destination forwards it as received).
 CONTENT_TYPE_LIMIT = 255
 
 

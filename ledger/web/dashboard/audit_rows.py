@@ -8,20 +8,21 @@ two revocations of an incident stay in sight. Grouping never hides a row.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 SANDBOX_ROLE = "sandbox"  # the drill's actor (ledger/drill/sandbox.py)
 DETAIL_SHOWN = 300
 
 
-def _kind(row: dict[str, Any]) -> tuple[str, ...]:
+def _kind(row: Mapping[str, Any]) -> tuple[str, ...]:
     """Return what makes consecutive rows one group."""
     if row["role"] == SANDBOX_ROLE:
         return ("sandbox", row["actor"])
     return (row["actor"], row["action"], row.get("reason") or "")
 
 
-def _with_detail(row: dict[str, Any]) -> dict[str, Any]:
+def _with_detail(row: Mapping[str, Any]) -> dict[str, Any]:
     """Add the parsed detail: the client address apart, the rest as short text."""
     try:
         detail = json.loads(row.get("detail") or "{}")
@@ -34,7 +35,7 @@ def _with_detail(row: dict[str, Any]) -> dict[str, Any]:
     return dict(row, client=client, detail_text=text)
 
 
-def grouped(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def grouped(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Return groups of consecutive rows of one kind: {"rows", "label"}, in page order."""
     groups: list[dict[str, Any]] = []
     for row in map(_with_detail, items):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from flask import Response, g, request
 
 from ledger.reads import BadCursor
 from ledger.reads.deliveries import OUTCOMES, list_deliveries, refusal_category
+from ledger.reads.models import DeliveryItem
 from ledger.web.auth import requires, services
 from ledger.web.dashboard import bp, render
 from ledger.web.filters import BadFilter, delivery_filter, page_size
@@ -26,12 +28,18 @@ def deliveries_context(args: Any) -> dict[str, Any]:
     return {"error": None, "page": page}
 
 
-def visible_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+class DeliveryRow(DeliveryItem):
+    """A delivery as the pages show it: with its refusal category for oncall and up."""
+
+    category: str | None
+
+
+def visible_rows(items: Sequence[DeliveryItem]) -> list[DeliveryRow]:
     """Give each row its refusal category (oncall and up); blank the reason below security."""
     security, oncall = g.operator.can("security"), g.operator.can("oncall")
-    return [dict(item, category=refusal_category(item["outcome"], item["reason"])
-                 if oncall else None,
-                 reason=item["reason"] if security else None) for item in items]
+    return [{**item,
+             "category": refusal_category(item["outcome"], item["reason"]) if oncall else None,
+             "reason": item["reason"] if security else None} for item in items]
 
 
 @bp.get("/deliveries")

@@ -38,7 +38,7 @@ def _answer(error: LedgerError | None, message: str) -> Response:
 @bp.post("/receipts/retry-now")
 @requires("oncall")
 def retry_now_action() -> Response:
-    """Skip a pending receipt's backoff: its job is due now (reason required, audited)."""
+    """Skip a pending receipt's backoff: its work item is due now (reason required, audited)."""
     svc = services()
     scope, event_id = request.form.get("scope", ""), request.form.get("event_id", "")
     try:

@@ -118,7 +118,7 @@ def receipt_page(public_id: str, event_id: str) -> Response:
 @bp.get("/stuck")
 @requires("viewer")
 def stuck_page() -> Response:
-    """Pending past the threshold, expired leases, due-but-unclaimed jobs, open findings."""
+    """Pending past the threshold, expired leases, due-but-unclaimed work items, findings."""
     svc = services()
     now = svc.clock.now()
     view = replica_read(lambda conn: read_stuck_work(

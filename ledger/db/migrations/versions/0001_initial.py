@@ -137,7 +137,7 @@ def _create_ledger_tables() -> None:
     op.create_index("ix_attempts_receipt", "attempts", ["scope_id", "event_id", "number"])
     if op.get_bind().dialect.name == "postgresql":
         # Attempts are inserted in time order: the retention purge finds the expired
-        # ones by range (jobs/retention.py) instead of one probe per receipt.
+        # ones by range (jobs/retention_receipts.py) instead of one probe per receipt.
         op.execute("CREATE INDEX ix_attempts_started_brin ON attempts USING brin (started_at)")
     op.create_table(
         "demo_balances",
