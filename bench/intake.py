@@ -7,8 +7,10 @@ shared machine hits both. Accepted/s counts committed receipts, not responses.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import urllib.request
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -312,3 +314,63 @@ def measure_sweep(e: benv.BenchEnv, seconds: float, shapes: list[str] | None = N
                             "p99_ms": mean(r.wrk.p99_ms for r in runs[side])}
                      for side in sides} | {"overrides": overrides}
     return out
+
+
+def async_server(env: dict[str, str], workers: int, *,
+                 log: Path) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """Serve the experimental async intake (bench/asgi_intake.py) with `workers` processes."""
+    port = benv.free_port()
+    return benv.serve([sys.executable, "-m", "bench.asgi_intake", "--bind",
+                       f"127.0.0.1:{port}", "--workers", str(workers)], env, cwd=benv.ROOT,
+                      log=log, port=port)
+
+
+def _spread(runs: list[Run], key: str) -> list[float]:
+    """Return each run's accepted/s or p99 (ms), for the spread between rounds."""
+    if key == "accepted_per_s":
+        return [round(r.accepted_per_second, 1) for r in runs]
+    return [round(r.wrk.p99_ms, 1) for r in runs]
+
+
+def measure_async(e: benv.BenchEnv, seconds: float, rounds: int = 3) -> dict[str, Any]:
+    """The async intake vs the ledger as shipped vs the floor vs the thin intake as written,
+    on PostgreSQL, in the same run: every side in turn then in reverse, `rounds` times;
+    then duplicates/s of the async intake and of the shipped one, each interleaved with
+    new events."""
+    web = WebServerSettings.from_env({})
+    shape = benv.ServerShape(workers=web.workers, threads=web.threads)
+    ours_url = e.migrated_pg("async_ours")
+    path = f"/hooks/{ours_app(e, ours_url)}"
+    # The async side gets a copy of the shipped side's ledger: the same integration.
+    urls = {"async": e.pg_url("async_async", template=str(make_url(ours_url).database)),
+            "ours": ours_url} | {name: e.pg_url(f"async_{name}") for name in ("thin", "floor")}
+    for name in ("thin", "floor"):
+        create_thin_pg(urls[name])
+    log = e.tmp / "intake-async.log"
+    with ExitStack() as stack:
+        servers = {
+            "async": async_server(e.app_env(urls["async"]), web.workers, log=log),
+            "ours": benv.shipped(e.app_env(urls["ours"]), log=log),
+            "floor": benv.gunicorn("bench.floor_intake:app", thin_env(urls["floor"]), shape,
+                                   cwd=benv.ROOT, log=log),
+            "thin": benv.thin_as_written(thin_env(urls["thin"]), web.workers, log=log)}
+        sides = {}
+        for name, server in servers.items():
+            base, process = stack.enter_context(server)
+            sides[name] = Target(base, urls[name], path, process.pid)
+        runs = abba(e, sides, seconds, "async", cycles=rounds)
+        # abba keeps the files every side was sent; each side replays its own runs.
+        dup = {name: duplicates(e, sides[name], {"files": runs["files"], "ours": runs[name]},
+                                seconds, cycles=rounds)
+               for name in ("async", "ours")}
+    out: dict[str, Any] = {"runs": {k: [r.to_json() for r in runs[k]] for k in sides}}
+    for name in sides:
+        out[name] = {"accepted_per_s": accepted_per_s(runs[name]),
+                     "p99_ms": mean(r.wrk.p99_ms for r in runs[name]),
+                     "accepted_per_s_runs": _spread(runs[name], "accepted_per_s"),
+                     "p99_ms_runs": _spread(runs[name], "p99_ms"),
+                     "errors": sum(r.wrk.errors + r.wrk.status_errors for r in runs[name]),
+                     "cpu": cpu.summed([r.cpu for r in runs[name] if r.cpu],
+                                       sum(r.wrk.requests for r in runs[name]))}
+    return out | {"duplicates": dup, "workers": web.workers, "threads": web.threads,
+                  "rounds": rounds}

@@ -3,6 +3,7 @@
     python -m bench.run [--seconds 12] [--only intake,sqlite,...]
     python -m bench.run --only scale --scale 10m     # purge and pages at 10M receipts
     python -m bench.run --only sweep                 # the web defaults against other shapes
+    python -m bench.run --only async                 # the experimental async intake
 
 Prints a Markdown table (each row met or missed, with what this run measured) and writes
 one record per measure to bench/results/<measure>.json. Bench databases (`ledger_bench_*`)
@@ -30,7 +31,7 @@ from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed, shown
 
 MEASURES = ("intake", "sqlite", "worker", "destinations", "big", "scale", "cli", "sweep",
-            "features")
+            "features", "async")
 DEFAULT_MEASURES = ("intake", "sqlite", "worker", "destinations", "big", "scale", "cli")
 TEN_M = 10_000_000
 
@@ -73,6 +74,53 @@ def intake_figures(r: dict[str, Any]) -> list[Figure]:
         shown("accepted/s, shipped vs thin in the ledger's shape", r["ours_accepted_per_s"],
               "/s", f"thin intake, {n} x {r['threads']} gthread", r["thin_shaped_accepted_per_s"],
               f"p99 {r['ours_p99_ms']:.0f} vs {r['thin_shaped_p99_ms']:.0f} ms"),
+    ]
+
+
+def async_figures(r: dict[str, Any]) -> list[Figure]:
+    """The experimental async intake against the thin intake as written, the floor and the
+    ledger as shipped, all in one run (bench/asgi_intake.py)."""
+    a, ours, thin, floor = r["async"], r["ours"], r["thin"], r["floor"]
+    n, rounds = r["workers"], r["rounds"]
+    written = f"thin intake, gunicorn -w {n} (sync)"
+
+    def runs(side: dict[str, Any], key: str) -> str:
+        return ", ".join(f"{v:.0f}" for v in side[f"{key}_runs"])
+
+    def web(side: dict[str, Any]) -> float:
+        return float((side.get("cpu") or {}).get("web_ms", 0.0))
+
+    spread = (f"{rounds} rounds; accepted/s per run async {runs(a, 'accepted_per_s')}, shipped"
+              f" {runs(ours, 'accepted_per_s')}, thin {runs(thin, 'accepted_per_s')}, floor"
+              f" {runs(floor, 'accepted_per_s')}")
+    p99s = (f"p99 per run (ms) async {runs(a, 'p99_ms')}, shipped {runs(ours, 'p99_ms')},"
+            f" thin {runs(thin, 'p99_ms')}, floor {runs(floor, 'p99_ms')}")
+    dup_a, dup_ours = r["duplicates"]["async"], r["duplicates"]["ours"]
+    return [
+        at_least("accepted/s, async intake vs thin as written", a["accepted_per_s"], "/s",
+                 written, thin["accepted_per_s"], 1.3, spread),
+        at_most("p99, async intake vs thin as written", a["p99_ms"], "ms", written,
+                thin["p99_ms"], 0.7, p99s),
+        at_least("duplicates/s vs accepted/s, async intake", dup_a["dup_per_s"], "/s",
+                 "new events, interleaved", dup_a["new_accepted_per_s"], 1.0,
+                 f"{dup_a['dup_new_receipts']} receipts created by the duplicate runs"),
+        at_most("web CPU per delivery, async intake vs the floor", web(a), "ms",
+                "bench/floor_intake.py, same run", web(floor), 1.35,
+                f"shipped {web(ours):.2f} ms, thin {web(thin):.2f} ms in the same run"),
+        shown("accepted/s, async intake vs shipped", a["accepted_per_s"], "/s",
+              "shipped (gunicorn), same run", ours["accepted_per_s"],
+              f"errors async {a['errors']}, shipped {ours['errors']}"),
+        shown("p99, async intake vs shipped", a["p99_ms"], "ms", "shipped (gunicorn), same run",
+              ours["p99_ms"]),
+        shown("web CPU per delivery, async intake vs shipped", web(a), "ms",
+              "shipped (gunicorn), same run", web(ours)),
+        shown("accepted/s, shipped vs thin as written (async run)", ours["accepted_per_s"],
+              "/s", written, thin["accepted_per_s"],
+              f"p99 {ours['p99_ms']:.0f} vs {thin['p99_ms']:.0f} ms; web CPU vs the floor"
+              f" {web(ours) / web(floor) if web(floor) else 0:.2f}x"),
+        shown("duplicates/s vs accepted/s, shipped (async run)", dup_ours["dup_per_s"], "/s",
+              "new events, interleaved", dup_ours["new_accepted_per_s"],
+              f"{dup_ours['dup_new_receipts']} receipts created by the duplicate runs"),
     ]
 
 
@@ -191,6 +239,8 @@ def plan(e: benv.BenchEnv, args: argparse.Namespace
         "sweep": (lambda: intake.measure_sweep(e, args.seconds, args.shapes), sweep_figures),
         "features": (lambda: intake.measure_sweep(e, args.seconds, None, intake.FEATURES),
                      features_figures),
+        "async": (lambda: intake.measure_async(e, args.seconds, args.async_rounds),
+                  async_figures),
     }
 
 
@@ -236,6 +286,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="receipts of the biggest ledger of the scale measure: 1m"
                         " (default), 10m (hours on 2 cores)")
     parser.add_argument("--scale-scopes", type=int, default=10_000)
+    parser.add_argument("--async-rounds", type=int, default=3,
+                        help='"async": rounds of the four sides, each in turn then reversed')
     parser.add_argument("--shapes", type=lambda s: s.split(","), default=None,
                         help='"sweep": only these of intake.SWEEP (default all)')
     args = parser.parse_args(argv)

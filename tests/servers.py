@@ -72,6 +72,26 @@ def gunicorn_server(env: dict[str, str], *, workers: int = 4, extra_args: tuple[
             _stop(process)
 
 
+@contextmanager
+def asgi_intake_server(env: dict[str, str], *, workers: int = 2
+                       ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run the experimental async intake (bench/asgi_intake.py) on a free loopback port."""
+    port = free_port()
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe (gunicorn_server says why)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench.asgi_intake", "--bind", f"127.0.0.1:{port}",
+             "--workers", str(workers)],
+            cwd=str(ROOT), env=full_env, stdout=subprocess.DEVNULL, stderr=log,
+            start_new_session=True)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_up(base_url, process)
+            yield base_url, process
+        finally:
+            _stop(process)
+
+
 def _stop(process: subprocess.Popen) -> None:
     """Stop a server we started: TERM, then KILL after a grace period."""
     if process.poll() is None:

@@ -91,6 +91,16 @@ class CredentialView:
                 self._entries[public_id] = entry
         return entry
 
+    def cached(self, public_id: str) -> IntegrationAuth | None:
+        """Return the integration if the view holds it now, without reading the database.
+
+        None means: not held (unknown, not read yet, or the view aged out); `lookup`
+        then decides, reading the database. For a caller that must not block on it
+        (bench/asgi_intake.py runs `lookup` in a thread only then).
+        """
+        self._expire_if_stale()
+        return self._entries.get(public_id)
+
     def reload(self, public_id: str) -> IntegrationAuth | None:
         """Re-read one integration for a signature no cached key matched; None if too soon.
 

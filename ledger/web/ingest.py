@@ -38,6 +38,7 @@ from ledger.errors import (
 from ledger.ids import INTEGRATION_ID
 from ledger.intake.credential_view import IntegrationAuth
 from ledger.intake.delivery_log import Delivery
+from ledger.intake.pipeline import IntakeAnswer
 from ledger.intake.signatures import PROFILE_BODY_LIMITS
 from ledger.intake.signatures.shared_token import PLAINTEXT_KEY, QUERY_KEY
 from ledger.intake.signatures.token_profile import TOKEN
@@ -130,7 +131,7 @@ def add_request_facts(headers: dict[str, list[str]], environ: dict[str, Any], *,
 
 
 @dataclass(slots=True)
-class _Seen:
+class Seen:
     """What the intake learned about a delivery before it answered (for the delivery log)."""
 
     auth: IntegrationAuth | None = None
@@ -143,66 +144,74 @@ class _Seen:
 
 def answer_delivery(svc: Services, public_id: str, environ: dict[str, Any]) -> HookAnswer:
     """Authenticate, validate and durably claim one delivery; answer after commit."""
-    seen = _Seen()
+    seen = Seen()
     at = svc.clock.now()
     started = time.perf_counter()
-    answer = _answer(svc, public_id, environ, seen)
-    if svc.delivery_log.enabled:
-        latency_us = int((time.perf_counter() - started) * 1_000_000)
-        integration = seen.auth.integration if seen.auth is not None else None
-        svc.delivery_log.record(Delivery(
-            at=at, integration_id=integration.id if integration else None,
-            public_id=public_id if INTEGRATION_ID.fullmatch(public_id) else None,
-            outcome=seen.outcome, http_status=answer.status, key_id=seen.key_id,
-            event_id=seen.event_id, client=environ.get("REMOTE_ADDR"), reason=seen.reason,
-            authenticated=seen.authenticated, latency_us=latency_us))
+    try:
+        answer = _deliver(svc, public_id, environ, seen)
+    except Exception as error:
+        answer = refusal(svc, public_id, error, seen)
+    record_delivery(svc, public_id, seen, answer, at=at, started=started,
+                    client=environ.get("REMOTE_ADDR"))
     return answer
 
 
-def _answer(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen) -> HookAnswer:
-    """Run the pipeline and map its domain errors to the CONTRACT's answers."""
-    try:
-        return _deliver(svc, public_id, environ, seen)
-    except UnknownIntegration:
+def record_delivery(svc: Services, public_id: str, seen: Seen, answer: HookAnswer, *,
+                    at: Any, started: float, client: str | None) -> None:
+    """Keep the delivery's row in the delivery log (when it is on)."""
+    if not svc.delivery_log.enabled:
+        return
+    latency_us = int((time.perf_counter() - started) * 1_000_000)
+    integration = seen.auth.integration if seen.auth is not None else None
+    svc.delivery_log.record(Delivery(
+        at=at, integration_id=integration.id if integration else None,
+        public_id=public_id if INTEGRATION_ID.fullmatch(public_id) else None,
+        outcome=seen.outcome, http_status=answer.status, key_id=seen.key_id,
+        event_id=seen.event_id, client=client, reason=seen.reason,
+        authenticated=seen.authenticated, latency_us=latency_us))
+
+
+def refusal(svc: Services, public_id: str, error: Exception, seen: Seen) -> HookAnswer:
+    """Map a domain error of the pipeline (or any other) to the CONTRACT's answer."""
+    if isinstance(error, UnknownIntegration):
         seen.outcome, seen.reason = "unknown_integration", "no integration has this public id"
         metrics.DELIVERIES.labels("unknown_integration").inc()
         return HookAnswer(404, {"error": "unknown_integration"})
-    except AuthenticationFailed as failure:
-        seen.outcome, seen.reason, seen.key_id = "unauthenticated", failure.reason, failure.key_id
-        seen.event_id = failure.event_id
+    if isinstance(error, AuthenticationFailed):
+        seen.outcome, seen.reason, seen.key_id = "unauthenticated", error.reason, error.key_id
+        seen.event_id = error.event_id
         metrics.DELIVERIES.labels("unauthenticated").inc()
-        metrics.AUTH_FAILURES.labels(failure.reason).inc()
+        metrics.AUTH_FAILURES.labels(error.reason).inc()
         return HookAnswer(401, {"error": "unauthenticated"})
-    except InvalidEvent as invalid:
-        seen.outcome, seen.reason, seen.key_id = "invalid_event", invalid.detail, invalid.key_id
-        seen.authenticated = invalid.key_id is not None
+    if isinstance(error, InvalidEvent):
+        seen.outcome, seen.reason, seen.key_id = "invalid_event", error.detail, error.key_id
+        seen.authenticated = error.key_id is not None
         metrics.DELIVERIES.labels("invalid_event").inc()
         # A body that could not be read leaves the stream in an unknown place.
-        close = [("Connection", "close")] if isinstance(invalid, UnreadableBody) else []
-        return HookAnswer(400, {"error": "invalid_event", "detail": invalid.detail}, close)
-    except BodyTooLarge as large:
-        seen.outcome, seen.reason = "body_too_large", f"body over {large.limit} bytes"
+        close = [("Connection", "close")] if isinstance(error, UnreadableBody) else []
+        return HookAnswer(400, {"error": "invalid_event", "detail": error.detail}, close)
+    if isinstance(error, BodyTooLarge):
+        seen.outcome, seen.reason = "body_too_large", f"body over {error.limit} bytes"
         metrics.DELIVERIES.labels("body_too_large").inc()
         # The rest of the body was never read: the connection cannot be reused.
         return HookAnswer(413, {"error": "body_too_large"}, [("Connection", "close")])
-    except BodyReadTimeout:
+    if isinstance(error, BodyReadTimeout):
         metrics.DELIVERIES.labels("request_timeout").inc()
         web_log.warning("delivery.body_timeout", integration=public_id,
                         seconds=svc.settings.body_read_timeout_seconds)
         # The sender stopped sending: the rest of its body is never read.
         return HookAnswer(408, {"error": "request_timeout"}, [("Connection", "close")])
-    except StorageUnavailable as error:
+    if isinstance(error, StorageUnavailable):
         seen.outcome, seen.reason = "unavailable", str(error)
         return _unavailable(str(error), public_id)
-    except Exception as error:
-        if is_unavailable(error):
-            seen.outcome, seen.reason = "unavailable", type(error).__name__
-            return _unavailable(type(error).__name__, public_id)
-        # Log the class only: messages of driver errors can quote bound parameters.
-        seen.reason = type(error).__name__
-        web_log.error("request.failed", error_class=type(error).__name__,
-                      path=PREFIX + public_id)
-        return HookAnswer(500, {"error": "internal"})
+    if is_unavailable(error):
+        seen.outcome, seen.reason = "unavailable", type(error).__name__
+        return _unavailable(type(error).__name__, public_id)
+    # Log the class only: messages of driver errors can quote bound parameters.
+    seen.reason = type(error).__name__
+    web_log.error("request.failed", error_class=type(error).__name__,
+                  path=PREFIX + public_id)
+    return HookAnswer(500, {"error": "internal"})
 
 
 def _unavailable(reason: str, public_id: str) -> HookAnswer:
@@ -212,31 +221,28 @@ def _unavailable(reason: str, public_id: str) -> HookAnswer:
     return HookAnswer(503, {"error": "unavailable"}, [("Retry-After", RETRY_AFTER_SECONDS)])
 
 
-def _deliver(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen) -> HookAnswer:
-    """The pipeline with domain errors raised (_answer maps them)."""
-    started = time.perf_counter()
-    auth = seen.auth = svc.intake.lookup(public_id)
+def body_limit(svc: Services, auth: IntegrationAuth | None) -> int:
+    """Return the body limit: the integration's own, else its sender's cap, else the global."""
     limit = svc.settings.max_body_bytes
     if auth is not None:
         # The integration's own limit, else its sender's cap (GitHub's 25 MB), else the global.
         integration = auth.integration
         limit = (integration.max_body_bytes or PROFILE_BODY_LIMITS.get(integration.profile)
                  or limit)
-    body = read_body_within(get_input_stream(environ), get_content_length(environ), limit)
-    if auth is None:
-        raise UnknownIntegration()
-    headers = environ_headers(environ)
-    if auth.integration.profile == TOKEN:  # only a token profile pays for these facts
-        add_request_facts(headers, environ, production=svc.settings.production)
-    try:
-        answer = svc.intake.accept(auth, headers, body)
-    except AuthenticationFailed as failure:
-        log.warning("delivery.unauthenticated", integration=public_id,
-                    scope=auth.integration.scope, reason=failure.reason,
-                    key_id=failure.key_id)
-        if failure.key_id is not None:
-            metrics.DEAD_KEY_USE.labels(failure.reason.removesuffix("_key")).inc()
-        raise
+    return limit
+
+
+def note_refused_signature(public_id: str, auth: IntegrationAuth,
+                           failure: AuthenticationFailed) -> None:
+    """Log a signature the pipeline refused; count the use of a dead key."""
+    log.warning("delivery.unauthenticated", integration=public_id,
+                scope=auth.integration.scope, reason=failure.reason, key_id=failure.key_id)
+    if failure.key_id is not None:
+        metrics.DEAD_KEY_USE.labels(failure.reason.removesuffix("_key")).inc()
+
+
+def answered(answer: IntakeAnswer, seen: Seen, started: float) -> HookAnswer:
+    """Count and log an authenticated delivery's answer; return it as HTTP."""
     elapsed = time.perf_counter() - started
     outcome = answer.outcome
     seen.outcome, seen.key_id, seen.authenticated = outcome, answer.key_id, True
@@ -247,6 +253,25 @@ def _deliver(svc: Services, public_id: str, environ: dict[str, Any], seen: _Seen
              event_ref=event_ref(answer.scope, answer.event_id), event_type=answer.event_type,
              http_status=answer.status, latency_ms=round(elapsed * 1000, 2))
     return HookAnswer(answer.status, answer.body, text=answer.text)
+
+
+def _deliver(svc: Services, public_id: str, environ: dict[str, Any], seen: Seen) -> HookAnswer:
+    """The pipeline with domain errors raised (refusal maps them)."""
+    started = time.perf_counter()
+    auth = seen.auth = svc.intake.lookup(public_id)
+    body = read_body_within(get_input_stream(environ), get_content_length(environ),
+                            body_limit(svc, auth))
+    if auth is None:
+        raise UnknownIntegration()
+    headers = environ_headers(environ)
+    if auth.integration.profile == TOKEN:  # only a token profile pays for these facts
+        add_request_facts(headers, environ, production=svc.settings.production)
+    try:
+        answer = svc.intake.accept(auth, headers, body)
+    except AuthenticationFailed as failure:
+        note_refused_signature(public_id, auth, failure)
+        raise
+    return answered(answer, seen, started)
 
 
 def encode(body: dict[str, Any], status: int = 200) -> bytes:

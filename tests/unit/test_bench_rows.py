@@ -36,3 +36,20 @@ def test_a_default_run_shows_the_recorded_10m_rows_without_counting_them() -> No
 def test_the_bench_percentile_is_the_nearest_rank(samples: list[float], q: float,
                                                   expected: float) -> None:
     assert report.percentile(samples, q) == expected
+
+
+def test_the_async_rows_judge_the_async_intake_against_the_same_runs_baselines() -> None:
+    def side(rate: float, p99: float, web_ms: float) -> dict[str, object]:
+        return {"accepted_per_s": rate, "p99_ms": p99, "accepted_per_s_runs": [rate, rate],
+                "p99_ms_runs": [p99, p99], "errors": 0, "cpu": {"web_ms": web_ms}}
+
+    dup = {"dup_per_s": 600.0, "new_accepted_per_s": 500.0, "dup_new_receipts": 0}
+    rows = {f.measure: f for f in run.async_figures({
+        "async": side(700, 50, 0.6), "ours": side(650, 90, 1.5), "thin": side(500, 100, 1.2),
+        "floor": side(1400, 40, 0.5), "duplicates": {"async": dup, "ours": dup},
+        "workers": 4, "threads": 16, "rounds": 1})}
+    assert rows["accepted/s, async intake vs thin as written"].met  # 1.4x >= 1.3x
+    assert rows["p99, async intake vs thin as written"].met  # 0.5x <= 0.7x
+    assert rows["web CPU per delivery, async intake vs the floor"].met  # 1.2x <= 1.35x
+    assert rows["accepted/s, async intake vs shipped"].ratio == round(700 / 650, 3)
+    assert "async 700, 700" in rows["accepted/s, async intake vs thin as written"].note
