@@ -3,8 +3,9 @@
 A newer worker has the handler of `t.new`; an older one (the demo handlers only)
 must leave `t.new` events to it while it is live, even while it is stopped
 (SIGSTOP) within its heartbeat window, spending none of their attempts, and
-still finish its own work and its `--burst`. Only when no live worker has the
-handler does the older one complete them as ignored.
+still finish its own work and its `--burst`, and a job it hands back again and again
+keeps one `handed-off` attempt row. Only when no live worker has the handler does the
+older one complete them as ignored.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -168,3 +170,42 @@ def test_an_older_worker_leaves_a_new_type_to_a_live_newer_one(deploy, tmp_path,
     assert deliver(client, sender, "evt_new_late", "t.new", {"amount": 10}).status_code == 202
     _older_burst(env)
     assert _receipts(app, "t.new")[-1] == ("complete", "ignored:no-handler", None)
+
+
+def _history(app, event_type: str) -> list[tuple[int, str | None]]:  # type: ignore[no-untyped-def]
+    """Return (number, outcome) of every attempt row of a type's receipts, in order."""
+    joined = attempts.join(receipts, (receipts.c.scope_id == attempts.c.scope_id)
+                           & (receipts.c.event_id == attempts.c.event_id))
+    with app.extensions["ledger"].engine.connect() as conn:
+        return [(r.number, r.outcome) for r in conn.execute(
+            select(attempts.c.number, attempts.c.outcome).select_from(joined)
+            .where(receipts.c.event_type == event_type).order_by(attempts.c.number))]
+
+
+def _due(app, event_type: str) -> bool:  # type: ignore[no-untyped-def]
+    """Tell whether every queued job of a type is due (its hand-back's wait has passed)."""
+    now = datetime.now(UTC)
+    with app.extensions["ledger"].engine.connect() as conn:
+        return all(run_at <= now for run_at in conn.execute(
+            select(jobs.c.run_at).where(jobs.c.event_type == event_type)).scalars())
+
+
+def test_handing_a_job_back_again_and_again_leaves_one_attempt_row(deploy, tmp_path, test_env):
+    """An older worker meets a live newer worker's type on every burst: the job's history
+    shows one `handed-off` attempt, not one per hand-back, and no attempt is spent."""
+    app, env = deploy
+    sender = make_sender(app)
+    with _newer_worker(env, tmp_path) as newer:
+        _wait_for(lambda: _published(app), "the newer worker's registration", newer)
+        _freeze(newer, test_env["DATABASE_URL"])  # stopped, still within its heartbeat window
+        assert deliver(app.test_client(), sender, "evt_back", "t.new",
+                       {"amount": 3}).status_code == 202
+        for _ in range(3):
+            _wait_for(lambda: _due(app, "t.new"), "the handed-back job to be due again")
+            _older_burst(env)
+            assert _receipts(app, "t.new") == [("pending", None, 0)]
+            assert _history(app, "t.new") == [(1, "handed-off")]
+        newer.send_signal(signal.SIGCONT)
+        _wait_for(lambda: _receipts(app, "t.new")[0][0] == "complete",
+                  "the newer worker to complete t.new", newer)
+    assert _history(app, "t.new") == [(1, "handed-off"), (2, "complete")]

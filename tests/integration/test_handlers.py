@@ -1,6 +1,8 @@
 """The public handler API on both databases, on the single-job and the batched worker paths.
 
-The fence (a handler cannot commit, roll back, begin or close its transaction),
+The fence (a handler cannot commit, roll back, begin or close its transaction, reach the
+driver's connection or send transaction-control SQL), the one path (process_one, a batch
+of one and a batch of several leave the same receipts and attempts),
 PermanentFailure and RetryAfter, registration from what the configured modules
 import and from entry points, and the hand-off of a type another live worker handles.
 """
@@ -14,7 +16,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from app import create_app
 from ledger.clock import FixedClock
@@ -84,13 +86,22 @@ def _escape(conn, method):
             pass
     elif method == "get_transaction":
         conn.get_transaction().commit()
+    elif method == "connection":  # the driver's connection beneath
+        conn.connection.commit()
+    elif method.startswith("sql:"):
+        conn.exec_driver_sql(method.removeprefix("sql:"))
+    elif method.startswith("text:"):
+        conn.execute(text(method.removeprefix("text:")))
     else:
         getattr(conn, method)()
 
 
 @PATHS
-@pytest.mark.parametrize("method", ["commit", "rollback", "begin", "close", "with",
-                                    "get_transaction", "caught"])
+@pytest.mark.parametrize("method", [
+    "commit", "rollback", "begin", "close", "with", "get_transaction", "caught", "connection",
+    "sql:COMMIT", "text:COMMIT", "text:rollback", "sql:END", "sql:BEGIN", "text:ABORT",
+    "text:SELECT 1; COMMIT", "sql:/* note */ commit", "sql:SAVEPOINT mine",
+    "text:RELEASE SAVEPOINT ledger_job"])
 def test_a_handler_cannot_commit_past_the_fence(fixed_app, batch_size, method):
     app, clock = fixed_app, fixed_app.extensions["ledger"].clock
     sender = make_sender(app)
@@ -111,6 +122,22 @@ def test_a_handler_cannot_commit_past_the_fence(fixed_app, batch_size, method):
     clock.advance(60)
     assert _run(app, {"t.escape": credit}, batch_size) == 1
     assert _state(app, sender, "evt_esc")[:2] == ("complete", "credit:6")
+
+
+@PATHS
+def test_sql_that_only_mentions_a_transaction_word_runs(fixed_app, batch_size):
+    app = fixed_app
+    sender = make_sender(app)
+    send(app, sender, "evt_words", "t.words", {"amount": 2}, expect=202)
+
+    def words(conn, event):
+        said = conn.execute(text("SELECT 'COMMIT; END' -- ROLLBACK")).scalar()
+        credit(conn, event)
+        return f"said:{said}"
+
+    assert _run(app, {"t.words": words}, batch_size) == 1
+    assert _state(app, sender, "evt_words")[:2] == ("complete", "said:COMMIT; END")
+    assert _balance(app, sender) == 2
 
 
 def test_savepoints_inside_the_handler_stay_allowed(fixed_app):
