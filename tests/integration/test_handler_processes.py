@@ -10,6 +10,7 @@ older one complete them as ignored.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sqlite3
@@ -27,6 +28,7 @@ from sqlalchemy.engine import make_url
 
 from app import create_app
 from ledger.db.schema import attempts, instances, jobs, receipts
+from ledger.db.writer_turns import turns_path
 from ledger.domain import ReceiptState
 from tests.helpers import WAIT, deliver, make_sender
 
@@ -94,16 +96,25 @@ def _published(app) -> bool:  # type: ignore[no-untyped-def]
 
 
 def _sqlite_writable(url: str) -> bool:
-    """Tell whether another process can take SQLite's write lock now."""
-    db = sqlite3.connect(make_url(url).database or "", timeout=0.2)
-    try:
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        db.close()
+    """Tell whether another process can take its writer turn and SQLite's write lock now."""
+    database = make_url(url).database or ""
+    with open(turns_path(database), "a+b") as turn:
+        try:  # a worker stopped while it holds its turn would block every other writer
+            fcntl.flock(turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            db = sqlite3.connect(database, timeout=0.2)
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("ROLLBACK")
+                return True
+            except sqlite3.OperationalError:
+                return False
+            finally:
+                db.close()
+        finally:
+            fcntl.flock(turn, fcntl.LOCK_UN)
 
 
 def _freeze(process: subprocess.Popen[bytes], url: str) -> None:
