@@ -186,9 +186,9 @@ jobs = Table(
 )
 Index("ix_jobs_due", jobs.c.run_at, postgresql_where=jobs.c.status == 0,
       sqlite_where=jobs.c.status == 0)
-# The batch claim's pick of one scope's due work items, oldest first (ledger/worker/sql.py,
-# CLAIM_BATCH_SQL). SQLite has one writer, so its batches never wait on each other's
-# rows and it claims plainly oldest first (ledger/worker/batch_store.py).
+# The claim's pick of one scope's due work items, oldest first (ledger/worker/sql.py,
+# CLAIM_SQL). SQLite has one writer, so its batches never wait on each other's
+# rows and it claims plainly oldest first (ledger/worker/store.py).
 only_on("postgresql", Index("ix_jobs_scope_due", jobs.c.scope_id, jobs.c.run_at,
                             postgresql_where=jobs.c.status == 0))
 

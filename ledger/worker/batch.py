@@ -1,33 +1,49 @@
-"""The worker's batch path (LEDGER_WORKER_BATCH > 1): several jobs per claim and per commit.
+"""The worker's one path: claim N work items, run their handlers, commit their outcomes.
 
-One batch is, like one attempt of the single path (ledger.worker.loop):
+N is LEDGER_WORKER_BATCH (one on a distributed ledger); `Worker.process_one` runs
+the same code with N = 1. One round is three short steps, and none holds a
+transaction across slow work:
 
-1. Claim up to N due jobs in one statement (`batch_store.claim_batch`): each
+1. Claim up to N due work items in one statement (`store.claim_work`): each
    gets its own fencing token, lease, counted attempt and attempt row,
-   committed before any handler runs. A job whose last lease expired
-   unfinished, or whose handler has a prepare step, is claimed alone.
-2. `prepare(event)` of a job claimed alone, with no transaction open.
-3. One transaction: lock every job of the batch whose token is still ours
-   (`hold_batch`: from here no other worker can take them, even once their
-   leases have expired), then run each handler inside a SAVEPOINT of its own,
-   in key order (batches that touch the same per-scope rows lock them in the
-   same order). A handler that raises rolls back only its savepoint, and its
-   failed attempt is recorded (retry, backoff or `failed`, as on the single
-   path) in the same transaction. Then one statement completes every job whose
-   handler succeeded and, inside the loop, claims the next batch. Commit: the
-   successful jobs' effects, completions and failures commit together.
+   committed before any handler runs (on PostgreSQL in autocommit). A work item
+   whose last lease expired unfinished, or whose handler has a prepare step,
+   is claimed alone. Inside `Worker.run` the previous round's completion made
+   this claim (3 below): under a backlog a round costs one commit.
+2. `prepare(event)` of each item's handler that declares one, with no
+   transaction open: network calls and sleeps belong here (a destination's
+   HTTP requests go out together).
+3. One transaction runs the handlers on their fenced connection
+   (ledger.worker.fence), in key order (rounds that touch the same per-scope
+   rows lock them in the same order), then one statement completes every item
+   whose handler succeeded (`store.complete_work`: the fence, an item goes only
+   while our token is still its token) and, inside the loop, claims the next
+   round. Commit: the handlers' effects, completions and failures commit
+   together.
 
-The batch shares the single path's pieces: its Worker's claim request, scope
-names and attempt start, the fenced handler run (ledger.worker.fence), and the
-recording and reporting of each attempt's end (ledger.worker.outcome). Only the
-statements differ: several jobs per claim and completion (ledger.worker.batch_store).
+   Several items: the transaction first locks every item still ours
+   (`store.hold_work`: from there no other worker can take them, even once
+   their leases have expired), and each handler runs inside a SAVEPOINT of its
+   own: one that raises rolls back only its savepoint, and its failed attempt
+   is recorded (retry, backoff or `failed`) in the same transaction.
 
-A database error (connection lost, server gone, lock or statement timeout)
-spends no attempt: if only the handler's savepoint was hit, that job alone is
-handed back; if the transaction is lost, every job of the batch is handed back
-(outcome `interrupted`) before the next claim. A worker killed mid-batch
-commits nothing of it: every job of the batch is due again when its lease ends,
-and its next claim takes it alone (it may be the one that killed the worker).
+   One item (N = 1, or a round that found one): the transaction is its
+   savepoint and the completion's fence its hold, as it costs no round trip
+   of its own: a handler that raises, or a lease taken over meanwhile, rolls
+   the transaction back (the handler's writes with it), and a failure is then
+   recorded in a transaction that holds the item first. A stale worker's
+   handler may run, but never commits.
+
+A handler's failure follows the retry policy (PermanentFailure, RetryAfter;
+ledger.worker.outcome). A database error (connection lost, server gone, lock or
+statement timeout) spends no attempt: if only one handler's savepoint was hit,
+that item alone is handed back; if the transaction is lost, every item of the
+round is handed back (outcome `interrupted`) before the next claim. A worker
+killed mid-round commits nothing of it: every item is due again when its lease
+ends, and its next claim takes it alone (it may be the one that killed the
+worker). An item whose type has no handler here while a live worker has one (a
+rolling deploy) is handed back without spending an attempt; a destination that
+does not admit its request holds it back the same way.
 """
 
 from __future__ import annotations
@@ -43,24 +59,23 @@ from sqlalchemy import Connection
 
 from ledger.db.driver import run_in
 from ledger.errors import error_summary
-from ledger.worker.batch_store import BatchRequest, claim_batch, complete_batch, hold_batch
 from ledger.worker.conflict_bodies import keep_original_bodies
 from ledger.worker.destinations import run_all
 from ledger.worker.fence import apply_handler
 from ledger.worker.handlers import Event, HandlerSpec
 from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
 from ledger.worker.retry import failure_summary
-from ledger.worker.store import Claim, ClaimedJob
+from ledger.worker.store import Lease, WorkItem, claim_work, complete_work, hold_work
 
 if TYPE_CHECKING:
-    from ledger.worker.loop import Leased, Worker
+    from ledger.worker.loop import Worker
 
 
 @dataclass(slots=True, kw_only=True)
 class Entry:
-    """One job of a batch and what became of it."""
+    """One work item of a round and what became of it."""
 
-    job: ClaimedJob
+    item: WorkItem
     scope: str
     spec: HandlerSpec | None
     event: Event | None = None
@@ -71,50 +86,49 @@ class Entry:
 
     @property
     def key(self) -> tuple[int, str]:
-        """Return the job's key."""
-        return self.job.scope_id, self.job.event_id
+        """Return the work item's key."""
+        return self.item.scope_id, self.item.event_id
+
+    @property
+    def runs(self) -> bool:
+        """Tell whether its handler runs in the transaction (else a failure or hand-back)."""
+        return self.error is None and not self.leave
 
 
-def batch_request(worker: Worker) -> BatchRequest:
-    """Return the worker's claim of its next batch, now."""
-    return BatchRequest(claim=worker.claim_request(), size=worker.batch_size,
-                        alone_types=worker.alone_types)
+class _Undone(Exception):
+    """Internal: a lone item's handler raised or its lease was lost; roll back."""
 
 
-def claim(worker: Worker) -> list[Leased]:
-    """Lease the next batch in a transaction of its own; [] when none is due."""
-    request = batch_request(worker)
+def claim(worker: Worker, size: int | None = None) -> list[Lease]:
+    """Lease the next round in a transaction of its own; [] when none is due."""
+    request = worker.claim_request(size)
     with worker.claim_connection() as conn:
-        return _leased(worker, conn, claim_batch(conn, request), request)
+        return worker.named(conn, claim_work(conn, request))
 
 
-def _leased(worker: Worker, conn: Connection, claims: list[Claim], request: BatchRequest
-            ) -> list[Leased]:
-    """Return the claims with their scope names (those not cached read in one statement)."""
-    worker.cache_scopes(conn, (one[0].scope_id for one in claims))
-    found = (worker.leased(conn, one, request.claim) for one in claims)
-    return [one for one in found if one is not None]
+def process_batch(worker: Worker, size: int | None = None) -> int:
+    """Claim and run the next round of up to `size` (default the worker's batch) work items.
 
-
-def process_batch(worker: Worker) -> int:
-    """Claim and run the next batch; return how many jobs it held (0: none was due)."""
+    Return how many it held (0: none was due). A round the last completion
+    claimed runs first, whatever its size.
+    """
     if worker.interrupted:
-        worker.record_interruptions()  # before any claim: those jobs are still ours
-    leased = worker.next_batch or claim(worker)
+        worker.record_interruptions()  # before any claim: those items are still ours
+    leased = worker.next_batch or claim(worker, size)
     worker.next_batch = []
     if not leased:
         return 0
     entries = []
-    for one in sorted(leased, key=lambda item: (item[0][0].scope_id, item[0][0].event_id)):
-        started = worker.start_attempt(*one)
-        if started is not None:
-            job, scope = started
-            entries.append(Entry(job=job, scope=scope, spec=worker.registry.get(job.event_type)))
+    for lease in sorted(leased, key=lambda one: one.key):
+        item = worker.start_attempt(lease)
+        if item is not None:
+            entries.append(Entry(item=item, scope=lease.scope,
+                                 spec=worker.registry.get(item.event_type)))
     if entries:
         _route(worker, entries)
         worker.attempt_started = time.perf_counter()
-        # Destinations' requests of the batch go out together (the only prepare steps a
-        # batch can hold several of: a Python handler's prepare is claimed alone).
+        # Destinations' requests of the round go out together (the only prepare steps a
+        # round can hold several of: a Python handler's prepare is claimed alone).
         sends = [e for e in entries if not e.leave and e.spec is not None and e.spec.prepare]
         for entry in entries:
             if not entry.leave and entry not in sends:
@@ -125,19 +139,19 @@ def process_batch(worker: Worker) -> int:
 
 
 def _route(worker: Worker, entries: list[Entry]) -> None:
-    """Give each job without a Python handler its destination's, or leave it to a live
-    worker that has the handler (a rolling deploy)."""
-    specs = worker.destination_specs([e.job for e in entries if e.spec is None])
+    """Give each work item without a Python handler its destination's, or leave it to a
+    live worker that has the handler (a rolling deploy)."""
+    specs = worker.destination_specs([e.item for e in entries if e.spec is None])
     for entry in entries:
         if entry.spec is None:
             entry.spec = specs.get(entry.key)
-            entry.leave = entry.spec is None and worker.handled_elsewhere(entry.job.event_type)
+            entry.leave = entry.spec is None and worker.handled_elsewhere(entry.item.event_type)
 
 
 def _prepare(worker: Worker, entry: Entry) -> None:
     """Build the handler's event and run its prepare step (no transaction open)."""
     try:
-        event = worker.event_of(entry.job, entry.scope)
+        event = worker.event_of(entry.item, entry.scope)
         if entry.spec is not None and entry.spec.prepare is not None:
             event = replace(event, prepared=entry.spec.prepare(event))
         entry.event = event
@@ -146,74 +160,93 @@ def _prepare(worker: Worker, entry: Entry) -> None:
 
 
 def _run(worker: Worker, entries: list[Entry]) -> None:
-    """Run the batch's transaction, then report every job's outcome."""
+    """Run the round's transaction, then report every work item's outcome."""
     try:
-        worker.next_batch = _transaction(worker, entries)
+        try:
+            worker.next_batch = _transaction(worker, entries)
+        except _Undone:  # rolled back: record the lone item's failure, if it is one
+            if any(entry.ended is None for entry in entries):
+                worker.next_batch = _transaction(worker, entries)
     except Exception as error:
         if not worker.is_storage_error(error):
             raise
         summary = error_summary(error)  # the whole transaction is lost: nothing committed
-        worker.interrupted = [(e.job, e.scope, summary) for e in entries
+        worker.interrupted = [(e.item, e.scope, summary) for e in entries
                               if e.ended is not FENCED]
         for entry in entries:
             if entry.ended is FENCED:
-                worker.report(entry.job, entry.scope, FENCED)
+                worker.report(entry.item, entry.scope, FENCED)
         worker.record_interruptions()  # raises while the database is still away
         return
     for entry in entries:
         assert entry.ended is not None
-        worker.report(entry.job, entry.scope, entry.ended, entry.event)
+        worker.report(entry.item, entry.scope, entry.ended, entry.event)
 
 
-def _transaction(worker: Worker, entries: list[Entry]) -> list[Leased]:
-    """Hold the batch, run its handlers (a savepoint each), complete it; return the next."""
+def _transaction(worker: Worker, entries: list[Entry]) -> list[Lease]:
+    """Hold the round, run its handlers, complete it; return the next round's leases."""
+    alone = len(entries) == 1
     with worker.transaction() as conn:
-        held = hold_batch(conn, [entry.job for entry in entries])
+        # A lone handler's hold is its completion's fence; anything else is held first.
+        held = ({entries[0].key} if alone and entries[0].runs
+                else hold_work(conn, [entry.item for entry in entries]))
         for entry in entries:
             if entry.key not in held:
-                entry.ended = FENCED  # taken over before the batch began: never run
+                entry.ended = FENCED  # taken over before the round began: never run
                 continue
             if entry.leave:
-                entry.ended = hand_off(conn, entry.job, rng=worker.rng,
+                entry.ended = hand_off(conn, entry.item, rng=worker.rng,
                                        now=worker.services.clock.now())
                 continue
             if entry.error is None:
-                _apply(worker, conn, entry)
+                _apply(worker, conn, entry, alone=alone)
             if entry.error is not None:
-                entry.ended = _record(worker, conn, entry.job, entry.error)
-        done = [(e.job, e.result_ref) for e in entries
+                entry.ended = _record(worker, conn, entry.item, entry.error)
+        done = [(e.item, e.result_ref) for e in entries
                 if e.ended is COMPLETE and e.result_ref is not None]
-        chain = batch_request(worker) if worker.chaining() else None
-        completion = complete_batch(conn, done,
-                                    now=worker.services.clock.now(), then_claim=chain)
-        if completion.completed != len(done):  # cannot happen while the hold holds
-            raise RuntimeError("a held job of the batch was not completed")
-        keep_original_bodies(conn, (job for job, _ in done), now=worker.services.clock.now(),
+        chain = worker.claim_request() if worker.chaining() else None
+        completion = complete_work(conn, done, now=worker.services.clock.now(),
+                                   then_claim=chain)
+        if completion.completed != len(done):
+            if not alone:  # cannot happen while the hold holds
+                raise RuntimeError("a held work item of the round was not completed")
+            entries[0].ended = FENCED  # taken over meanwhile: its writes roll back
+            raise _Undone()
+        keep_original_bodies(conn, (item for item, _ in done), now=worker.services.clock.now(),
                              seconds=worker.services.settings.conflict_body_seconds)
-        return [] if chain is None else _leased(worker, conn, completion.next, chain)
+        if worker.hooks.before_commit is not None:
+            for entry in entries:
+                if entry.ended is COMPLETE and entry.event is not None:
+                    worker.hooks.before_commit(conn, entry.event)
+        return worker.named(conn, completion.next)
 
 
-def _apply(worker: Worker, conn: Connection, entry: Entry) -> None:
-    """Run one handler inside its own savepoint; a failure undoes only its writes."""
+def _apply(worker: Worker, conn: Connection, entry: Entry, *, alone: bool) -> None:
+    """Run one handler inside its own savepoint (alone: its transaction); a failure undoes
+    only its writes."""
     assert entry.event is not None
-    _on_driver(conn, SAVEPOINT)
+    if not alone:
+        _on_driver(conn, SAVEPOINT)
     try:
         result_ref = apply_handler(entry.spec, conn, entry.event)
-        if worker.hooks.before_commit is not None:
-            worker.hooks.before_commit(conn, entry.event)
     except Exception as error:
+        if alone:
+            if worker.is_storage_error(error):
+                raise  # the transaction is lost: handed back
+            entry.error = error
+            raise _Undone() from None  # its transaction rolls back; recorded in the next
         try:
             _on_driver(conn, ROLLBACK_TO_SAVEPOINT)
-        except Exception as lost:  # the connection is gone: so is the whole batch
+        except Exception as lost:  # the connection is gone: so is the whole round
             raise (error if worker.is_storage_error(error) else lost) from None
         entry.error = error
         return
     entry.ended, entry.result_ref = COMPLETE, result_ref
 
 
-# One savepoint name for every job, never released: each SAVEPOINT nests inside
-# the previous job's, ROLLBACK TO goes back to the newest one (this job's start),
-# and the commit ends them all. That is one round trip per job instead of two.
+# One savepoint name for every work item, never released: each SAVEPOINT nests inside
+# the previous item's, ROLLBACK TO goes back to the newest one (this item's start),
+# and the commit ends them all. That is one round trip per item instead of two.
 # Sent on the driver connection: SQLAlchemy's begin_nested() compiles its
 # SAVEPOINT and RELEASE anew each time.
 # The savepoint is invisible to SQLAlchemy, which only sees one transaction.
@@ -244,9 +277,9 @@ def _execute(driver_connection: Any, statement: str) -> None:
         raise psycopg_errors.error_from_result(result, encoding=driver_connection.info.encoding)
 
 
-def _record(worker: Worker, conn: Connection, job: ClaimedJob, error: Exception) -> Outcome:
+def _record(worker: Worker, conn: Connection, item: WorkItem, error: Exception) -> Outcome:
     """Record a failed (or, for a database error, interrupted) attempt in the transaction."""
     interrupted = worker.is_storage_error(error)
-    return record_failed_attempt(conn, job, None if interrupted else error,
+    return record_failed_attempt(conn, item, None if interrupted else error,
                                  failure_summary(error), policy=worker.policy, rng=worker.rng,
                                  now=worker.services.clock.now())

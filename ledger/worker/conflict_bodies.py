@@ -15,10 +15,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, delete, insert
 
 from ledger.db.schema import conflict_bodies
-from ledger.worker.store import ClaimedJob
+from ledger.worker.store import WorkItem
 
 
-def keep_original_bodies(conn: Connection, done: Iterable[ClaimedJob], *, now: datetime,
+def keep_original_bodies(conn: Connection, done: Iterable[WorkItem], *, now: datetime,
                          seconds: float) -> None:
     """Keep the bodies of jobs completing in this transaction for `seconds` (0: nothing)."""
     if seconds <= 0:

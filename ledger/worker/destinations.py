@@ -27,7 +27,7 @@ from ledger.handlers import Event
 from ledger.services import Services
 from ledger.worker.handlers import HandlerSpec, Registry
 from ledger.worker.retry import RetryPolicy
-from ledger.worker.store import ClaimedJob
+from ledger.worker.store import WorkItem
 
 MAX_PARALLEL_SENDS = 16  # a batch's requests sent at once (at most its size)
 
@@ -41,7 +41,7 @@ def new_delivery(services: Services, engine: Engine) -> DestinationDelivery:
                                services.clock, retry=RetryPolicy.from_settings(settings))
 
 
-def delivery_spec(delivery: DestinationDelivery, job: ClaimedJob) -> HandlerSpec:
+def delivery_spec(delivery: DestinationDelivery, job: WorkItem) -> HandlerSpec:
     """Return the handler that forwards this job's stored body to its destination."""
 
     def prepare(event: Event) -> Prepared:
@@ -55,7 +55,7 @@ def delivery_spec(delivery: DestinationDelivery, job: ClaimedJob) -> HandlerSpec
     return HandlerSpec(event_type=job.event_type, apply=apply, prepare=prepare)
 
 
-def routed(conn: Connection, jobs: Iterable[ClaimedJob]) -> set[Key]:
+def routed(conn: Connection, jobs: Iterable[WorkItem]) -> set[Key]:
     """Return the keys of the jobs a destination takes (one read of the destinations)."""
     pending = list(jobs)
     if not pending:
@@ -93,7 +93,7 @@ def run_all(calls: list[Callable[[], Any]]) -> None:
 
 
 def read_routes(transaction: Callable[[], AbstractContextManager[Connection]],
-                jobs: Iterable[ClaimedJob]) -> set[Key]:
+                jobs: Iterable[WorkItem]) -> set[Key]:
     """Return `routed` read in a transaction of its own (none when no job asks)."""
     pending = list(jobs)
     if not pending:

@@ -1,41 +1,26 @@
-"""The worker: claim a due job, run its handler, commit the outcome exactly once.
+"""The worker: claim due work items, run their handlers, commit each outcome exactly once.
 
-One attempt is three short transactions and never holds one across slow work:
+The one path of a worker is ledger.worker.batch: claim up to LEDGER_WORKER_BATCH
+work items (rows of the `jobs` table) in a transaction of their own, run their
+handlers' prepare steps with no transaction open, then run the handlers and
+complete the items in one fenced transaction, which inside `run` also claims
+the next round. `process_one` is the same path with a batch of one. This module
+holds what that path runs on: the worker's connection and transactions, its
+claim request, scope names, the start and end of each attempt (logged and
+counted once its transaction committed), and the loop.
 
-1. Claim (`worker_store.claim_next`): lock the oldest due job
-   (PostgreSQL `FOR UPDATE SKIP LOCKED`; SQLite's BEGIN IMMEDIATE), count the
-   attempt, write a lease with a new fencing token (`lease_token`), push
-   `run_at` to the lease's end, open an `attempts` row. Commit. (On PostgreSQL
-   one statement in autocommit does all of it.) Inside `run` a completion
-   claims the next job in its own transaction (3 below), so under a backlog
-   each job costs one commit: the claim is still committed, the attempt
-   counted and the lease written, before that job's handler runs.
-2. `prepare(event)`, if the handler declares one, with NO transaction open:
-   network calls and sleeps belong here (demo.slow sleeps here).
-3. Complete: a transaction that runs the handler with its connection (its
-   local effects), then deletes the job only if our token is still its token
-   (the fence), marks the receipt complete with the handler's result_ref and
-   closes the attempt (on PostgreSQL one statement). A worker whose lease was
-   taken over deletes nothing and rolls back, its handler's writes included:
-   it changes nothing. (The fence comes last so that it costs no round trip
-   of its own; a stale worker's handler may run, but never commits.)
+If a handler raises, its writes roll back and its failed attempt records the
+error (class and message, never the payload) and schedules a full-jitter retry,
+or makes the receipt `failed` at LEDGER_MAX_ATTEMPTS / LEDGER_MAX_EVENT_AGE_SECONDS.
+A worker that dies leaves its work items leased until `run_at` (the lease's end)
+passes; the next claim marks the lost attempt and counts a new one, so an item
+that keeps killing workers still reaches `failed`.
 
-If the handler raises, its transaction rolls back and a fenced transaction
-records the error (class and message, never the payload) and schedules a
-full-jitter retry, or makes the receipt `failed` at LEDGER_MAX_ATTEMPTS /
-LEDGER_MAX_EVENT_AGE_SECONDS. A worker that dies leaves its job leased until
-`run_at` (the lease's end) passes; the next claim marks the lost attempt and
-counts a new one, so a job that keeps killing workers still reaches `failed`.
-
-A job whose type has no Python handler here, and that a destination takes, runs the
-destination as its handler (ledger.worker.destinations): its prepare step is the HTTP
-request, made in step 2 with no transaction open; a destination that does not admit the
-request (paused, backing off, at its rate or in-flight limit) has the job put back
+A work item whose type has no Python handler here, and that a destination takes, runs
+the destination as its handler (ledger.worker.destinations): its prepare step is the
+HTTP request, made with no transaction open; a destination that does not admit the
+request (paused, backing off, at its rate or in-flight limit) has the item put back
 without spending an attempt (ledger.worker.outcome.hold_back).
-
-With LEDGER_WORKER_BATCH > 1 (the default) `run` takes the batch path instead
-(ledger.worker.batch): the same steps for several jobs per claim and per commit.
-`process_one` always runs one job.
 """
 
 from __future__ import annotations
@@ -47,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -65,20 +50,15 @@ from ledger.logs import event_ref, get_logger
 from ledger.scheduling.instances import live_handled_types, new_instance_id
 from ledger.services import Services
 from ledger.worker import batch
-from ledger.worker.conflict_bodies import keep_original_bodies
 from ledger.worker.destinations import delivery_spec, new_delivery, read_routes
-from ledger.worker.fence import apply_handler
 from ledger.worker.handlers import Event, HandlerSpec, Registry, load_registry
-from ledger.worker.outcome import COMPLETE, FENCED, Outcome, hand_off, record_failed_attempt
-from ledger.worker.retry import RandomSource, RetryPolicy, failure_summary
+from ledger.worker.outcome import COMPLETE, FENCED, Outcome, record_failed_attempt
+from ledger.worker.retry import RandomSource, RetryPolicy
 from ledger.worker.store import (
-    Claim,
-    ClaimedJob,
     ClaimLimits,
     ClaimRequest,
-    DueJob,
-    claim_next,
-    complete_job,
+    Lease,
+    WorkItem,
     fail_unstarted,
     hold_lease,
     relock_due,
@@ -103,20 +83,13 @@ class WorkerHooks:
     after_commit: Callable[[Event], None] | None = None
 
 
-Leased = tuple[Claim, str, datetime]  # a claim, its scope name, the claim's time
-
-
-class LeaseLost(Exception):
-    """Internal: our fencing token is gone; roll the transaction back."""
-
-
 def is_storage_error(error: BaseException) -> bool:
     """Tell whether an attempt failed because of the database (connection, server, disk)."""
     return is_unavailable(error) or isinstance(error, sa_exc.OperationalError)
 
 
 class Worker:
-    """Claims and runs jobs against one database."""
+    """Claims and runs work items against one database."""
 
     is_storage_error = staticmethod(is_storage_error)
 
@@ -135,18 +108,17 @@ class Worker:
         self._scopes: dict[int, str] = {}
         self._counters: dict[tuple[str, str], Any] = {}  # ATTEMPTS children by labels
         self._stop: threading.Event | None = None  # set inside run(): completions may chain
-        self._next: Leased | None = None  # the job the last completion claimed
         self._held: Connection | None = None  # run()'s connection: no pool checkout per job
         self.attempt_started: float | None = None  # perf_counter at claim: attempt latency
-        # Attempts a database error cut off, until handed back: (job, scope, error) each.
-        self.interrupted: list[tuple[ClaimedJob, str, str]] = []
-        # Jobs per claim and per commit (ledger.worker.batch). A distributed (Citus)
-        # ledger claims one job per statement by key: never batched (see _batched).
+        # Attempts a database error cut off, until handed back: (item, scope, error) each.
+        self.interrupted: list[tuple[WorkItem, str, str]] = []
+        # Work items per claim and per commit (ledger.worker.batch). A distributed
+        # (Citus) ledger claims one item per statement by key (see round_size).
         self.batch_size = (batch_size or services.settings.worker_batch
                            or default_worker_batch(self.engine.dialect.name))
         self.alone_types = tuple(t for t in self.registry.types()
                                  if (spec := self.registry.get(t)) and spec.prepare)
-        self.next_batch: list[Leased] = []  # the batch the last batch's commit claimed
+        self.next_batch: list[Lease] = []  # the round the last round's commit claimed
         self._live_types: tuple[float, set[str]] | None = None  # (monotonic read, types)
         # Destinations' deliveries: shared by run_worker's loops, else made on first need.
         self._delivery = delivery
@@ -155,77 +127,44 @@ class Worker:
                             if self.engine.dialect.name == "postgresql" else None)
 
     def process_one(self) -> bool:
-        """Claim and run one due job; False when none is due."""
-        if self.interrupted:
-            self.record_interruptions()  # before any claim: that job is still ours
-        claimed = self._next if self._next is not None else self._claim()
-        self._next = None
-        if claimed is None:
-            return False
-        started = self.start_attempt(*claimed)
-        if started is None:
-            return True  # ended at claim time (out of attempts or too old)
-        job, scope = started
-        self.attempt_started = time.perf_counter()
-        spec = self.registry.get(job.event_type)
-        try:
-            if spec is None:
-                spec = self.destination_specs([job]).get((job.scope_id, job.event_id))
-            if spec is None and self.handled_elsewhere(job.event_type):
-                self._hand_off(job, scope)  # a rolling deploy: a live worker has the handler
-                return True
-            event = self.event_of(job, scope)
-            if spec is not None and spec.prepare is not None:
-                event = _with_prepared(event, spec.prepare(event))  # no transaction open
-            self._complete(job, event, spec)
-        except LeaseLost:
-            self.report(job, scope, FENCED)
-            return True
-        except Exception as error:
-            if is_storage_error(error):  # the database's fault, not the handler's
-                self.interrupted = [(job, scope, error_summary(error))]
-                self.record_interruptions()  # raises while the database is still away
-            else:
-                self._record_failure(job, scope, error)
-            return True
-        self.report(job, scope, COMPLETE, event)
-        return True
+        """Claim and run one due work item (the worker's one path, a batch of one).
 
-    def _claim(self) -> Leased | None:
-        """Lease the oldest due job in a transaction of its own; None when none is due."""
-        request = self.claim_request()
-        with self.claim_connection() as conn:
-            return self.leased(conn, claim_next(conn, request), request)
+        False when none is due. A round the last completion claimed runs first.
+        """
+        return batch.process_batch(self, 1) > 0
 
-    def claim_request(self) -> ClaimRequest:
-        """Return this worker's claim of the next due job, now."""
+    def claim_request(self, size: int | None = None) -> ClaimRequest:
+        """Return this worker's claim of its next `size` (default: a round's) work items, now."""
         now = self.services.clock.now()
         return ClaimRequest(worker_id=self.worker_id, now=now, limits=self._limits(now),
-                            lease_seconds=self.services.settings.lease_seconds)
+                            lease_seconds=self.services.settings.lease_seconds,
+                            size=size or self.round_size(), alone_types=self.alone_types)
 
-    def leased(self, conn: Connection, claim: Claim | None,
-               request: ClaimRequest) -> Leased | None:
-        """Return a claim with its scope name, read while the claim's transaction is open."""
-        if claim is None:
-            return None
-        return claim, self._scope(conn, claim[0].scope_id), request.now
+    def round_size(self) -> int:
+        """Return how many work items a round claims (asked per claim: the layout is read once)."""
+        return 1 if citus.distributed(self.engine) else self.batch_size
 
-    def start_attempt(self, claim: Claim, scope: str, now: datetime
-                      ) -> tuple[ClaimedJob, str] | None:
-        """Start a claimed attempt, or end a job that may not start (then None)."""
-        due, job = claim
-        if job is None:
-            self._end_unstarted(due, scope, now)
+    def named(self, conn: Connection, leases: list[Lease]) -> list[Lease]:
+        """Return the leases with their scopes' names, read while the claim's transaction is
+        open (those not cached in one statement)."""
+        self.cache_scopes(conn, (lease.due.scope_id for lease in leases))
+        return [lease.named(self._scope(conn, lease.due.scope_id)) for lease in leases]
+
+    def start_attempt(self, lease: Lease) -> WorkItem | None:
+        """Start a leased attempt, or end a work item that may not start (then None)."""
+        item = lease.item
+        if item is None:
+            self._end_unstarted(lease)
             return None
-        if job.lost:
-            self._log_lost(job, scope)
+        if item.lost:
+            self._log_lost(item, lease.scope)
         # The attempt's start is in its attempts row (worker, time); at INFO one
         # line per attempt, when it ends, is the transition an operator reads.
         if _stdlib_log.isEnabledFor(logging.DEBUG):
-            self._transition(job, scope, "queued", "running", level=logging.DEBUG)
-        return job, scope
+            self._transition(item, lease.scope, "queued", "running", level=logging.DEBUG)
+        return item
 
-    def _log_lost(self, job: ClaimedJob, scope: str) -> None:
+    def _log_lost(self, job: WorkItem, scope: str) -> None:
         """Log the attempt(s) this claim found abandoned by a worker that vanished."""
         self._log("job.transition", scope=scope, event_id=job.event_id,
                   event_type=job.event_type, attempt=job.number - 1, from_state="running",
@@ -253,8 +192,10 @@ class Worker:
             return _begun(self._held)
         return self.engine.begin()
 
-    def _end_unstarted(self, due: DueJob, scope: str, now: datetime) -> None:
-        """End a claimed job that may not start (out of attempts, too old) or has no receipt."""
+    def _end_unstarted(self, lease: Lease) -> None:
+        """End a claimed work item that may not start (out of attempts, too old) or has no
+        receipt."""
+        due, scope, now = lease.due, lease.scope, lease.claimed_at
         refusal = self.policy.refuse_to_start(due.attempts + 1, now=now,
                                               window_start=due.window_start)
         with self.transaction() as conn:
@@ -296,7 +237,7 @@ class Worker:
             self._scopes[scope_id] = scope
         return scope
 
-    def event_of(self, job: ClaimedJob, scope: str) -> Event:
+    def event_of(self, job: WorkItem, scope: str) -> Event:
         """Build the handler's view of the job."""
         payload = json.loads(job.payload) if job.payload is not None else None
         if not isinstance(payload, dict):
@@ -305,30 +246,8 @@ class Worker:
                      event_type=job.event_type, payload=payload, attempt=job.number,
                      accepted_at=job.accepted_at)
 
-    def _complete(self, job: ClaimedJob, event: Event, spec: HandlerSpec | None) -> str:
-        """Run the handler and record its outcome in one fenced transaction (3).
-
-        Inside `run`, unless it was told to stop, the same transaction claims
-        the next job (COMPLETE_AND_CLAIM_SQL): one commit per job, and that job's
-        attempt is counted and leased before its handler runs, as always.
-        """
-        with self.transaction() as conn:
-            result_ref = apply_handler(spec, conn, event)
-            chain = self.claim_request() if self.chaining() else None  # after the handler
-            done = complete_job(conn, job, result_ref=result_ref,
-                                now=self.services.clock.now(), then_claim=chain)
-            if not done.held:
-                raise LeaseLost()  # rolls the handler's writes back too
-            keep_original_bodies(conn, (job,), now=self.services.clock.now(),
-                                 seconds=self.services.settings.conflict_body_seconds)
-            following = None if chain is None else self.leased(conn, done.next, chain)
-            if self.hooks.before_commit is not None:
-                self.hooks.before_commit(conn, event)
-        self._next = following  # ours only once the commit succeeded
-        return result_ref
-
     def chaining(self) -> bool:
-        """Tell whether a completion claims the next job too (inside `run`, not stopping)."""
+        """Tell whether a completion claims the next round too (inside `run`, not stopping)."""
         return self._stop is not None and not self._stop.is_set()
 
     def record_interruptions(self) -> None:
@@ -337,7 +256,7 @@ class Worker:
             self._record_interruption(self.interrupted[0])
             self.interrupted.pop(0)
 
-    def _record_interruption(self, interrupted: tuple[ClaimedJob, str, str]) -> None:
+    def _record_interruption(self, interrupted: tuple[WorkItem, str, str]) -> None:
         """Put back the attempt a database error cut off: it spends time, not an attempt.
 
         A connection killed, a restart, a full disk or a lock timeout during the
@@ -357,17 +276,7 @@ class Worker:
             ) if hold_lease(conn, job) else FENCED
         self.report(job, scope, outcome)
 
-    def _record_failure(self, job: ClaimedJob, scope: str, error: Exception) -> None:
-        """Record the failed attempt and schedule a retry or end the job (transaction 3)."""
-        summary = failure_summary(error)
-        now = self.services.clock.now()
-        with self.transaction() as conn:
-            outcome = record_failed_attempt(
-                conn, job, error, summary, policy=self.policy, rng=self.rng, now=now,
-            ) if hold_lease(conn, job) else FENCED
-        self.report(job, scope, outcome)
-
-    def destination_specs(self, jobs: list[ClaimedJob]) -> dict[tuple[int, str], HandlerSpec]:
+    def destination_specs(self, jobs: list[WorkItem]) -> dict[tuple[int, str], HandlerSpec]:
         """Return the destination handler of each job (without a Python one) a destination takes."""
         keys = read_routes(self.transaction, jobs)
         if not keys:
@@ -396,15 +305,7 @@ class Worker:
             read = self._live_types = (time.monotonic(), types)
         return event_type in read[1]
 
-    def _hand_off(self, job: ClaimedJob, scope: str) -> None:
-        """Leave a job to the live worker that handles its type; spend no attempt."""
-        now = self.services.clock.now()
-        with self.transaction() as conn:
-            outcome = (hand_off(conn, job, rng=self.rng, now=now) if hold_lease(conn, job)
-                       else FENCED)
-        self.report(job, scope, outcome)
-
-    def report(self, job: ClaimedJob, scope: str, outcome: Outcome,
+    def report(self, job: WorkItem, scope: str, outcome: Outcome,
                event: Event | None = None) -> None:
         """Log and count how an attempt ended, once its transaction committed (both paths)."""
         extra: dict[str, Any] = {name: value for name, value in (
@@ -415,7 +316,7 @@ class Worker:
         if outcome is COMPLETE and event is not None and self.hooks.after_commit is not None:
             self.hooks.after_commit(event)
 
-    def _transition(self, job: ClaimedJob, scope: str, from_state: str, to_state: str, *,
+    def _transition(self, job: WorkItem, scope: str, from_state: str, to_state: str, *,
                     outcome: str | None = None, level: int = logging.INFO,
                     **extra: Any) -> None:
         """Log one state transition and count the attempt's outcome."""
@@ -454,7 +355,7 @@ class Worker:
             poll_seconds: float = POLL_SECONDS) -> int:
         """Process jobs until `stop` is set (or, with burst, until none is due)."""
         stop = stop or threading.Event()
-        self._stop = stop  # lets a completion claim the next job (see _complete)
+        self._stop = stop  # lets a completion claim the next round (ledger.worker.batch)
         try:
             return self._loop(burst=burst, stop=stop, poll_seconds=poll_seconds)
         finally:
@@ -463,10 +364,6 @@ class Worker:
             if self._owns_delivery and self._delivery is not None:
                 self._delivery.close()
                 self._delivery, self._owns_delivery = None, False
-
-    def _batched(self) -> bool:
-        """Tell whether the loop runs batches (asked inside it: the layout is read once)."""
-        return self.batch_size > 1 and not citus.distributed(self.engine)
 
     def _hold_live_connection(self) -> None:
         """Take the loop's connection, or a fresh one if the server closed it while idle."""
@@ -484,12 +381,12 @@ class Worker:
             held.close()
 
     def _loop(self, *, burst: bool, stop: threading.Event, poll_seconds: float) -> int:
-        """Call process_one until told to stop; a job already leased to us runs first."""
+        """Run rounds until told to stop; work items already leased to us run first."""
         processed = errors = 0
-        while not stop.is_set() or self._next is not None or self.next_batch:
+        while not stop.is_set() or self.next_batch:
             try:
                 self._hold_live_connection()
-                worked = batch.process_batch(self) if self._batched() else self.process_one()
+                worked = batch.process_batch(self)
                 errors = 0
             except Exception as error:  # storage trouble: back off, the lease protects the job
                 self._release()
@@ -530,14 +427,9 @@ def _begun(conn: Connection) -> Iterator[Connection]:
         yield conn
 
 
-def _with_prepared(event: Event, prepared: Any) -> Event:
-    """Return the event carrying the result of its handler's prepare step."""
-    return replace(event, prepared=prepared)
-
-
 def process_one(services: Services, worker_id: str, *, handlers: Registry | None = None,
                 rng: RandomSource | None = None, hooks: WorkerHooks | None = None) -> bool:
-    """Claim and run exactly one due job; False when none is due."""
+    """Claim and run exactly one due work item; False when none is due."""
     worker = Worker(services, worker_id=worker_id, handlers=handlers, rng=rng, hooks=hooks)
     return worker.process_one()
 

@@ -1,7 +1,7 @@
-"""How an attempt ends, recorded and reported the same way by the single-job and batch paths.
+"""How an attempt ends, recorded and reported the same way for every work item.
 
 Each function here writes inside the caller's transaction, after the caller made
-sure the job is still ours (`hold_lease`, or the batch's `hold_batch`), and
+sure the work item is still ours (`hold_work`), and
 returns an `Outcome`; the worker logs and counts it once the transaction commits
 (`Worker.report`).
 """
@@ -16,10 +16,11 @@ from sqlalchemy import Connection
 from ledger.destinations.delivery import NotAdmitted, failure_group_of
 from ledger.worker.retry import RandomSource, RetryPolicy
 from ledger.worker.store import (
-    ClaimedJob,
+    WorkItem,
     fail_job,
     finish_attempt,
     hand_back_attempt,
+    previous_outcome,
     schedule_retry,
     unstart_attempt,
 )
@@ -68,7 +69,7 @@ COMPLETE = Outcome(outcome="complete")
 FENCED = Outcome(outcome="fenced")
 
 
-def record_failed_attempt(conn: Connection, job: ClaimedJob, error: BaseException | None,
+def record_failed_attempt(conn: Connection, job: WorkItem, error: BaseException | None,
                           summary: str, *, policy: RetryPolicy, rng: RandomSource,
                           now: datetime) -> Outcome:
     """Close a held job's failed attempt and schedule its retry, or end the receipt.
@@ -102,17 +103,26 @@ def record_failed_attempt(conn: Connection, job: ClaimedJob, error: BaseExceptio
                    retry_in=round((decision.run_at - now).total_seconds(), 3))
 
 
-def hand_off(conn: Connection, job: ClaimedJob, *, rng: RandomSource,
+def hand_off(conn: Connection, job: WorkItem, *, rng: RandomSource,
              now: datetime) -> Outcome:
-    """Hand a held job back without spending an attempt, due again shortly (a rolling deploy)."""
+    """Hand a held work item back without spending an attempt, due again shortly (a rolling
+    deploy).
+
+    The receipt's history shows one `handed-off` attempt, however often it comes
+    back before the live worker takes it: a later hand-back is undone as if
+    never claimed (no attempt row, not counted).
+    """
     run_at = now + timedelta(seconds=HANDOFF_SECONDS * (0.5 + rng.random() / 2))
-    finish_attempt(conn, job, outcome="handed-off", now=now)
-    hand_back_attempt(conn, job, run_at=run_at)
+    if previous_outcome(conn, job) == "handed-off":
+        unstart_attempt(conn, job, run_at=run_at)
+    else:
+        finish_attempt(conn, job, outcome="handed-off", now=now)
+        hand_back_attempt(conn, job, run_at=run_at)
     return Outcome(outcome="handed-off", reason=HANDED_OFF,
                    retry_in=round((run_at - now).total_seconds(), 3))
 
 
-def hold_back(conn: Connection, job: ClaimedJob, held: NotAdmitted, *, rng: RandomSource,
+def hold_back(conn: Connection, job: WorkItem, held: NotAdmitted, *, rng: RandomSource,
               now: datetime) -> Outcome:
     """Put back a job its destination did not admit, as if never claimed: no attempt spent."""
     if held.not_before is None:  # paused

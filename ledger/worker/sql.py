@@ -1,11 +1,14 @@
-"""PostgreSQL's hot worker statements; the completions are sent on the driver connection.
+"""PostgreSQL's hot worker statements: one claim, one hold, one completion for N work items.
 
-The claim (`CLAIM_SQL`) and the completion (`COMPLETE_SQL`, or
-`COMPLETE_AND_CLAIM_SQL` inside a worker's loop) are one statement each on
-PostgreSQL (data-modifying CTEs); `ledger.worker.store` uses them and runs
-SQLite's plain statements instead. Bind names differ from column names, as in
-worker_store. Each statement keys its rows by scope, except the claim's pick of
-the oldest due job (README, "Scaling past one database").
+A worker claims up to N work items in one statement (`CLAIM_SQL`; N = 1 is the
+single-item case, the same statement), locks the ones still leased to it
+(`HOLD_SQL`) when it must, and completes them in one statement at the end of
+their transaction (`COMPLETE_SQL`, or `COMPLETE_AND_CLAIM_SQL` inside a worker's
+loop, which claims the next ones too). `ledger.worker.store` uses them and runs
+SQLite's plain statements instead (and a distributed ledger's, keyed by scope).
+Bind names differ from column names, as in the store. Each statement keys its
+rows by scope, except the claim's pick of the oldest due items (README,
+"Scaling past one database").
 """
 
 from __future__ import annotations
@@ -24,44 +27,6 @@ from ledger.db.schema import UTCDateTime
 
 _TIMES = ("now", "leased_until", "oldest_window")
 
-# PostgreSQL claim: worker_store.due_job_query + lease_job in one round trip. `due` locks the
-# job (same clauses and reasons as due_job_query; {due} adds the conditions of
-# COMPLETE_AND_CLAIM_SQL); `counted` counts the attempt on the receipt
-# unless the job may not start (out of attempts or too old: the worker then
-# ends it with fail_unstarted) or its receipt is gone; `leased` writes the new
-# fencing token and pushes run_at to the lease's end; `opened` starts this
-# attempt's row. A job that had attempts in its window may have one whose
-# worker vanished: the caller closes it right after (worker_store._claim_of), outside
-# this statement, which runs once per job: the extra UPDATE here would cost every
-# claim ~0.1 ms of PostgreSQL CPU.
-_CLAIM_CTES = """
-due AS MATERIALIZED (
-    SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload
-    FROM jobs
-    WHERE status = 0 AND run_at <= :now{due}
-    ORDER BY run_at
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-), counted AS (
-    UPDATE receipts r SET attempts = r.attempts + 1
-    FROM due
-    WHERE r.scope_id = due.scope_id AND r.event_id = due.event_id
-      AND due.attempts < :max_attempts AND due.accepted_at >= :oldest_window
-    RETURNING r.scope_id, r.event_id, r.attempts, r.accepted_at
-), leased AS (
-    UPDATE jobs j SET attempts = j.attempts + 1, lease_token = j.lease_token + 1,
-                      leased_by = :worker_id, leased_until = :leased_until,
-                      run_at = :leased_until
-    FROM counted
-    WHERE j.scope_id = counted.scope_id AND j.event_id = counted.event_id
-    RETURNING j.lease_token
-), opened AS (
-    INSERT INTO attempts (scope_id, event_id, number, worker_id, lease_token, started_at)
-    SELECT counted.scope_id, counted.event_id, counted.attempts, :worker_id,
-           due.lease_token + 1, :now
-    FROM due, counted
-    RETURNING 1
-)"""
 _CLAIM_COLUMNS = """
        due.scope_id, due.event_id, due.event_type, due.accepted_at, due.attempts,
        due.lease_token, due.payload, counted.attempts AS number,
@@ -73,60 +38,10 @@ _CLAIM_RESULT = (
     column("lease_token", BigInteger), column("payload", Text), column("number", Integer),
     column("receipt_accepted_at", UTCDateTime))
 
-CLAIM_SQL = text(
-    "WITH" + _CLAIM_CTES.format(due="") + "\nSELECT" + _CLAIM_COLUMNS
-    + "\nFROM due LEFT JOIN counted ON true"
-).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(*_CLAIM_RESULT)
-
-# PostgreSQL completion after the handler, in one statement. `gone` is the fence:
-# the job goes only while our token is still its token, so a worker whose lease
-# was taken over deletes nothing, and its caller rolls back (the handler's
-# writes too). The receipt and the attempt join `gone` (0 or 1 row): they
-# change only after it and only if it held; each names its row by scope and
-# id. A job row is locked before its receipt here as in every other writer, so
-# two completions cannot deadlock on them.
-_COMPLETE_CTES = """
-gone AS (
-    DELETE FROM jobs
-    WHERE scope_id = :sid AND event_id = :eid AND lease_token = :token AND status = 0
-    RETURNING scope_id, event_id
-), done AS (
-    UPDATE receipts r SET state = :complete, completed_at = :now, result_ref = :result_ref
-    FROM gone WHERE r.scope_id = :sid AND r.event_id = :eid
-    RETURNING 1
-), closed AS (
-    UPDATE attempts a SET finished_at = :now, outcome = 'complete', error = NULL
-    FROM gone WHERE a.scope_id = :sid AND a.event_id = :eid
-      AND a.number = :number AND a.lease_token = :token
-    RETURNING 1
-)"""
-COMPLETE_SQL = text(
-    "WITH" + _COMPLETE_CTES + "\nSELECT count(*) AS held FROM gone"
-).bindparams(bindparam("now", type_=UTCDateTime)).columns(column("held", Integer))
-
-# The completion that also claims the next due job (the claim CTEs, never the
-# job just finished, and only if the fence held), so that claim commits with
-# this completion: one commit per job instead of two. The next attempt is
-# still counted and leased in a commit of its own before its handler runs,
-# which is all the separate claim commit was for: a job that kills its worker
-# still spends its attempts, and the worker holds one lease at a time.
-COMPLETE_AND_CLAIM_SQL = text(
-    "WITH" + _COMPLETE_CTES + "," + _CLAIM_CTES.format(
-        due="\n      AND EXISTS (SELECT FROM gone)"
-            "\n      AND NOT (scope_id = :sid AND event_id = :eid)")
-    + "\nSELECT (SELECT count(*) FROM gone) AS held," + _CLAIM_COLUMNS
-    + "\nFROM (SELECT) AS one LEFT JOIN due ON true LEFT JOIN counted ON true"
-).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
-    column("held", Integer), *_CLAIM_RESULT)
-
-# Sent on the driver connection inside the handler's transaction (ledger.db.driver):
-# on the driver the worker's client CPU per job is about a sixth lower. Both always return one row.
-DRIVER_COMPLETE = DriverStatement(COMPLETE_SQL, what="worker completion")
-DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL, what="worker completion")
-
-# --- batches (LEDGER_WORKER_BATCH > 1; ledger.worker.batch) --------------------------
-# The batch claim: the claim CTEs above for up to :batch jobs at once, each with
-# its own fencing token, lease and attempt row, all with the same lease end.
+# The claim: up to :batch work items at once (1: the single-item case), each with
+# its own fencing token, lease, counted attempt and attempt row, all with the same
+# lease end. A work item that may not start (out of attempts or too old: the worker
+# ends it with fail_unstarted) or whose receipt is gone is returned uncounted.
 # A batch is one scope's jobs where it can be: `oldest` locks the oldest due job,
 # `mates` the oldest due jobs of its scope (ix_jobs_scope_due; `oldest`'s row is
 # among them, a row this statement locked is not skipped), and `others` fills the
@@ -147,7 +62,7 @@ _PICKED = """
     SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload,
            run_at, leased_by IS NOT NULL
                    OR event_type = ANY(CAST(:alone_types AS text[])) AS alone"""
-_BATCH_CLAIM_CTES = """
+_CLAIM_CTES = """
 oldest AS MATERIALIZED (
     SELECT scope_id FROM jobs
     WHERE status = 0 AND run_at <= :now{due}
@@ -196,23 +111,26 @@ oldest AS MATERIALIZED (
       ON counted.scope_id = due.scope_id AND counted.event_id = due.event_id
     RETURNING 1
 )"""
-_BATCH_CLAIM_FROM = """
+_CLAIM_FROM = """
 FROM due LEFT JOIN counted
   ON counted.scope_id = due.scope_id AND counted.event_id = due.event_id"""
 
-CLAIM_BATCH_SQL = text(
-    "WITH" + _BATCH_CLAIM_CTES.format(due="") + "\nSELECT" + _CLAIM_COLUMNS
-    + _BATCH_CLAIM_FROM
+CLAIM_SQL = text(
+    "WITH" + _CLAIM_CTES.format(due="") + "\nSELECT" + _CLAIM_COLUMNS
+    + _CLAIM_FROM
 ).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(*_CLAIM_RESULT)
 
-# The first statement of a batch's transaction: lock every job of the batch whose
+# The first statement of a transaction over several work items (or over one whose
+# handler does not run: a failure or a hand-back to record): lock every one whose
 # token is still ours, in key order (every batch locks in the same order, so two
 # batches never deadlock on job rows), waiting out a claim in flight as
 # hold_lease does. Until the commit no other worker can claim these jobs, even
 # once their leases have expired: a slow handler early in the batch cannot let
 # its batch-mates be taken over under it. A job missing from the answer was
-# taken over before the batch began: it is fenced and its handler never runs.
-HOLD_BATCH_SQL = text("""
+# taken over before the batch began: it is fenced and its handler never runs. A lone
+# item whose handler runs is not held: its completion's fence (the DELETE below,
+# last) tells whether the lease held, and a lost one rolls its transaction back.
+HOLD_SQL = text("""
 SELECT j.scope_id, j.event_id
 FROM jobs j
 JOIN unnest(CAST(:sids AS bigint[]), CAST(:eids AS text[]), CAST(:tokens AS bigint[]))
@@ -223,10 +141,13 @@ ORDER BY j.scope_id, j.event_id
 FOR UPDATE OF j
 """).columns(column("scope_id", Integer), column("event_id", Text))
 
-# The batch's completion: COMPLETE_SQL for every job whose handler succeeded, in
-# one statement (arrays, one element per job). The jobs are held (HOLD_BATCH_SQL),
-# so the fence holds for all of them; `held` lets the caller check it.
-_BATCH_COMPLETE_CTES = """
+# The completion of every work item whose handler succeeded, in one statement
+# (arrays, one element per item). `gone` is the fence: an item goes only while our
+# token is still its token; its receipt and attempt join `gone`, so they change
+# only if it held. `held` lets the caller check it: held items always pass, a lone
+# unheld item that fails it is rolled back (its handler's writes too). A job row
+# is locked before its receipt here as in every other writer: no deadlock on them.
+_COMPLETE_CTES = """
 mine AS (
     SELECT * FROM unnest(CAST(:sids AS bigint[]), CAST(:eids AS text[]),
                          CAST(:tokens AS bigint[]), CAST(:numbers AS int[]),
@@ -248,32 +169,32 @@ mine AS (
       AND a.number = mine.number AND a.lease_token = mine.token
     RETURNING 1
 )"""
-COMPLETE_BATCH_SQL = text(
-    "WITH" + _BATCH_COMPLETE_CTES + "\nSELECT count(*) AS held FROM gone"
+COMPLETE_SQL = text(
+    "WITH" + _COMPLETE_CTES + "\nSELECT count(*) AS held FROM gone"
 ).bindparams(bindparam("now", type_=UTCDateTime)).columns(column("held", Integer))
 
-# ... and the same statement claiming the next batch (never a job it completes), so
-# under a backlog a batch costs one commit, which also counts and leases the next
-# batch's attempts before their handlers run (as COMPLETE_AND_CLAIM_SQL does).
-_NEXT_BATCH = """
+# ... and the same statement claiming the next work items (never one it completes),
+# so under a backlog a batch costs one commit, which also counts and leases the next
+# items' attempts before their handlers run: a work item that kills its worker still
+# spends its attempts, and the worker holds one batch of leases at a time.
+_NEXT = """
 SELECT (SELECT count(*) FROM gone) AS held,
        next.scope_id, next.event_id, next.event_type, next.accepted_at, next.attempts,
        next.lease_token, next.payload, next.number, next.receipt_accepted_at
 FROM (SELECT) AS one LEFT JOIN (
-    SELECT""" + _CLAIM_COLUMNS + _BATCH_CLAIM_FROM + """
+    SELECT""" + _CLAIM_COLUMNS + _CLAIM_FROM + """
 ) AS next ON true"""
-COMPLETE_BATCH_AND_CLAIM_SQL = text(
-    "WITH" + _BATCH_COMPLETE_CTES + "," + _BATCH_CLAIM_CTES.format(
+COMPLETE_AND_CLAIM_SQL = text(
+    "WITH" + _COMPLETE_CTES + "," + _CLAIM_CTES.format(
         due="\n      AND NOT EXISTS (SELECT FROM mine"
             "\n                      WHERE mine.sid = jobs.scope_id AND mine.eid = jobs.event_id)")
-    + _NEXT_BATCH
+    + _NEXT
 ).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
     column("held", Integer), *_CLAIM_RESULT)
 
-# The batch's hold and completion run on the driver connection inside the batch's
-# transaction, as the single completion does: SQLAlchemy's execution setup and
-# result machinery cost more client CPU per batch than the driver call itself.
-DRIVER_HOLD_BATCH = DriverStatement(HOLD_BATCH_SQL, what="worker batch hold")
-DRIVER_COMPLETE_BATCH = DriverStatement(COMPLETE_BATCH_SQL, what="worker batch completion")
-DRIVER_COMPLETE_BATCH_AND_CLAIM = DriverStatement(COMPLETE_BATCH_AND_CLAIM_SQL,
-                                                  what="worker batch completion")
+# The hold and the completion run on the driver connection inside the handlers'
+# transaction: SQLAlchemy's execution setup and result machinery cost more client
+# CPU per transaction than the driver call itself.
+DRIVER_HOLD = DriverStatement(HOLD_SQL, what="worker hold")
+DRIVER_COMPLETE = DriverStatement(COMPLETE_SQL, what="worker completion")
+DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL, what="worker completion")

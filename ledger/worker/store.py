@@ -1,29 +1,32 @@
 """Every SQL statement of the worker. Functions take `conn` and never commit.
 
-Three short transactions make one attempt (ledger.worker.loop opens them):
-claim (lease + attempt row), complete (handler effects + receipt + job end),
-and, when the handler raised, record the failure. Each write is fenced by the
-lease token: `complete_job` deletes the job only while the token is ours, and
-the failure path starts with `hold_lease`; a worker whose lease was taken over
-finds its token gone and changes nothing.
+One claim, one hold and one completion serve every worker, for N work items at
+once (N = 1 is the single-item case, the same functions and statements):
+`claim_work` leases up to N due work items (rows of the `jobs` table), each with
+its own fencing token, lease, counted attempt and attempt row; `hold_work` locks
+the ones whose token is still ours before a failure or several handlers run;
+`complete_work` ends every item whose handler succeeded, fenced by its token (a
+worker whose lease was taken over finds its token gone and changes nothing),
+and inside the worker's loop claims the next items in the same statement.
 
 Hot statements are built once at import and run with a plain parameter dict
 (building `update(...).values(...)` per call would cost most of the worker's CPU). On PostgreSQL
-the claim
-and the completion's writes are one statement each (data-modifying CTEs, in
+the claim, the hold and the completion are one statement each (data-modifying CTEs, in
 ledger.worker.sql); SQLite runs the same steps as simple statements inside its
-BEGIN IMMEDIATE.
+BEGIN IMMEDIATE, and a distributed (Citus) ledger as statements keyed by scope.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Integer,
     Select,
     bindparam,
     delete,
@@ -36,15 +39,15 @@ from ledger.db import citus
 from ledger.db.schema import UTCDateTime, attempts, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
 from ledger.worker.failure_groups import record_failure, remove_failure
-from ledger.worker.sql import CLAIM_SQL, DRIVER_COMPLETE, DRIVER_COMPLETE_AND_CLAIM
+from ledger.worker.sql import CLAIM_SQL, DRIVER_COMPLETE, DRIVER_COMPLETE_AND_CLAIM, DRIVER_HOLD
 
 ERROR_LIMIT = 500
 LOST_ERROR = "WorkerLost: the lease expired before the attempt reported an outcome"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DueJob:
-    """A claimable job as the claim query found it (still locked by the claim transaction)."""
+class DueItem:
+    """A claimable work item as the claim query found it (locked by the claim's transaction)."""
 
     scope_id: int
     event_id: str
@@ -56,8 +59,8 @@ class DueJob:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ClaimedJob:
-    """A job leased to one worker: the token fences every later write."""
+class WorkItem:
+    """A work item (a row of `jobs`) leased to one worker: the token fences every later write."""
 
     scope_id: int
     event_id: str
@@ -120,6 +123,10 @@ def due_job_query() -> Select[Any]:
 
 
 _DUE = due_job_query()
+# SQLite's pick: the claim query for up to :batch rows, with what tells whether a work
+# item must run alone (see sql._CLAIM_CTES).
+_DUE_BATCH = (_DUE.add_columns(jobs.c.leased_by)
+              .limit(bindparam("batch", type_=Integer)))
 
 # On a distributed (Citus) ledger a locking statement must name one scope: Citus
 # refuses FOR UPDATE across shards. The claim there is two steps (claim_by_key):
@@ -175,30 +182,33 @@ _HAND_BACK = update(jobs).where(*_job_key()).values(
     leased_by=None, leased_until=None)
 
 
-def select_due_job(conn: Connection, now: datetime) -> DueJob | None:
+def select_due_job(conn: Connection, now: datetime) -> DueItem | None:
     """Find and lock the oldest due job that no other worker holds."""
     row = conn.execute(_DUE, {"now": now}).first()
     return None if row is None else _due(row)
 
 
-def _due(row: Any) -> DueJob:
+def _due(row: Any) -> DueItem:
     """Return the due job of a claim row."""
-    return DueJob(scope_id=row.scope_id, event_id=row.event_id, event_type=row.event_type,
+    return DueItem(scope_id=row.scope_id, event_id=row.event_id, event_type=row.event_type,
                   window_start=row.accepted_at, attempts=row.attempts,
                   lease_token=row.lease_token, payload=row.payload)
 
 
-Claim = tuple[DueJob, ClaimedJob | None]
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimRequest:
-    """Who claims the next due job, at what time, for how long, within which limits."""
+    """Who claims up to `size` due work items, at what time, for how long, within which limits.
+
+    Work items of `alone_types` (a handler with a prepare step), and any whose last
+    lease expired unfinished, are claimed alone.
+    """
 
     worker_id: str
     now: datetime
     lease_seconds: float
     limits: ClaimLimits
+    size: int = 1
+    alone_types: tuple[str, ...] = ()
 
     @property
     def leased_until(self) -> datetime:
@@ -209,27 +219,107 @@ class ClaimRequest:
         """Return the claim statement's parameters."""
         return {"now": self.now, "leased_until": self.leased_until,
                 "oldest_window": self.limits.oldest_window,
-                "max_attempts": self.limits.max_attempts, "worker_id": self.worker_id}
+                "max_attempts": self.limits.max_attempts, "worker_id": self.worker_id,
+                "batch": self.size, "alone_types": text_array(self.alone_types)}
 
 
-def claim_next(conn: Connection, request: ClaimRequest) -> Claim | None:
-    """Lock the oldest due job and lease it unless it may not start; None when none is due.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """What one claim of one work item gave: the item leased, or (item None) one to end.
 
-    The job is (due, None) when it may not start (see ClaimLimits) or has no
-    receipt; nothing was counted or leased then, and the caller ends it.
+    `item` is None when the work item may not start (see ClaimLimits) or has no
+    receipt: nothing was counted or leased then, and the worker ends it (`due`).
+    `scope` is the scope's name, filled in by the worker.
+    """
+
+    due: DueItem
+    item: WorkItem | None
+    claimed_at: datetime
+    scope: str = ""
+
+    @property
+    def key(self) -> tuple[int, str]:
+        """Return the work item's key."""
+        return self.due.scope_id, self.due.event_id
+
+    def named(self, scope: str) -> Lease:
+        """Return the lease with its scope's name."""
+        return replace(self, scope=scope)
+
+    @classmethod
+    def from_row(cls, conn: Connection, row: Any, request: ClaimRequest) -> Lease | None:
+        """Return the lease a CLAIM_SQL or COMPLETE_AND_CLAIM_SQL row describes (None: none).
+
+        A work item that had attempts in its window may have one whose worker
+        vanished (its lease expired with no outcome): close it now, on the claim's
+        connection (inside the completion's transaction for a chained claim). A
+        worker that dies before this leaves it open; the next claim closes it.
+        """
+        if row is None or row.scope_id is None:
+            return None
+        due = _due(row)
+        if row.number is None:
+            return cls(due=due, item=None, claimed_at=request.now)
+        lost = 0
+        if due.attempts:
+            lost = mark_lost_attempts(conn, due.scope_id, due.event_id, request.now,
+                                      below=row.number)
+        return cls(due=due, claimed_at=request.now,
+                   item=_claimed(due, number=row.number, accepted_at=row.receipt_accepted_at,
+                                 leased_until=request.leased_until, lost=lost))
+
+
+# The statements take their per-item values as arrays (`CAST(:sids AS bigint[])`),
+# each bound as ONE text parameter holding PostgreSQL's array literal: psycopg's list
+# adapter inspects and dumps every element in Python, which costs a third of these
+# statements' client CPU. Still bound
+# parameters: PostgreSQL parses the literal as array input, never as SQL.
+def int_array(values: Iterable[int]) -> str:
+    """Return the array literal of integers, e.g. {1,2,3}."""
+    return "{" + ",".join(str(int(value)) for value in values) + "}"
+
+
+def text_array(values: Iterable[str]) -> str:
+    """Return the array literal of strings, each quoted: {"a","b\\"c"}."""
+    return "{" + ",".join('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                          for value in values) + "}"
+
+
+def claim_work(conn: Connection, request: ClaimRequest) -> list[Lease]:
+    """Lease up to `request.size` due work items, oldest first; [] when none is due.
+
+    A work item that may not start comes back with `item` None (see Lease).
     """
     if conn.dialect.name == "postgresql":
-        if citus.distributed(conn.engine):
-            return claim_by_key(conn, request)
-        return _claim_of(conn, conn.execute(CLAIM_SQL, request.params()).first(), request)
-    return _lease_due(conn, select_due_job(conn, request.now), request)
+        if citus.distributed(conn.engine):  # one item per claim, locked by its key
+            lease = claim_by_key(conn, request)
+            return [] if lease is None else [lease]
+        return _leases(conn, conn.execute(CLAIM_SQL, request.params()).all(), request)
+    rows = conn.execute(_DUE_BATCH, {"now": request.now, "batch": request.size}).all()
+    leases: list[Lease] = []
+    for place, row in enumerate(rows):  # SQLite: plainly oldest first (one writer)
+        alone = row.leased_by is not None or row.event_type in request.alone_types
+        if place > 0 and alone:
+            continue  # it comes alone in a later claim
+        lease = _lease_due(conn, _due(row), request)
+        if lease is not None:
+            leases.append(lease)
+        if place == 0 and alone:
+            break
+    return leases
 
 
-def claim_by_key(conn: Connection, request: ClaimRequest) -> Claim | None:
-    """Claim on a distributed ledger: one of the oldest due jobs, locked by its key.
+def _leases(conn: Connection, rows: Sequence[Any], request: ClaimRequest) -> list[Lease]:
+    """Return the leases of a claim's rows (lost attempts closed on the way)."""
+    found = (Lease.from_row(conn, row, request) for row in rows)
+    return [lease for lease in found if lease is not None]
+
+
+def claim_by_key(conn: Connection, request: ClaimRequest) -> Lease | None:
+    """Claim on a distributed ledger: one of the oldest due work items, locked by its key.
 
     Runs inside the caller's transaction (several statements), each locking or
-    writing statement on the job's scope alone, so it commits on one node.
+    writing statement on the item's scope alone, so it commits on one node.
     """
     mine = (id(conn.engine.pool), request.worker_id)
     read_at, keys = _KEYS.pop(mine, (0.0, []))
@@ -251,50 +341,28 @@ def claim_by_key(conn: Connection, request: ClaimRequest) -> Claim | None:
     return None
 
 
-def _lease_due(conn: Connection, due: DueJob | None, request: ClaimRequest) -> Claim | None:
-    """Lease a locked due job unless it may not start (then (due, None)); None if none."""
-    if due is None:
-        return None
+def _lease_due(conn: Connection, due: DueItem, request: ClaimRequest) -> Lease | None:
+    """Lease a locked due work item unless it may not start (then item None)."""
     limits = request.limits
     if due.attempts >= limits.max_attempts or due.window_start < limits.oldest_window:
-        return due, None
-    return due, lease_job(conn, due, worker_id=request.worker_id, now=request.now,
-                          lease_seconds=request.lease_seconds)
+        return Lease(due=due, item=None, claimed_at=request.now)
+    return Lease(due=due, claimed_at=request.now,
+                 item=lease_job(conn, due, worker_id=request.worker_id, now=request.now,
+                                lease_seconds=request.lease_seconds))
 
 
-def _claim_of(conn: Connection, row: Any, request: ClaimRequest) -> Claim | None:
-    """Return the claim a CLAIM_SQL or COMPLETE_AND_CLAIM_SQL row describes (None: none due).
-
-    A job that had attempts in its window may have one whose worker vanished
-    (its lease expired with no outcome): close it now, on the claim's
-    connection (inside the completion's transaction for a chained claim). A
-    worker that dies before this leaves it open; the next claim closes it.
-    """
-    if row is None or row.scope_id is None:
-        return None
-    due = _due(row)
-    if row.number is None:
-        return due, None
-    lost = 0
-    if due.attempts:
-        lost = mark_lost_attempts(conn, due.scope_id, due.event_id, request.now,
-                                  below=row.number)
-    return due, _claimed(due, number=row.number, accepted_at=row.receipt_accepted_at,
-                         leased_until=request.leased_until, lost=lost)
-
-
-def _claimed(due: DueJob, *, number: int, accepted_at: datetime, leased_until: datetime,
-             lost: int) -> ClaimedJob:
+def _claimed(due: DueItem, *, number: int, accepted_at: datetime, leased_until: datetime,
+             lost: int) -> WorkItem:
     """Return the leased job: the token is the one the claim wrote (the old one + 1)."""
-    return ClaimedJob(
+    return WorkItem(
         scope_id=due.scope_id, event_id=due.event_id, event_type=due.event_type,
         payload=due.payload, window_start=due.window_start, accepted_at=accepted_at,
         attempt=due.attempts + 1, number=number, lease_token=due.lease_token + 1,
         leased_until=leased_until, lost=lost)
 
 
-def lease_job(conn: Connection, due: DueJob, *, worker_id: str, now: datetime,
-              lease_seconds: float) -> ClaimedJob | None:
+def lease_job(conn: Connection, due: DueItem, *, worker_id: str, now: datetime,
+              lease_seconds: float) -> WorkItem | None:
     """Lease the job with a new fencing token and open its attempt row.
 
     The attempt is counted here, before the handler runs, so a job that keeps
@@ -330,7 +398,7 @@ def set_job_failed(conn: Connection, scope_id: int, event_id: str) -> None:
     conn.execute(_PARK, {"sid": scope_id, "eid": event_id})
 
 
-def fail_unstarted(conn: Connection, due: DueJob, *, worker_id: str, reason: str,
+def fail_unstarted(conn: Connection, due: DueItem, *, worker_id: str, reason: str,
                    now: datetime) -> int | None:
     """Make the receipt failed without running the attempt; return the receipt's attempts."""
     started = conn.execute(
@@ -354,14 +422,14 @@ def fail_unstarted(conn: Connection, due: DueJob, *, worker_id: str, reason: str
     return int(started)
 
 
-def relock_due(conn: Connection, due: DueJob) -> bool:
+def relock_due(conn: Connection, due: DueItem) -> bool:
     """Lock a job found by an earlier claim if no worker changed it since (before ending it)."""
     key = {"sid": due.scope_id, "eid": due.event_id, "token": due.lease_token,
            "tries": due.attempts}
     return conn.execute(_RELOCK, key).first() is not None
 
 
-def hold_lease(conn: Connection, job: ClaimedJob) -> bool:
+def hold_lease(conn: Connection, job: WorkItem) -> bool:
     """Lock the job if our fencing token is still current (the first statement of a write).
 
     PostgreSQL: FOR UPDATE makes a concurrent claim skip the row until we commit,
@@ -372,7 +440,7 @@ def hold_lease(conn: Connection, job: ClaimedJob) -> bool:
     return conn.execute(_HOLD, key).first() is not None
 
 
-def finish_attempt(conn: Connection, job: ClaimedJob, *, outcome: str, now: datetime,
+def finish_attempt(conn: Connection, job: WorkItem, *, outcome: str, now: datetime,
                    error: str | None = None) -> None:
     """Record how this attempt ended."""
     conn.execute(_FINISH, {
@@ -381,47 +449,73 @@ def finish_attempt(conn: Connection, job: ClaimedJob, *, outcome: str, now: date
         "err": error[:ERROR_LIMIT] if error is not None else None})
 
 
+def hold_work(conn: Connection, items: Sequence[WorkItem]) -> set[tuple[int, str]]:
+    """Lock the work items whose token is still ours; return their keys.
+
+    Until the transaction ends no claim can take them, expired lease or not.
+    PostgreSQL: one statement (HOLD_SQL), in key order. SQLite: BEGIN IMMEDIATE
+    already excludes every other writer, and a distributed ledger locks by key:
+    the tokens are checked one by one.
+    """
+    if conn.dialect.name == "postgresql" and not citus.distributed(conn.engine):
+        rows = DRIVER_HOLD.rows(conn, {
+            "sids": int_array(item.scope_id for item in items),
+            "eids": text_array(item.event_id for item in items),
+            "tokens": int_array(item.lease_token for item in items)})
+        return {(int(row.scope_id), str(row.event_id)) for row in rows}
+    return {(item.scope_id, item.event_id) for item in items if hold_lease(conn, item)}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Completion:
-    """What complete_job did. held=False: the lease was taken over, roll back."""
+    """What complete_work did: how many work items it ended, and the next leases if asked."""
 
-    held: bool
-    next: Claim | None = None  # the job claimed in the same transaction, if asked
+    completed: int
+    next: list[Lease]
 
 
-def complete_job(conn: Connection, job: ClaimedJob, *, result_ref: str, now: datetime,
-                 then_claim: ClaimRequest | None = None) -> Completion:
-    """End the job if our lease still holds: receipt complete, job and payload gone.
+def complete_work(conn: Connection, done: Sequence[tuple[WorkItem, str]], *, now: datetime,
+                  then_claim: ClaimRequest | None = None) -> Completion:
+    """End every (work item, result_ref) of `done` whose token is still ours.
 
-    The job row is the fence: it is deleted only while our token is still its
-    token. With `then_claim`, the next due job is claimed in the same
-    transaction (see COMPLETE_AND_CLAIM_SQL); the caller commits both at once.
+    Its receipt becomes complete with the result_ref, its attempt closes and the
+    item (with its payload) is gone. An item whose lease was taken over is left
+    as it is: `completed` < len(done) tells the caller to roll back. With
+    `then_claim`, the next work items are claimed in the same transaction (on a
+    distributed ledger they are likely on another node, and one transaction
+    writing on two nodes commits in two phases: the caller claims them apart).
     """
-    key = {"sid": job.scope_id, "eid": job.event_id, "token": job.lease_token}
-    if conn.dialect.name == "postgresql":
-        params = {**key, "now": now, "complete": ReceiptState.COMPLETE.code,
-                  "result_ref": result_ref, "number": job.number}
-        # Distributed: the next job is likely on another node, and one transaction
-        # writing on two nodes commits in two phases; the caller claims it apart.
-        if then_claim is None or citus.distributed(conn.engine):
-            return Completion(held=bool(DRIVER_COMPLETE.row(conn, params).held))
-        row = DRIVER_COMPLETE_AND_CLAIM.row(conn, {**then_claim.params(), **params})
-        return Completion(held=bool(row.held),
-                          next=_claim_of(conn, row, then_claim) if row.held else None)
-    if conn.execute(_FENCED_DELETE, key).rowcount != 1:
-        return Completion(held=False)
-    conn.execute(_RECEIPT_DONE, {"sid": job.scope_id, "eid": job.event_id, "now": now,
-                                 "ref": result_ref})
-    finish_attempt(conn, job, outcome="complete", now=now)
-    return Completion(held=True, next=claim_next(conn, then_claim) if then_claim else None)
+    if conn.dialect.name == "postgresql" and not citus.distributed(conn.engine):
+        params: dict[str, Any] = {
+            "sids": int_array(item.scope_id for item, _ in done),
+            "eids": text_array(item.event_id for item, _ in done),
+            "tokens": int_array(item.lease_token for item, _ in done),
+            "numbers": int_array(item.number for item, _ in done),
+            "refs": text_array(ref for _, ref in done),
+            "now": now, "complete": ReceiptState.COMPLETE.code}
+        if then_claim is None:
+            return Completion(completed=int(DRIVER_COMPLETE.row(conn, params).held), next=[])
+        rows = DRIVER_COMPLETE_AND_CLAIM.rows(conn, {**then_claim.params(), **params})
+        return Completion(completed=int(rows[0].held), next=_leases(conn, rows, then_claim))
+    completed = 0
+    for item, result_ref in done:
+        key = {"sid": item.scope_id, "eid": item.event_id}
+        if conn.execute(_FENCED_DELETE, {**key, "token": item.lease_token}).rowcount != 1:
+            continue
+        conn.execute(_RECEIPT_DONE, {**key, "now": now, "ref": result_ref})
+        finish_attempt(conn, item, outcome="complete", now=now)
+        completed += 1
+    if then_claim is None or citus.distributed(conn.engine):
+        return Completion(completed=completed, next=[])
+    return Completion(completed=completed, next=claim_work(conn, then_claim))
 
 
-def schedule_retry(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> None:
+def schedule_retry(conn: Connection, job: WorkItem, *, run_at: datetime) -> None:
     """Release the lease and make the job due again at `run_at`."""
     conn.execute(_RETRY, {"sid": job.scope_id, "eid": job.event_id, "due_at": run_at})
 
 
-def hand_back_attempt(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> None:
+def hand_back_attempt(conn: Connection, job: WorkItem, *, run_at: datetime) -> None:
     """Release the lease, return the attempt to the retry budget, make the job due at `run_at`.
 
     For an attempt the database cut off: the receipt keeps counting it (its
@@ -433,9 +527,17 @@ def hand_back_attempt(conn: Connection, job: ClaimedJob, *, run_at: datetime) ->
 _UNOPEN = delete(attempts).where(*_attempt_key(), attempts.c.number == bindparam("num"),
                                  attempts.c.lease_token == bindparam("token"))
 _UNCOUNT = update(receipts).where(*_receipt_key()).values(attempts=receipts.c.attempts - 1)
+_OUTCOME = select(attempts.c.outcome).where(*_attempt_key(),
+                                            attempts.c.number == bindparam("num"))
 
 
-def unstart_attempt(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> None:
+def previous_outcome(conn: Connection, job: WorkItem) -> str | None:
+    """Return how the receipt's attempt before this one ended (None: none, or still open)."""
+    return conn.execute(_OUTCOME, {"sid": job.scope_id, "eid": job.event_id,
+                                   "num": job.number - 1}).scalar()
+
+
+def unstart_attempt(conn: Connection, job: WorkItem, *, run_at: datetime) -> None:
     """Undo a claim whose attempt never started (a destination held it back): no attempt
     spent or shown, the job due again at `run_at`."""
     key = {"sid": job.scope_id, "eid": job.event_id}
@@ -444,7 +546,7 @@ def unstart_attempt(conn: Connection, job: ClaimedJob, *, run_at: datetime) -> N
     hand_back_attempt(conn, job, run_at=run_at)
 
 
-def fail_job(conn: Connection, job: ClaimedJob, *, now: datetime, error: str | None,
+def fail_job(conn: Connection, job: WorkItem, *, now: datetime, error: str | None,
              group_type: str | None = None) -> None:
     """Make the receipt failed (terminal, reviewable) and count it into its failure group
     (of its event type, or `group_type`: a destination's); the job keeps its payload."""

@@ -3,12 +3,14 @@
 A newer worker has the handler of `t.new`; an older one (the demo handlers only)
 must leave `t.new` events to it while it is live, even while it is stopped
 (SIGSTOP) within its heartbeat window, spending none of their attempts, and
-still finish its own work and its `--burst`. Only when no live worker has the
-handler does the older one complete them as ignored.
+still finish its own work and its `--burst`, and a job it hands back again and again
+keeps one `handed-off` attempt row. Only when no live worker has the handler does the
+older one complete them as ignored.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sqlite3
@@ -17,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ from sqlalchemy.engine import make_url
 
 from app import create_app
 from ledger.db.schema import attempts, instances, jobs, receipts
+from ledger.db.writer_turns import turns_path
 from ledger.domain import ReceiptState
 from tests.helpers import WAIT, deliver, make_sender
 
@@ -92,16 +96,25 @@ def _published(app) -> bool:  # type: ignore[no-untyped-def]
 
 
 def _sqlite_writable(url: str) -> bool:
-    """Tell whether another process can take SQLite's write lock now."""
-    db = sqlite3.connect(make_url(url).database or "", timeout=0.2)
-    try:
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        db.close()
+    """Tell whether another process can take its writer turn and SQLite's write lock now."""
+    database = make_url(url).database or ""
+    with open(turns_path(database), "a+b") as turn:
+        try:  # a worker stopped while it holds its turn would block every other writer
+            fcntl.flock(turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            db = sqlite3.connect(database, timeout=0.2)
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("ROLLBACK")
+                return True
+            except sqlite3.OperationalError:
+                return False
+            finally:
+                db.close()
+        finally:
+            fcntl.flock(turn, fcntl.LOCK_UN)
 
 
 def _freeze(process: subprocess.Popen[bytes], url: str) -> None:
@@ -168,3 +181,42 @@ def test_an_older_worker_leaves_a_new_type_to_a_live_newer_one(deploy, tmp_path,
     assert deliver(client, sender, "evt_new_late", "t.new", {"amount": 10}).status_code == 202
     _older_burst(env)
     assert _receipts(app, "t.new")[-1] == ("complete", "ignored:no-handler", None)
+
+
+def _history(app, event_type: str) -> list[tuple[int, str | None]]:  # type: ignore[no-untyped-def]
+    """Return (number, outcome) of every attempt row of a type's receipts, in order."""
+    joined = attempts.join(receipts, (receipts.c.scope_id == attempts.c.scope_id)
+                           & (receipts.c.event_id == attempts.c.event_id))
+    with app.extensions["ledger"].engine.connect() as conn:
+        return [(r.number, r.outcome) for r in conn.execute(
+            select(attempts.c.number, attempts.c.outcome).select_from(joined)
+            .where(receipts.c.event_type == event_type).order_by(attempts.c.number))]
+
+
+def _due(app, event_type: str) -> bool:  # type: ignore[no-untyped-def]
+    """Tell whether every queued job of a type is due (its hand-back's wait has passed)."""
+    now = datetime.now(UTC)
+    with app.extensions["ledger"].engine.connect() as conn:
+        return all(run_at <= now for run_at in conn.execute(
+            select(jobs.c.run_at).where(jobs.c.event_type == event_type)).scalars())
+
+
+def test_handing_a_job_back_again_and_again_leaves_one_attempt_row(deploy, tmp_path, test_env):
+    """An older worker meets a live newer worker's type on every burst: the job's history
+    shows one `handed-off` attempt, not one per hand-back, and no attempt is spent."""
+    app, env = deploy
+    sender = make_sender(app)
+    with _newer_worker(env, tmp_path) as newer:
+        _wait_for(lambda: _published(app), "the newer worker's registration", newer)
+        _freeze(newer, test_env["DATABASE_URL"])  # stopped, still within its heartbeat window
+        assert deliver(app.test_client(), sender, "evt_back", "t.new",
+                       {"amount": 3}).status_code == 202
+        for _ in range(3):
+            _wait_for(lambda: _due(app, "t.new"), "the handed-back job to be due again")
+            _older_burst(env)
+            assert _receipts(app, "t.new") == [("pending", None, 0)]
+            assert _history(app, "t.new") == [(1, "handed-off")]
+        newer.send_signal(signal.SIGCONT)
+        _wait_for(lambda: _receipts(app, "t.new")[0][0] == "complete",
+                  "the newer worker to complete t.new", newer)
+    assert _history(app, "t.new") == [(1, "handed-off"), (2, "complete")]

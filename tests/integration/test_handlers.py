@@ -1,6 +1,8 @@
 """The public handler API on both databases, on the single-job and the batched worker paths.
 
-The fence (a handler cannot commit, roll back, begin or close its transaction),
+The fence (a handler cannot commit, roll back, begin or close its transaction, reach the
+driver's connection or send transaction-control SQL), the one path (process_one, a batch
+of one and a batch of several leave the same receipts and attempts),
 PermanentFailure and RetryAfter, registration from what the configured modules
 import and from entry points, and the hand-off of a type another live worker handles.
 """
@@ -14,11 +16,11 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from app import create_app
 from ledger.clock import FixedClock
-from ledger.db.schema import attempts, failure_members, jobs
+from ledger.db.schema import attempts, failure_members, jobs, receipts
 from ledger.demo.handlers import credit
 from ledger.demo.seed import balance
 from ledger.handlers import Event, FenceViolation, PermanentFailure, RetryAfter
@@ -84,13 +86,22 @@ def _escape(conn, method):
             pass
     elif method == "get_transaction":
         conn.get_transaction().commit()
+    elif method == "connection":  # the driver's connection beneath
+        conn.connection.commit()
+    elif method.startswith("sql:"):
+        conn.exec_driver_sql(method.removeprefix("sql:"))
+    elif method.startswith("text:"):
+        conn.execute(text(method.removeprefix("text:")))
     else:
         getattr(conn, method)()
 
 
 @PATHS
-@pytest.mark.parametrize("method", ["commit", "rollback", "begin", "close", "with",
-                                    "get_transaction", "caught"])
+@pytest.mark.parametrize("method", [
+    "commit", "rollback", "begin", "close", "with", "get_transaction", "caught", "connection",
+    "sql:COMMIT", "text:COMMIT", "text:rollback", "sql:END", "sql:BEGIN", "text:ABORT",
+    "text:SELECT 1; COMMIT", "sql:/* note */ commit", "sql:SAVEPOINT mine",
+    "text:RELEASE SAVEPOINT ledger_job"])
 def test_a_handler_cannot_commit_past_the_fence(fixed_app, batch_size, method):
     app, clock = fixed_app, fixed_app.extensions["ledger"].clock
     sender = make_sender(app)
@@ -111,6 +122,22 @@ def test_a_handler_cannot_commit_past_the_fence(fixed_app, batch_size, method):
     clock.advance(60)
     assert _run(app, {"t.escape": credit}, batch_size) == 1
     assert _state(app, sender, "evt_esc")[:2] == ("complete", "credit:6")
+
+
+@PATHS
+def test_sql_that_only_mentions_a_transaction_word_runs(fixed_app, batch_size):
+    app = fixed_app
+    sender = make_sender(app)
+    send(app, sender, "evt_words", "t.words", {"amount": 2}, expect=202)
+
+    def words(conn, event):
+        said = conn.execute(text("SELECT 'COMMIT; END' -- ROLLBACK")).scalar()
+        credit(conn, event)
+        return f"said:{said}"
+
+    assert _run(app, {"t.words": words}, batch_size) == 1
+    assert _state(app, sender, "evt_words")[:2] == ("complete", "said:COMMIT; END")
+    assert _balance(app, sender) == 2
 
 
 def test_savepoints_inside_the_handler_stay_allowed(fixed_app):
@@ -337,3 +364,85 @@ def test_worker_help_says_how_handlers_are_registered(runner):
     for term in ("LEDGER_HANDLER_MODULES", "replay_ledger.handlers", "exit 2",
                  "ignored:no-handler"):
         assert term in " ".join(result.output.split()), term
+
+
+# --- one path -------------------------------------------------------------------
+
+def _one_of_each(conn, event):
+    """A handler per outcome, chosen by the event's data: the one-path comparison's."""
+    kind = event.payload["data"]["kind"]
+    credit(conn, event)  # written first: only a completion may keep it
+    if kind == "fail":
+        raise RuntimeError("downstream said no")
+    if kind == "permanent":
+        raise PermanentFailure("the account is closed")
+    if kind == "later":
+        raise RetryAfter(30)
+    if kind == "escape":
+        conn.exec_driver_sql("COMMIT")
+    return f"{kind}:{event.attempt}"
+
+
+def _rows_of(app, sender):
+    """Return a scope's receipts, jobs and attempt rows, keyed by event id (no scope, no ids)."""
+    with app.extensions["ledger"].engine.connect() as conn:
+        found = {table.name: sorted(
+            tuple(v for k, v in row._mapping.items()
+                  if k not in ("scope_id", "id", "body_sha256", "lease_token", "leased_by",
+                               "worker_id", "payload"))
+            for row in conn.execute(select(table).where(table.c.scope_id == sender.scope_id)))
+            for table in (receipts, jobs, attempts)}
+    found["balance"] = [_balance(app, sender)]
+    return found
+
+
+def test_process_one_a_batch_of_one_and_a_batch_leave_the_same_rows(fixed_app):
+    """The worker has one path: the same deliveries, run by process_one, by a loop of
+    batches of one and by a batch of 8, end with the same receipts, jobs, attempt rows
+    and effects (each outcome: complete, retry, RetryAfter, PermanentFailure, a fence
+    violation, a hand-back to a live worker, no handler, out of attempts)."""
+    app = fixed_app
+    svc, clock = app.extensions["ledger"], app.extensions["ledger"].clock
+    with svc.engine.begin() as conn:  # a live worker with the handler of t.elsewhere
+        beat(conn, "host-b:7:newer", kind=InstanceKind.WORKER, now=clock.now(),
+             refreshed_at=None, handles=("t.each", "t.elsewhere"))
+    registry = Registry.of({"t.each": _one_of_each})
+    kinds = ("ok", "fail", "permanent", "later", "escape", "ok")
+
+    def deliveries(sender):
+        for n, kind in enumerate(kinds):
+            send(app, sender, f"evt_{n}", "t.each", {"amount": n + 1, "kind": kind}, expect=202)
+        send(app, sender, "evt_away", "t.elsewhere", {"amount": 1}, expect=202)
+        send(app, sender, "evt_none", "t.none", {"amount": 1}, expect=202)
+
+    def by_process_one():
+        worker = Worker(svc, worker_id="w-one", handlers=registry, rng=FixedRandom())
+        while worker.process_one():
+            pass
+
+    def by_batches(size):
+        return lambda: Worker(svc, worker_id=f"w-{size}", handlers=registry, rng=FixedRandom(),
+                              batch_size=size).run(burst=True)
+
+    rows = {}
+    for name, drain in (("process_one", by_process_one), ("batch of one", by_batches(1)),
+                        ("batch of 8", by_batches(8))):
+        sender = make_sender(app, account=f"acct-{len(rows)}")
+        deliveries(sender)
+        for _ in range(4):  # every retry runs out of attempts (LEDGER_MAX_ATTEMPTS=3)
+            drain()
+            clock.advance(600)
+        rows[name] = _rows_of(app, sender)
+        clock.advance(-2400)  # the next path runs at the same times
+    assert rows["process_one"] == rows["batch of one"] == rows["batch of 8"]
+    with svc.engine.connect() as conn:  # and every outcome was met (the last path's rows)
+        ends = {(e, detail["state"], detail["result_ref"]) for e in (
+            "evt_0", "evt_2", "evt_none", "evt_away")
+            if (detail := receipt_detail(conn, sender.scope_id, e))}
+        outcomes = set(conn.execute(select(attempts.c.outcome).where(
+            attempts.c.scope_id == sender.scope_id)).scalars())
+    assert ends == {("evt_0", "complete", "ok:1"), ("evt_2", "failed", None),
+                    ("evt_none", "complete", "ignored:no-handler"),
+                    ("evt_away", "complete", "ignored:no-handler")}
+    assert outcomes >= {"complete", "retry", "failed", "handed-off"}
+    assert rows["process_one"]["balance"] == [1 + 6]  # evt_0 and evt_5 only

@@ -462,7 +462,7 @@ def test_claim_query_can_use_the_due_index(pg_url, tmp_path):
         now = svc.clock.now()
         compiled = CLAIM_SQL.compile(conn)
         params = {"now": now, "leased_until": now, "oldest_window": now, "max_attempts": 8,
-                  "worker_id": "w"}
+                  "worker_id": "w", "batch": 1, "alone_types": "{}"}
         plan = "\n".join(row[0] for row in conn.exec_driver_sql(
             f"EXPLAIN {compiled.string}", compiled.construct_params(params)))
     svc.close()

@@ -205,7 +205,7 @@ def test_a_stale_batch_cannot_complete_a_job_another_worker_leased(fixed_app):
     fresh = Worker(svc, worker_id="w-fresh", handlers=handlers.registry())
     fresh.next_batch = batch.claim(fresh)
     # An expired lease may have been a crash: that job comes alone.
-    assert [leased[0][1].event_id for leased in fresh.next_batch] == ["evt_0"]
+    assert [lease.item.event_id for lease in fresh.next_batch] == ["evt_0"]
     assert batch.process_batch(stale) == 3
     assert "evt_0" not in handlers.runs  # fenced before its handler ran
     assert batch.process_batch(fresh) == 1
@@ -421,7 +421,7 @@ def test_a_job_whose_handler_prepares_is_claimed_alone(test_env):
         worker = Worker(svc, worker_id="w-alone")
         claims = []
         while leased := batch.claim(worker):
-            claims.append(sorted(one[0][1].event_id for one in leased))
+            claims.append(sorted(one.item.event_id for one in leased))
             worker.next_batch = leased
             batch.process_batch(worker)
         assert claims == [["evt_1", "evt_3"], ["evt_2"]]
@@ -451,7 +451,7 @@ def test_a_batch_takes_the_oldest_jobs_scope_first_on_postgresql(test_env):
         worker._stop = threading.Event()  # not stopping: a completion claims the next batch
         claims, leased = [], batch.claim(worker)
         while leased:
-            claims.append(sorted(one[0][1].event_id for one in leased))
+            claims.append(sorted(one.item.event_id for one in leased))
             worker.next_batch = leased
             batch.process_batch(worker)
             leased, worker.next_batch = worker.next_batch, []
@@ -480,7 +480,7 @@ def test_a_batch_names_the_scopes_of_its_jobs_in_one_statement(test_env):
         worker = Worker(svc, worker_id="w-names")
         with captured_sql(svc.engine) as statements:
             leased = batch.claim(worker)
-        assert sorted(scope for _, scope, _ in leased) == sorted(s.scope for s in senders)
+        assert sorted(lease.scope for lease in leased) == sorted(s.scope for s in senders)
         assert len([s for s in statements if " from integrations" in s]) == 1, statements
         worker.next_batch = leased
         batch.process_batch(worker)
