@@ -260,10 +260,12 @@ def purge(engine: Engine, settings: Settings, clock: Clock, *, dry_run: bool = F
         expire_bookkeeping(engine, settings, cutoff)
     from .retention_preview import (  # it imports this module
         drop_expired_forensic_bodies,
+        drop_expired_sender_tokens,
         drop_old_requeue_members,
     )
 
     bodies += drop_expired_forensic_bodies(engine, now, batch_size)
+    PURGED_ROWS.labels("sender_tokens").inc(drop_expired_sender_tokens(engine, now, batch_size))
     drop_old_requeue_members(engine, cutoff)
     result = PurgeResult(expired_receipts=expired, payloads_dropped=dropped, dry_run=False)
     if actor is not None and (expired or dropped):

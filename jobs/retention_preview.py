@@ -23,6 +23,7 @@ from ledger.db.schema import (
     receipts,
     requeue_members,
     scheduler_runs,
+    sender_tokens,
 )
 from ledger.reads.receipts import scope_names
 from ledger.scheduling.runner import default_jobs, period_start
@@ -136,6 +137,21 @@ def drop_expired_forensic_bodies(engine: Engine, now: datetime, batch_size: int)
                   .where(conflict_bodies.c.expires_at < now).limit(batch_size))
         with engine.begin() as conn:
             count = int(conn.execute(delete(conflict_bodies).where(key.in_(picked))).rowcount)
+        total += count
+        if count < batch_size:
+            return total
+
+
+def drop_expired_sender_tokens(engine: Engine, now: datetime, batch_size: int) -> int:
+    """Forget the senders' signature tokens whose signed timestamp has left the freshness
+    window (a signature that old is refused as stale anyway); return how many."""
+    total = 0
+    key = tuple_(sender_tokens.c.scope_id, sender_tokens.c.token)
+    while True:
+        picked = (select(sender_tokens.c.scope_id, sender_tokens.c.token)
+                  .where(sender_tokens.c.expires_at < now).limit(batch_size))
+        with engine.begin() as conn:
+            count = int(conn.execute(delete(sender_tokens).where(key.in_(picked))).rowcount)
         total += count
         if count < batch_size:
             return total
