@@ -26,7 +26,7 @@ from bench.loadgen import presign, stripe_request
 
 VAR = benv.ROOT / "var"
 STRIPE_SECRET = "whsec_" + "YmVuY2hTdHJpcGVTZWNyZXRGb3JBZ2FpbnN0"
-ROUNDS = 3  # ABBA rounds: every round loads each tree twice
+ROUNDS = 3  # ABBA rounds by default: every round loads each tree twice
 
 # Run by each tree's own interpreter in its own checkout: migrate the database with that
 # tree's migrations and create the Stripe integration the load signs for; print its public

@@ -79,7 +79,8 @@ def intake_figures(r: dict[str, Any]) -> list[Figure]:
 
 def against_figures(r: dict[str, Any]) -> list[Figure]:
     """This tree's intake against another tree's, same run: met within the pairs' noise."""
-    other = f"the tree at {r['ref']} ({r['sha'][:7]}), same run"
+    ref = r["ref"] if r["sha"].startswith(r["ref"]) else f"{r['ref']} ({r['sha'][:7]})"
+    other = f"the tree at {ref}, same run"
     pairs = r["pair_ratios"]
     rate = at_least("accepted/s vs another tree", r["current_accepted_per_s"], "/s", other,
                     r["against_accepted_per_s"], 1.0,
@@ -90,9 +91,13 @@ def against_figures(r: dict[str, Any]) -> list[Figure]:
                   r["against_p99_ms"], 1.0,
                   f"per pair of runs {', '.join(f'{x:.2f}' for x in pairs['p99'])};"
                   f" noise (2 standard errors) {r['p99_noise']:.2f}")
+    cpu_note = (f"cores {(r.get('current_cpu') or {}).get('idle_share', 0):.0%} idle under this"
+                f" tree, {(r.get('against_cpu') or {}).get('idle_share', 0):.0%} under the other")
     return [replace(rate, target=">= 1.0x within noise",
                     met=rate.ratio + r["accepted_noise"] >= 1.0),
-            replace(p99, target="<= 1.0x within noise", met=p99.ratio - r["p99_noise"] <= 1.0)]
+            replace(p99, target="<= 1.0x within noise", met=p99.ratio - r["p99_noise"] <= 1.0),
+            shown("web CPU per delivery vs another tree", _cpu(r, "current"), "ms", other,
+                  _cpu(r, "against"), cpu_note)]
 
 
 def sqlite_figures(r: dict[str, Any]) -> list[Figure]:
@@ -198,7 +203,8 @@ def plan(e: benv.BenchEnv, args: argparse.Namespace
          ) -> dict[str, tuple[Callable[[], dict[str, Any]], Callable[[dict], list[Figure]]]]:
     """Return each measure: how to run it and how to read its figures."""
     return {
-        "intake": ((lambda: against.measure(e, args.against, args.seconds), against_figures)
+        "intake": ((lambda: against.measure(e, args.against, args.seconds,
+                                            args.against_rounds), against_figures)
                    if args.against else
                    (lambda: intake.measure_pg(e, args.seconds), intake_figures)),
         "sqlite": (lambda: intake.measure_sqlite(e, args.seconds), sqlite_figures),
@@ -263,6 +269,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--against", metavar="GIT_REF", default=None,
                         help='"intake": load this tree and GIT_REF (checked out and installed'
                         " under var/) in turn instead of the thin baselines")
+    parser.add_argument("--against-rounds", type=int, default=against.ROUNDS,
+                        help="--against: ABBA rounds (each loads both trees twice)")
     args = parser.parse_args(argv)
     unknown = set(args.only) - set(MEASURES)
     if unknown:
