@@ -17,6 +17,7 @@ import random
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,16 +66,29 @@ def raw_request(path: str, secret: str, event_id: str, body: bytes, timestamp: i
     return head.encode() + body
 
 
+def stripe_request(path: str, secret: str, event_id: str, body: bytes, timestamp: int) -> bytes:
+    """Return one raw HTTP/1.1 request signed the Stripe way: `Stripe-Signature: t=…,v1=…`,
+    HMAC-SHA256 hex of `{t}.{body}` under the whole `whsec_…` string (the id is the body's)."""
+    signed = f"{timestamp}.".encode() + body
+    signature = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nStripe-Signature: t={timestamp},v1={signature}"
+            "\r\n\r\n")
+    return head.encode() + body
+
+
 def presign(prefix: Path, *, path: str, secret: str, per_thread: int, threads: int,
-            tag: str, seed: int = 8) -> None:
-    """Write `threads` files of `per_thread` signed deliveries with fresh event ids."""
+            tag: str, seed: int = 8,
+            sign: Callable[[str, str, str, bytes, int], bytes] = raw_request) -> None:
+    """Write `threads` files of `per_thread` deliveries with fresh event ids, each signed by
+    `sign` (Standard Webhooks by default)."""
     rng = random.Random(f"{seed}:{tag}")
     now = int(time.time())
     for thread in range(threads):
         with open(f"{prefix}.{thread}", "wb") as out:
             for _ in range(per_thread):
                 event_id = "evt_" + "".join(rng.choices(BASE62, k=24))
-                request = raw_request(path, secret, event_id, body_for(event_id, rng), now)
+                request = sign(path, secret, event_id, body_for(event_id, rng), now)
                 out.write(f"{len(request)}\n".encode() + request)
 
 

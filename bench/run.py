@@ -4,6 +4,7 @@
     python -m bench.run --only scale --scale 10m     # purge and pages at 10M receipts
     python -m bench.run --only sweep                 # the web defaults against other shapes
     python -m bench.run --only async                 # the experimental async intake
+    python -m bench.run --only intake --against REF  # this tree's intake against REF's
 
 Prints a Markdown table (each row met or missed, with what this run measured) and writes
 one record per measure to bench/results/<measure>.json. Bench databases (`ledger_bench_*`)
@@ -25,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import big, cli_start, destination_bench, intake, report, scale, worker_bench
+from bench import against, big, cli_start, destination_bench, intake, report, scale, worker_bench
 from bench import env as benv
 from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed, shown
@@ -122,6 +123,29 @@ def async_figures(r: dict[str, Any]) -> list[Figure]:
               "new events, interleaved", dup_ours["new_accepted_per_s"],
               f"{dup_ours['dup_new_receipts']} receipts created by the duplicate runs"),
     ]
+
+
+def against_figures(r: dict[str, Any]) -> list[Figure]:
+    """This tree's intake against another tree's, same run: met within the pairs' noise."""
+    ref = r["ref"] if r["sha"].startswith(r["ref"]) else f"{r['ref']} ({r['sha'][:7]})"
+    other = f"the tree at {ref}, same run"
+    pairs = r["pair_ratios"]
+    rate = at_least("accepted/s vs another tree", r["current_accepted_per_s"], "/s", other,
+                    r["against_accepted_per_s"], 1.0,
+                    f"per pair of runs {', '.join(f'{x:.2f}' for x in pairs['accepted'])};"
+                    f" noise (2 standard errors) {r['accepted_noise']:.2f}; errors"
+                    f" {r['current_errors']} vs {r['against_errors']}")
+    p99 = at_most("p99 vs another tree", r["current_p99_ms"], "ms", other,
+                  r["against_p99_ms"], 1.0,
+                  f"per pair of runs {', '.join(f'{x:.2f}' for x in pairs['p99'])};"
+                  f" noise (2 standard errors) {r['p99_noise']:.2f}")
+    cpu_note = (f"cores {(r.get('current_cpu') or {}).get('idle_share', 0):.0%} idle under this"
+                f" tree, {(r.get('against_cpu') or {}).get('idle_share', 0):.0%} under the other")
+    return [replace(rate, target=">= 1.0x within noise",
+                    met=rate.ratio + r["accepted_noise"] >= 1.0),
+            replace(p99, target="<= 1.0x within noise", met=p99.ratio - r["p99_noise"] <= 1.0),
+            shown("web CPU per delivery vs another tree", _cpu(r, "current"), "ms", other,
+                  _cpu(r, "against"), cpu_note)]
 
 
 def sqlite_figures(r: dict[str, Any]) -> list[Figure]:
@@ -227,7 +251,10 @@ def plan(e: benv.BenchEnv, args: argparse.Namespace
          ) -> dict[str, tuple[Callable[[], dict[str, Any]], Callable[[dict], list[Figure]]]]:
     """Return each measure: how to run it and how to read its figures."""
     return {
-        "intake": (lambda: intake.measure_pg(e, args.seconds), intake_figures),
+        "intake": ((lambda: against.measure(e, args.against, args.seconds,
+                                            args.against_rounds), against_figures)
+                   if args.against else
+                   (lambda: intake.measure_pg(e, args.seconds), intake_figures)),
         "sqlite": (lambda: intake.measure_sqlite(e, args.seconds), sqlite_figures),
         "worker": (lambda: worker_bench.measure(e, args.seconds), worker_figures),
         "destinations": (lambda: destination_bench.measure(e, args.seconds),
@@ -259,7 +286,8 @@ def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> list[Figure]:
             traceback.print_exc()
             found = [failed(name, f"{type(error).__name__}: {error}")]
         figures += found
-        record = name if name != "scale" else f"scale-{args.scale}"
+        record = {"scale": f"scale-{args.scale}",
+                  "intake": "intake-against" if args.against else "intake"}.get(name, name)
         report.write(record, found, result, round(time.perf_counter() - started, 1))
     return figures
 
@@ -290,6 +318,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help='"async": rounds of the four sides, each in turn then reversed')
     parser.add_argument("--shapes", type=lambda s: s.split(","), default=None,
                         help='"sweep": only these of intake.SWEEP (default all)')
+    parser.add_argument("--against", metavar="GIT_REF", default=None,
+                        help='"intake": load this tree and GIT_REF (checked out and installed'
+                        " under var/) in turn instead of the thin baselines")
+    parser.add_argument("--against-rounds", type=int, default=against.ROUNDS,
+                        help="--against: ABBA rounds (each loads both trees twice)")
     args = parser.parse_args(argv)
     unknown = set(args.only) - set(MEASURES)
     if unknown:

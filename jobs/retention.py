@@ -33,10 +33,15 @@ from ledger.config import Settings
 from ledger.db import citus
 from ledger.errors import LedgerError
 from ledger.logs import get_logger
+from ledger.metrics import PURGED_ROWS
 
 from . import retention_scoped as scoped
 from .retention_batching import Pacer
-from .retention_bookkeeping import drop_old_requeue_members, expire_bookkeeping
+from .retention_bookkeeping import (
+    drop_expired_sender_tokens,
+    drop_old_requeue_members,
+    expire_bookkeeping,
+)
 from .retention_payloads import (
     count_expired_payloads,
     drop_expired_forensic_bodies,
@@ -107,6 +112,7 @@ def purge(engine: Engine, settings: Settings, clock: Clock, *, dry_run: bool = F
         expired = expire_receipts(engine, settings, cutoff, batch_size, on_batch, pacer)
         expire_bookkeeping(engine, settings, cutoff)
     bodies += drop_expired_forensic_bodies(engine, now, batch_size)
+    PURGED_ROWS.labels("sender_tokens").inc(drop_expired_sender_tokens(engine, now, batch_size))
     drop_old_requeue_members(engine, cutoff)
     result = PurgeResult(expired_receipts=expired, payloads_dropped=dropped, dry_run=False)
     if actor is not None and (expired or dropped):

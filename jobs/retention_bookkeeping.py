@@ -1,8 +1,8 @@
 """Drop the ledger's bookkeeping older than retention.
 
 Scheduler run records, resolved findings, conflicts whose original receipt is
-gone, and the members of old bulk requeues: none is a receipt, and each would
-otherwise grow without end.
+gone, the members of old bulk requeues and senders' used signature tokens: none is
+a receipt, and each would otherwise grow without end.
 """
 
 from __future__ import annotations
@@ -11,10 +11,17 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, select
+from sqlalchemy import Connection, Engine, delete, select, tuple_
 
 from ledger.config import Settings
-from ledger.db.schema import conflicts, findings, receipts, requeue_members, scheduler_runs
+from ledger.db.schema import (
+    conflicts,
+    findings,
+    receipts,
+    requeue_members,
+    scheduler_runs,
+    sender_tokens,
+)
 from ledger.metrics import PURGED_ROWS
 
 from . import retention_scoped as scoped
@@ -57,3 +64,18 @@ def drop_old_requeue_members(engine: Engine, cutoff: datetime) -> int:
     with engine.begin() as conn:
         return int(conn.execute(delete(requeue_members)
                                 .where(requeue_members.c.requeued_at < cutoff)).rowcount)
+
+
+def drop_expired_sender_tokens(engine: Engine, now: datetime, batch_size: int) -> int:
+    """Forget the senders' signature tokens whose signed timestamp has left the freshness
+    window (a signature that old is refused as stale anyway); return how many."""
+    total = 0
+    key = tuple_(sender_tokens.c.scope_id, sender_tokens.c.token)
+    while True:
+        picked = (select(sender_tokens.c.scope_id, sender_tokens.c.token)
+                  .where(sender_tokens.c.expires_at < now).limit(batch_size))
+        with engine.begin() as conn:
+            count = int(conn.execute(delete(sender_tokens).where(key.in_(picked))).rowcount)
+        total += count
+        if count < batch_size:
+            return total

@@ -26,7 +26,7 @@ from ledger.errors import LedgerError
 
 # Distributed by scope_id, co-located with the first.
 DISTRIBUTED = ("receipts", "jobs", "attempts", "conflicts", "unsigned_bodies", "demo_balances",
-               "failure_members", "failure_group_scopes", "conflict_bodies")
+               "failure_members", "failure_group_scopes", "conflict_bodies", "sender_tokens")
 # Everything else is small, read by every node (integrations, credentials) or written
 # rarely (operators, audit, scheduler bookkeeping, rollups): a reference table.
 REFERENCE = tuple(sorted(name for name in metadata.tables if name not in DISTRIBUTED))

@@ -203,6 +203,20 @@ unsigned_bodies = Table(
     Column("accepted_at", UTCDateTime, nullable=False),
 )
 
+# The signature tokens of a sender whose signature covers a token, not the event (Mailgun),
+# each with the event it carried, kept until its signed timestamp leaves the freshness
+# window (`expires_at`): the token under another event is refused, not accepted.
+sender_tokens = Table(
+    "sender_tokens",
+    metadata,
+    Column("scope_id", Integer, primary_key=True),
+    Column("token", Text, primary_key=True),
+    Column("event_id", Text, nullable=False),
+    Column("body_sha256", LargeBinary(32), nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+)
+Index("ix_sender_tokens_expires", sender_tokens.c.expires_at)
+
 # conflicts and attempts: primary key (id, scope_id) on PostgreSQL, so that Citus can
 # distribute them by scope (migration 0005); on SQLite `id` alone stays the INTEGER
 # PRIMARY KEY that SQLite numbers itself (Alembic's comparison ignores primary keys).

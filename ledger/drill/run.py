@@ -38,6 +38,7 @@ from ledger.db.schema import (
     receipts,
     scope_counts,
     scope_totals,
+    sender_tokens,
     unsigned_bodies,
 )
 from ledger.domain import ReceiptState
@@ -58,8 +59,8 @@ if TYPE_CHECKING:
 
 POLL_SECONDS = 0.2
 # Tables keyed by scope id that a sandbox integration can leave rows in.
-SCOPED_TABLES = (receipts, jobs, attempts, conflicts, unsigned_bodies, demo_balances,
-                 scope_counts, scope_totals, hourly_series, hourly_refusals,
+SCOPED_TABLES = (receipts, jobs, attempts, conflicts, unsigned_bodies, sender_tokens,
+                 demo_balances, scope_counts, scope_totals, hourly_series, hourly_refusals,
                  hourly_latency)
 
 

@@ -8,7 +8,8 @@ written before the claim transaction, and the answer exists only after commit.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -27,6 +28,7 @@ from ledger.ids import EVENT_ID, EVENT_TYPE
 from ledger.intake.credential_view import CredentialView, IntegrationAuth, KeyMaterial
 from ledger.intake.signatures import HeaderMap, SenderProfile, profile_for
 from ledger.intake.signatures._common import received_content_type
+from ledger.intake.signatures.base import Verified
 from ledger.intake.signatures.fields import DIGEST_ID, digest_id
 from ledger.intake.signatures.profile import FORM, JSON, JSON_ARRAY
 from ledger.intake.store import (
@@ -34,6 +36,7 @@ from ledger.intake.store import (
     NewEvent,
     RecordedOutcome,
     claim_receipt,
+    claim_sender_token,
     claim_unsigned_body,
     enqueue_job,
     original_of_body,
@@ -90,15 +93,20 @@ class Intake:
         profile = profile_for(integration)
         now = self._clock.now()
         try:
-            key = self._authenticate_fresh(auth, profile, headers, body)
+            key, verified = self._authenticate_fresh(auth, profile, headers, body)
         except AuthenticationFailed as failure:
             if failure.key_id is not None:  # signed by a known key: its event id is a fact
                 failure.event_id = self._signed_event_id(profile, headers, body)
             raise
         try:
-            return self._accept_authenticated(auth, profile, key, headers, body, now)
+            return self._accept_authenticated(auth, profile, key, headers, body, now, verified)
         except InvalidEvent as invalid:
             invalid.key_id = key.key_id  # a signed body that is refused: the log names its key
+            raise
+        except AuthenticationFailed as failure:
+            # A signature token another event used (Mailgun): the key signed the token, not
+            # this event, so the log names the key but not the event id the body claims.
+            failure.key_id = key.key_id
             raise
 
     def _signed_event_id(self, profile: SenderProfile, headers: HeaderMap,
@@ -124,7 +132,7 @@ class Intake:
 
     def _accept_authenticated(self, auth: IntegrationAuth, profile: SenderProfile,
                               key: KeyMaterial, headers: HeaderMap, body: bytes,
-                              now: Any) -> IntakeAnswer:
+                              now: Any, verified: Verified | None = None) -> IntakeAnswer:
         """Answer an authenticated delivery: a handshake, a batch, or one event."""
         integration = auth.integration
         body_format, payload = self._payload(profile, headers, body)
@@ -145,6 +153,12 @@ class Intake:
             return self._accept_batch(auth, profile, key, headers, events, now)
         event = self._new_event(integration.id, profile, headers, payload, body, now,
                                 form=body_format == FORM, received=True)
+        if verified is not None and verified.token is not None and verified.timestamp is not None:
+            # The token is refused under another event until its signed timestamp leaves
+            # the freshness window; after that the signature itself is stale.
+            expires = datetime.fromtimestamp(
+                verified.timestamp + integration.tolerance_seconds, UTC)
+            event = replace(event, token=verified.token, token_expires_at=expires)
         with storage_guard():
             answer = self._claim(event, id_is_signed=profile.id_is_signed)
         return IntakeAnswer(status=answer[0], body=answer[1], scope=integration.scope,
@@ -212,10 +226,10 @@ class Intake:
                             key_id=key.key_id, text=profile.success_body)
 
     def _authenticate_fresh(self, auth: IntegrationAuth, profile: SenderProfile,
-                            headers: HeaderMap, body: bytes) -> KeyMaterial:
+                            headers: HeaderMap, body: bytes) -> tuple[KeyMaterial, Verified]:
         """Authenticate; when no cached key matched, re-read the keys once and try again.
 
-        Returns the live credential that signed.
+        Returns the live credential that signed, and what the signature verified.
         """
         try:
             return self._authenticate(auth, profile, headers, body)
@@ -232,7 +246,7 @@ class Intake:
             return self._authenticate(fresh, profile, headers, body)
 
     def _authenticate(self, auth: IntegrationAuth, profile: SenderProfile, headers: HeaderMap,
-                      body: bytes) -> KeyMaterial:
+                      body: bytes) -> tuple[KeyMaterial, Verified]:
         """Verify against live keys and return the one that matched; name a dead one."""
         now = self._clock.now()
         tolerance = auth.integration.tolerance_seconds
@@ -259,13 +273,13 @@ class Intake:
                 raise AuthenticationFailed(failure.reason,
                                            key_id=live[signer.secret_index].key_id) from None
             raise
-        return live[verified.secret_index]
+        return live[verified.secret_index], verified
 
     def _claim(self, event: NewEvent, *, id_is_signed: bool) -> tuple[int, dict[str, Any]]:
         """Claim the event id in one transaction; answer from the ledger if it is taken."""
         for _ in range(3):
             try:
-                if id_is_signed:
+                if id_is_signed and event.token is None:
                     claimed, existing = self._driver_claim.claim(event)
                 else:
                     with self._engine.begin() as conn:
@@ -312,8 +326,11 @@ def _claim_unsigned(conn: Connection, event: NewEvent) -> tuple[bool, RecordedOu
     """Claim an unsigned id (GitHub) with its work item, or return the outcome recorded under it.
 
     Raises _ReplayedBody (rolling the claim back) when the body was accepted
-    before under another id.
+    before under another id, and AuthenticationFailed (rolling back: nothing is
+    written) when the signature's token carried another event (claim_sender_token).
     """
+    if event.token is not None and not claim_sender_token(conn, event):
+        raise AuthenticationFailed("replayed_token")
     if not claim_receipt(conn, event):
         return False, recorded_outcome(conn, event.scope_id, event.event_id)
     if not claim_unsigned_body(conn, event):

@@ -19,9 +19,17 @@ from sqlalchemy.dialects import postgresql, sqlite
 from ledger.db import citus
 from ledger.db.driver import DriverStatement, run_pooled, time_to_driver
 from ledger.db.engine import conflict_insert, driver_error
-from ledger.db.schema import UTCDateTime, conflicts, jobs, receipts, unsigned_bodies
+from ledger.db.schema import (
+    UTCDateTime,
+    conflicts,
+    jobs,
+    receipts,
+    sender_tokens,
+    unsigned_bodies,
+)
 from ledger.db.writer_turns import writer_turns
 from ledger.domain import ConflictKind, JobStatus, ReceiptState
+from ledger.errors import StorageUnavailable
 from ledger.intake.group_commit import Failed, GroupCommit
 from ledger.metrics import SQLITE_CLAIMS_PER_COMMIT
 
@@ -38,6 +46,10 @@ class NewEvent:
     accepted_at: datetime
     content_type: str | None = None  # as received (ledger.intake.signatures._common)
     raw_body: str | None = None  # a form's body as received; `payload` holds its fields
+    # A signature's one-time token (Mailgun) and when its signed timestamp leaves the
+    # freshness window: claimed with the event (claim_sender_token).
+    token: str | None = None
+    token_expires_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +77,9 @@ def _statements(dialect: Any) -> dict[str, Any]:
         "unsigned": dialect.insert(unsigned_bodies)
         .on_conflict_do_nothing(index_elements=["scope_id", "body_sha256"])
         .returning(unsigned_bodies.c.scope_id),
+        "token": dialect.insert(sender_tokens)
+        .on_conflict_do_nothing(index_elements=["scope_id", "token"])
+        .returning(sender_tokens.c.scope_id),
     }
 
 
@@ -314,6 +329,28 @@ def claim_unsigned_body(conn: Connection, event: NewEvent) -> bool:
     row = {"scope_id": event.scope_id, "body_sha256": event.body_sha256,
            "event_id": event.event_id, "accepted_at": event.accepted_at}
     return conn.execute(_statement(conn, "unsigned"), row).first() is not None
+
+
+def claim_sender_token(conn: Connection, event: NewEvent) -> bool:
+    """Record the event's signature token; False when another event (another id, or another
+    body under the id) used it first. The same event with its token again is a retry: True.
+
+    On PostgreSQL a concurrent claim of the token waits for the first one's transaction,
+    then sees its row (or, if it rolled back, claims the token itself).
+    """
+    row = {"scope_id": event.scope_id, "token": event.token, "event_id": event.event_id,
+           "body_sha256": event.body_sha256, "expires_at": event.token_expires_at}
+    for _ in range(3):
+        if conn.execute(_statement(conn, "token"), row).first() is not None:
+            return True
+        used = conn.execute(
+            select(sender_tokens.c.event_id, sender_tokens.c.body_sha256).where(
+                sender_tokens.c.scope_id == event.scope_id,
+                sender_tokens.c.token == event.token)).first()
+        if used is not None:
+            return used.event_id == event.event_id and bytes(used.body_sha256) == (
+                event.body_sha256)
+    raise StorageUnavailable("a signature token's record changed under this delivery")
 
 
 def original_of_body(conn: Connection, scope_id: int, body_sha256: bytes) -> str | None:

@@ -30,7 +30,7 @@ from tests.dashboard_helpers import add_receipt
 from tests.helpers import deliver, event_body, make_sender, signed_headers
 
 LEDGER_TABLES = ("receipts", "jobs", "conflicts", "unsigned_bodies", "attempts",
-                 "demo_balances")
+                 "demo_balances", "sender_tokens")
 TABLE = re.compile(r"\b(?:from|into|update|join)\s+(" + "|".join(LEDGER_TABLES) + r")\b")
 TABLE_REFERENCE = re.compile(r"\b(from|into|update|join)\s+(" + "|".join(LEDGER_TABLES) + r")\b")
 INSERT_COLUMNS = re.compile(r"\binsert into (\w+) \(([^)]*)\)")
@@ -109,6 +109,7 @@ def test_every_intake_statement_is_keyed_by_scope(app, client):
     """Accepted, duplicate, conflicting and replayed-body deliveries touch one scope only."""
     stripe = make_sender(app)
     github = make_sender(app, name="gh", profile="github")
+    mailgun = make_sender(app, name="mg", profile="mailgun")
     engine = app.extensions["ledger"].engine
     deliver(client, stripe, "evt_warm")  # the credential view is cached before capture
     deliver(client, github, "d-warm", "push.opened", {"warm": True})
@@ -122,11 +123,12 @@ def test_every_intake_statement_is_keyed_by_scope(app, client):
         replay = client.post(f"/hooks/{github.public_id}", data=body, headers=signed_headers(
             github, body, "d-2", "push.opened"))
         assert replay.status_code == 202 and replay.get_json()["event_id"] == "d-1"
+        assert deliver(client, mailgun, "mg-1").status_code == 202  # its token is kept
     # The signed-id claim runs on the driver connection, unseen by engine events.
     driver = [" ".join(s.split()).lower() for s in DriverClaim(engine).statements]
     touched = ledger_statements(statements) + driver
     tables = {TABLE.search(s).group(1) for s in touched}
-    assert {"receipts", "jobs", "conflicts", "unsigned_bodies"} <= tables
+    assert {"receipts", "jobs", "conflicts", "unsigned_bodies", "sender_tokens"} <= tables
     unkeyed = [s for s in touched if not keyed_by_scope(s)]
     assert unkeyed == []
 

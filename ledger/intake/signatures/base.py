@@ -20,6 +20,9 @@ class Verified:
 
     secret_index: int
     timestamp: int | None
+    # The signed one-time token of a scheme whose signature covers a token, not the event
+    # (Mailgun): the intake refuses it under another event within the freshness window.
+    token: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

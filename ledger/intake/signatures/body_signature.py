@@ -2,9 +2,11 @@
 
 `{"signature": {"timestamp", "token", "signature"}, "event-data": {...}}`: the hex
 HMAC-SHA256 of `{timestamp}{token}` under the webhook signing key. The event itself
-(`event-data`) is NOT covered: a captured signature object can be pasted onto another
+(`event-data`) is NOT covered: a captured signature object could be pasted onto another
 body. The ledger checks freshness, treats the event id as unsigned (the body-digest
-guard applies), and says so in docs/senders/mailgun.md.
+guard applies) and returns the token: the intake keeps each token with the event it
+carried for the freshness window and refuses it under another (Mailgun's own advice:
+cache the token, honour no second request with it); docs/senders/mailgun.md.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class BodySignature:
         index = common.match_secret(secrets, common.utf8_key,
                                     (raw_timestamp + token).encode(), [digest])
         common.check_freshness(timestamp, now=now, tolerance=tolerance)
-        return Verified(secret_index=index, timestamp=timestamp)
+        return Verified(secret_index=index, timestamp=timestamp, token=token)
 
     def _fields(self, body: bytes) -> tuple[str, str, str]:
         """Return the timestamp, token and signature strings, or raise missing_signature."""

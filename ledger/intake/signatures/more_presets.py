@@ -157,12 +157,14 @@ TYPEFORM = SenderProfile(
 # Mailgun (documentation.mailgun.com "Securing webhooks"): the body carries
 # `signature: {timestamp, token, signature}`, hex HMAC-SHA256 of `{timestamp}{token}`
 # under the webhook signing key. The event (`event-data`) is not signed: its id is
-# treated as unsigned, so the body-digest guard applies.
+# treated as unsigned, so the body-digest guard applies, and each token is kept with the
+# event it carried for the freshness window (as Mailgun advises): under another event, 401.
 MAILGUN = SenderProfile(
     name="mailgun", scheme=BodySignature(),
     event_id=BodyPath.of("event-data.id"), event_type=BodyPath.of("event-data.event"),
     id_is_signed=False,
-    covers="{signature.timestamp}{signature.token} only: NOT the event (event-data)",
+    covers="{signature.timestamp}{signature.token} only: NOT the event (event-data); a"
+           " token already used by another event within the freshness window is refused",
     example=lambda i, t, data: {"event-data": {"recipient": "alice@example.com", **data}},
 )
 
