@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -251,7 +251,8 @@ class Lease:
 
     def named(self, scope: str) -> Lease:
         """Return the lease with its scope's name."""
-        return replace(self, scope=scope)
+        # Built directly: dataclasses.replace costs several times as much, once per item.
+        return Lease(due=self.due, item=self.item, claimed_at=self.claimed_at, scope=scope)
 
     @classmethod
     def from_row(cls, conn: Connection, row: Any, request: ClaimRequest) -> Lease | None:
