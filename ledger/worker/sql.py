@@ -1,7 +1,7 @@
 """PostgreSQL's hot worker statements: one claim, one hold, one completion for N work items.
 
-A worker claims up to N work items in one statement (`CLAIM_SQL`; N = 1 is the
-single-item case, the same statement), locks the ones still leased to it
+A worker claims up to N work items in one statement (`CLAIM_SQL`; for N = 1,
+`CLAIM_ONE_SQL`, the same template without its grouping steps), locks the ones still leased to it
 (`HOLD_SQL`) when it must, and completes them in one statement at the end of
 their transaction (`COMPLETE_SQL`, or `COMPLETE_AND_CLAIM_SQL` inside a worker's
 loop, which claims the next ones too). `ledger.worker.store` uses them and runs
@@ -39,7 +39,7 @@ _CLAIM_RESULT = (
     column("lease_token", BigInteger), column("payload", Text), column("number", Integer),
     column("receipt_accepted_at", UTCDateTime))
 
-# The claim: up to :batch work items at once (1: the single-item case), each with
+# The claim: up to :batch work items at once, each with
 # its own fencing token, lease, counted attempt and attempt row, all with the same
 # lease end. A work item that may not start (out of attempts or too old: the worker
 # ends it with fail_unstarted) or whose receipt is gone is returned uncounted.

@@ -1,7 +1,8 @@
 """Every SQL statement of the worker. Functions take `conn` and never commit.
 
 One claim, one hold and one completion serve every worker, for N work items at
-once (N = 1 is the single-item case, the same functions and statements):
+once (N = 1 is the single-item case: the same functions, and statements built from
+the same templates without the steps one item does not need):
 `claim_work` leases up to N due work items (rows of the `jobs` table), each with
 its own fencing token, lease, counted attempt and attempt row; `hold_work` locks
 the ones whose token is still ours before a failure or several handlers run;
