@@ -202,9 +202,30 @@ mine AS ({mine}
 )"""
 
 
+# One item's completion names its key in every part, as a distributed ledger needs to
+# route it to one shard: the same CTEs with each join on `mine` spelled as the item's key.
+_KEYED_ONE = (
+    ("WHERE j.scope_id = mine.sid AND j.event_id = mine.eid AND j.lease_token = mine.token",
+     "WHERE j.scope_id = :sid AND j.event_id = :eid AND j.lease_token = :token"),
+    ("WHERE r.scope_id = gone.scope_id AND r.event_id = gone.event_id",
+     "WHERE r.scope_id = :sid AND r.event_id = :eid"),
+    ("WHERE a.scope_id = gone.scope_id AND a.event_id = gone.event_id",
+     "WHERE a.scope_id = :sid AND a.event_id = :eid"),
+)
+
+
+def _completion(*, one: bool) -> str:
+    """Return the completion's CTEs for several items, or keyed by one item's key."""
+    ctes = _COMPLETE_CTES.replace("{mine}", _MINE_ONE if one else _MINE_MANY)
+    for joined, keyed in _KEYED_ONE if one else ():
+        assert joined in ctes
+        ctes = ctes.replace(joined, keyed)
+    return ctes
+
+
 def _complete(*, one: bool) -> TextualSelect:
     return text(
-        "WITH" + _COMPLETE_CTES.replace("{mine}", _MINE_ONE if one else _MINE_MANY)
+        "WITH" + _completion(one=one)
         + "\nSELECT count(*) AS held FROM gone"
     ).bindparams(bindparam("now", type_=UTCDateTime)).columns(column("held", Integer))
 
@@ -229,7 +250,7 @@ _NOT_MINE = ("\n      AND NOT EXISTS (SELECT FROM mine"
 
 def _complete_and_claim(*, one_done: bool, one_next: bool) -> TextualSelect:
     return text(
-        "WITH" + _COMPLETE_CTES.replace("{mine}", _MINE_ONE if one_done else _MINE_MANY)
+        "WITH" + _completion(one=one_done)
         + "," + _claim_ctes(one=one_next, due=_NOT_MINE) + _NEXT
     ).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
         column("held", Integer), *_CLAIM_RESULT)
