@@ -119,13 +119,14 @@ def process_batch(worker: Worker, size: int | None = None) -> int:
     if not leased:
         return 0
     entries = []
-    for lease in sorted(leased, key=lambda one: one.key):
+    for lease in (sorted(leased, key=lambda one: one.key) if len(leased) > 1 else leased):
         item = worker.start_attempt(lease)
         if item is not None:
             entries.append(Entry(item=item, scope=lease.scope,
                                  spec=worker.registry.get(item.event_type)))
     if entries:
-        _route(worker, entries)
+        if any(entry.spec is None for entry in entries):
+            _route(worker, entries)
         worker.attempt_started = time.perf_counter()
         # Destinations' requests of the round go out together (the only prepare steps a
         # round can hold several of: a Python handler's prepare is claimed alone).

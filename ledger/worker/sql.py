@@ -1,7 +1,7 @@
 """PostgreSQL's hot worker statements: one claim, one hold, one completion for N work items.
 
-A worker claims up to N work items in one statement (`CLAIM_SQL`; N = 1 is the
-single-item case, the same statement), locks the ones still leased to it
+A worker claims up to N work items in one statement (`CLAIM_SQL`; for N = 1,
+`CLAIM_ONE_SQL`, the same template without its grouping steps), locks the ones still leased to it
 (`HOLD_SQL`) when it must, and completes them in one statement at the end of
 their transaction (`COMPLETE_SQL`, or `COMPLETE_AND_CLAIM_SQL` inside a worker's
 loop, which claims the next ones too). `ledger.worker.store` uses them and runs
@@ -17,6 +17,7 @@ from sqlalchemy import (
     BigInteger,
     Integer,
     Text,
+    TextualSelect,
     bindparam,
     column,
     text,
@@ -38,7 +39,7 @@ _CLAIM_RESULT = (
     column("lease_token", BigInteger), column("payload", Text), column("number", Integer),
     column("receipt_accepted_at", UTCDateTime))
 
-# The claim: up to :batch work items at once (1: the single-item case), each with
+# The claim: up to :batch work items at once, each with
 # its own fencing token, lease, counted attempt and attempt row, all with the same
 # lease end. A work item that may not start (out of attempts or too old: the worker
 # ends it with fail_unstarted) or whose receipt is gone is returned uncounted.
@@ -62,13 +63,17 @@ _PICKED = """
     SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload,
            run_at, leased_by IS NOT NULL
                    OR event_type = ANY(CAST(:alone_types AS text[])) AS alone"""
-_CLAIM_CTES = """
-oldest AS MATERIALIZED (
-    SELECT scope_id FROM jobs
+_DUE_COLUMNS = "scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload"
+# The oldest due job no other worker holds ({columns} of it; {due} adds the conditions
+# of COMPLETE_AND_CLAIM_SQL).
+_OLDEST = """
+    SELECT {columns} FROM jobs
     WHERE status = 0 AND run_at <= :now{due}
     ORDER BY run_at
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE SKIP LOCKED"""
+_PICK_MANY = """
+oldest AS MATERIALIZED (""" + _OLDEST.replace("{columns}", "scope_id") + """
 ), mates AS MATERIALIZED (""" + _PICKED + """
     FROM jobs
     WHERE status = 0 AND run_at <= :now AND scope_id = (SELECT scope_id FROM oldest){due}
@@ -86,11 +91,17 @@ oldest AS MATERIALIZED (
 ), ranked AS MATERIALIZED (
     SELECT *, row_number() OVER (ORDER BY run_at, scope_id, event_id) AS place FROM picked
 ), due AS MATERIALIZED (
-    SELECT scope_id, event_id, event_type, accepted_at, attempts, lease_token, payload
+    SELECT """ + _DUE_COLUMNS + """
     FROM ranked
     WHERE place = 1 OR NOT (alone OR (SELECT first.alone FROM ranked first
                                       WHERE first.place = 1))
-), counted AS (
+)"""
+# A claim of one item (:batch = 1) needs none of the grouping: `due` is `oldest`
+# with its columns, alone or not (one item always runs alone).
+_PICK_ONE = """
+due AS MATERIALIZED (""" + _OLDEST.replace("{columns}", _DUE_COLUMNS) + """
+)"""
+_CLAIM_TAIL = """, counted AS (
     UPDATE receipts r SET attempts = r.attempts + 1
     FROM due
     WHERE r.scope_id = due.scope_id AND r.event_id = due.event_id
@@ -111,14 +122,28 @@ oldest AS MATERIALIZED (
       ON counted.scope_id = due.scope_id AND counted.event_id = due.event_id
     RETURNING 1
 )"""
+
+
+def _claim_ctes(*, one: bool, due: str = "") -> str:
+    """Return the claim's CTEs: the pick of up to :batch items (`one`: of one), then the
+    shared tail that counts, leases and opens each item's attempt."""
+    return (_PICK_ONE if one else _PICK_MANY).replace("{due}", due) + _CLAIM_TAIL
+
+
 _CLAIM_FROM = """
 FROM due LEFT JOIN counted
   ON counted.scope_id = due.scope_id AND counted.event_id = due.event_id"""
 
-CLAIM_SQL = text(
-    "WITH" + _CLAIM_CTES.format(due="") + "\nSELECT" + _CLAIM_COLUMNS
-    + _CLAIM_FROM
-).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(*_CLAIM_RESULT)
+
+def _claim(*, one: bool) -> TextualSelect:
+    return text(
+        "WITH" + _claim_ctes(one=one) + "\nSELECT" + _CLAIM_COLUMNS + _CLAIM_FROM
+    ).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
+        *_CLAIM_RESULT)
+
+
+CLAIM_SQL = _claim(one=False)
+CLAIM_ONE_SQL = _claim(one=True)  # the same claim with :batch = 1
 
 # The first statement of a transaction over several work items (or over one whose
 # handler does not run: a failure or a hand-back to record): lock every one whose
@@ -141,17 +166,23 @@ ORDER BY j.scope_id, j.event_id
 FOR UPDATE OF j
 """).columns(column("scope_id", Integer), column("event_id", Text))
 
-# The completion of every work item whose handler succeeded, in one statement
-# (arrays, one element per item). `gone` is the fence: an item goes only while our
-# token is still its token; its receipt and attempt join `gone`, so they change
-# only if it held. `held` lets the caller check it: held items always pass, a lone
-# unheld item that fails it is rolled back (its handler's writes too). A job row
+# The completion of every work item whose handler succeeded, in one statement.
+# `gone` is the fence: an item goes only while our token is still its token; its
+# receipt and attempt join `gone`, so they change only if it held. `held` lets the
+# caller check it: held items always pass, a lone unheld item that fails it is
+# rolled back (its handler's writes too). A job row
 # is locked before its receipt here as in every other writer: no deadlock on them.
-_COMPLETE_CTES = """
-mine AS (
+# `mine` is the items: arrays (one element per item), or for one item its scalars.
+_MINE_MANY = """
     SELECT * FROM unnest(CAST(:sids AS bigint[]), CAST(:eids AS text[]),
                          CAST(:tokens AS bigint[]), CAST(:numbers AS int[]),
-                         CAST(:refs AS text[])) AS m(sid, eid, token, number, ref)
+                         CAST(:refs AS text[])) AS m(sid, eid, token, number, ref)"""
+_MINE_ONE = """
+    SELECT CAST(:sid AS bigint) AS sid, CAST(:eid AS text) AS eid,
+           CAST(:token AS bigint) AS token, CAST(:number AS int) AS number,
+           CAST(:ref AS text) AS ref"""
+_COMPLETE_CTES = """
+mine AS ({mine}
 ), gone AS (
     DELETE FROM jobs j USING mine
     WHERE j.scope_id = mine.sid AND j.event_id = mine.eid AND j.lease_token = mine.token
@@ -169,9 +200,38 @@ mine AS (
       AND a.number = mine.number AND a.lease_token = mine.token
     RETURNING 1
 )"""
-COMPLETE_SQL = text(
-    "WITH" + _COMPLETE_CTES + "\nSELECT count(*) AS held FROM gone"
-).bindparams(bindparam("now", type_=UTCDateTime)).columns(column("held", Integer))
+
+
+# One item's completion names its key in every part, as a distributed ledger needs to
+# route it to one shard: the same CTEs with each join on `mine` spelled as the item's key.
+_KEYED_ONE = (
+    ("WHERE j.scope_id = mine.sid AND j.event_id = mine.eid AND j.lease_token = mine.token",
+     "WHERE j.scope_id = :sid AND j.event_id = :eid AND j.lease_token = :token"),
+    ("WHERE r.scope_id = gone.scope_id AND r.event_id = gone.event_id",
+     "WHERE r.scope_id = :sid AND r.event_id = :eid"),
+    ("WHERE a.scope_id = gone.scope_id AND a.event_id = gone.event_id",
+     "WHERE a.scope_id = :sid AND a.event_id = :eid"),
+)
+
+
+def _completion(*, one: bool) -> str:
+    """Return the completion's CTEs for several items, or keyed by one item's key."""
+    ctes = _COMPLETE_CTES.replace("{mine}", _MINE_ONE if one else _MINE_MANY)
+    for joined, keyed in _KEYED_ONE if one else ():
+        assert joined in ctes
+        ctes = ctes.replace(joined, keyed)
+    return ctes
+
+
+def _complete(*, one: bool) -> TextualSelect:
+    return text(
+        "WITH" + _completion(one=one)
+        + "\nSELECT count(*) AS held FROM gone"
+    ).bindparams(bindparam("now", type_=UTCDateTime)).columns(column("held", Integer))
+
+
+COMPLETE_SQL = _complete(one=False)
+COMPLETE_ONE_SQL = _complete(one=True)  # the same completion of one item
 
 # ... and the same statement claiming the next work items (never one it completes),
 # so under a backlog a batch costs one commit, which also counts and leases the next
@@ -184,17 +244,31 @@ SELECT (SELECT count(*) FROM gone) AS held,
 FROM (SELECT) AS one LEFT JOIN (
     SELECT""" + _CLAIM_COLUMNS + _CLAIM_FROM + """
 ) AS next ON true"""
-COMPLETE_AND_CLAIM_SQL = text(
-    "WITH" + _COMPLETE_CTES + "," + _CLAIM_CTES.format(
-        due="\n      AND NOT EXISTS (SELECT FROM mine"
-            "\n                      WHERE mine.sid = jobs.scope_id AND mine.eid = jobs.event_id)")
-    + _NEXT
-).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
-    column("held", Integer), *_CLAIM_RESULT)
+_NOT_MINE = ("\n      AND NOT EXISTS (SELECT FROM mine"
+             "\n                      WHERE mine.sid = jobs.scope_id AND mine.eid = jobs.event_id)")
+
+
+def _complete_and_claim(*, one_done: bool, one_next: bool) -> TextualSelect:
+    return text(
+        "WITH" + _completion(one=one_done)
+        + "," + _claim_ctes(one=one_next, due=_NOT_MINE) + _NEXT
+    ).bindparams(*(bindparam(name, type_=UTCDateTime) for name in _TIMES)).columns(
+        column("held", Integer), *_CLAIM_RESULT)
+
+
+COMPLETE_AND_CLAIM_SQL = _complete_and_claim(one_done=False, one_next=False)
 
 # The hold and the completion run on the driver connection inside the handlers'
 # transaction: SQLAlchemy's execution setup and result machinery cost more client
-# CPU per transaction than the driver call itself.
+# CPU per transaction than the driver call itself. Keyed by (one item completed,
+# one item claimed next): a round of one builds each from the same template as a
+# batch's, without the steps one item does not need.
 DRIVER_HOLD = DriverStatement(HOLD_SQL, what="worker hold")
 DRIVER_COMPLETE = DriverStatement(COMPLETE_SQL, what="worker completion")
-DRIVER_COMPLETE_AND_CLAIM = DriverStatement(COMPLETE_AND_CLAIM_SQL, what="worker completion")
+DRIVER_COMPLETE_ONE = DriverStatement(COMPLETE_ONE_SQL, what="worker completion")
+DRIVER_COMPLETE_AND_CLAIM = {
+    (one_done, one_next): DriverStatement(
+        COMPLETE_AND_CLAIM_SQL if not (one_done or one_next)
+        else _complete_and_claim(one_done=one_done, one_next=one_next),
+        what="worker completion")
+    for one_done in (False, True) for one_next in (False, True)}

@@ -38,7 +38,7 @@ from ledger.intake.store import (
 )
 from ledger.reads.capacity import measure
 from ledger.worker.loop import Worker
-from ledger.worker.sql import DRIVER_COMPLETE
+from ledger.worker.sql import DRIVER_COMPLETE_ONE
 from ledger.worker.store import _DUE_BY_KEY, _DUE_KEYS
 from tests.conftest import TEST_MASTER_KEY, _settings
 from tests.dashboard_helpers import fast_hashes, logged_in, make_operator, make_token
@@ -293,8 +293,8 @@ def test_worker_claim_and_completion_plans_are_routed(citus_app):
     with engine.connect() as conn:
         locking = _driver_plan(conn, _DUE_BY_KEY, now=now, sid=3, eid="e")
         keys = _driver_plan(conn, _DUE_KEYS, now=now)
-        complete = _driver_plan(conn, DRIVER_COMPLETE.statement, sid=3, eid="e", token=1,
-                                now=now, complete=1, result_ref="r", number=1)
+        complete = _driver_plan(conn, DRIVER_COMPLETE_ONE.statement, sid=3, eid="e", token=1,
+                                now=now, complete=1, ref="r", number=1)
         conn.rollback()
     assert task_count(locking) == 1 and "LockRows" in locking, locking
     assert task_count(complete) == 1, complete
@@ -313,7 +313,7 @@ def test_every_locking_or_writing_statement_names_one_scope(citus_app):
         deliver(citus_app.test_client(), senders[0], "evt_0")  # a duplicate
     touched = ledger_statements(statements)
     touched += [" ".join(s.split()).lower() for s in DriverClaim(svc.engine).statements]
-    touched.append(" ".join(DRIVER_COMPLETE.sql(svc.engine.dialect).split()).lower())
+    touched.append(" ".join(DRIVER_COMPLETE_ONE.sql(svc.engine.dialect).split()).lower())
     unkeyed = [s for s in touched if not keyed_by_scope(s)]
     assert unkeyed and all(s.startswith("select") and "for update" not in s
                            for s in unkeyed), unkeyed

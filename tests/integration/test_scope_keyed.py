@@ -25,7 +25,7 @@ from ledger.clock import FixedClock
 from ledger.db import citus
 from ledger.intake.store import DriverClaim
 from ledger.worker.loop import Worker, process_one
-from ledger.worker.sql import DRIVER_COMPLETE
+from ledger.worker.sql import DRIVER_COMPLETE_ONE
 from tests.dashboard_helpers import add_receipt
 from tests.helpers import deliver, event_body, make_sender, signed_headers
 
@@ -143,7 +143,8 @@ def test_worker_statements_are_keyed_by_scope_except_the_claim(app, client):
     touched = ledger_statements(statements)
     if svc.engine.dialect.name == "postgresql":  # the completion runs on the driver connection
         assert not any("delete from jobs" in s for s in touched)
-        touched.append(" ".join(DRIVER_COMPLETE.sql(svc.engine.dialect).split()).lower())
+        # process_one completes one item: its completion names that item's scope.
+        touched.append(" ".join(DRIVER_COMPLETE_ONE.sql(svc.engine.dialect).split()).lower())
     # SQLite: the SELECT … ORDER BY run_at; PostgreSQL: one statement that also leases.
     claim = [s for s in touched if CLAIM_ORDER.search(s)]
     assert len(claim) == 1, "the claim is the one cross-scope statement (README)"

@@ -449,8 +449,9 @@ def test_transition_logs_are_privacy_safe(make_app, caplog):
     assert "evt_secret_id" not in text and "31337" not in text
 
 
-def test_claim_query_can_use_the_due_index(pg_url, tmp_path):
-    from ledger.worker.sql import CLAIM_SQL
+@pytest.mark.parametrize("size", [1, 16])
+def test_claim_query_can_use_the_due_index(pg_url, tmp_path, size):
+    from ledger.worker.sql import CLAIM_ONE_SQL, CLAIM_SQL
     from tests.conftest import TEST_MASTER_KEY
 
     app = create_app({"DATABASE_URL": pg_url, "LEDGER_MASTER_KEY": TEST_MASTER_KEY,
@@ -460,9 +461,9 @@ def test_claim_query_can_use_the_due_index(pg_url, tmp_path):
     with svc.engine.begin() as conn:
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
         now = svc.clock.now()
-        compiled = CLAIM_SQL.compile(conn)
+        compiled = (CLAIM_ONE_SQL if size == 1 else CLAIM_SQL).compile(conn)
         params = {"now": now, "leased_until": now, "oldest_window": now, "max_attempts": 8,
-                  "worker_id": "w", "batch": 1, "alone_types": "{}"}
+                  "worker_id": "w", "batch": size, "alone_types": "{}"}
         plan = "\n".join(row[0] for row in conn.exec_driver_sql(
             f"EXPLAIN {compiled.string}", compiled.construct_params(params)))
     svc.close()
