@@ -1,10 +1,12 @@
 """Flat costs as the ledger grows: the same measures on ledgers of growing size.
 
     python -m bench.run --only scale --scale 10m    # 100k, 1M and 10M receipts, 10,000 scopes
+    python -m bench.run --only scale --scale 10m --pages-only   # 10M alone, its pages
 
 The `scopes` integrations are created once and every ledger is a copy of that
 database filled by bench/fastload.py (generate_series inside PostgreSQL) with
-receipts over the last 7 days. Measured:
+receipts over the last 7 days and the tables the pages read (fastload.load_page_tables).
+Measured:
 1. every dashboard page (bench.big's list) on the biggest ledger, above 1M: p95;
 2. the retention purge of every finished receipt (a copy of each ledger from 1M up,
    full speed): wall microseconds per receipt, biggest vs the smallest purged.
@@ -42,8 +44,10 @@ def parse_scale(value: str) -> int:
     return int(float(match.group(1)) * {"": 1, "k": 1_000, "m": 1_000_000}[match.group(2)])
 
 
-def sizes(receipts: int) -> list[int]:
+def sizes(receipts: int, pages_only: bool = False) -> list[int]:
     """Return the ledger sizes a scale needs: the baselines below it, then itself."""
+    if pages_only:
+        return [receipts]
     return sorted({BASELINE, receipts} | ({PURGE_BASELINE} if receipts > PURGE_BASELINE
                                          else set()))
 
@@ -68,7 +72,9 @@ def load(e: benv.BenchEnv, receipts: int, template: tuple[str, list[Integration]
     url = big.copy_ledger(e, template[0], f"scale_{receipts}")
     engine = ledger_engine(e.settings(url).with_(statement_timeout_ms=3_600_000))
     try:
-        made = fastload.load_receipts(engine, template[1], receipts, datetime.now(UTC))
+        end = datetime.now(UTC)
+        made = fastload.load_receipts(engine, template[1], receipts, end)
+        tables = fastload.load_page_tables(engine, end)
         loaded = time.perf_counter() - started
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM ANALYZE"))
@@ -79,7 +85,7 @@ def load(e: benv.BenchEnv, receipts: int, template: tuple[str, list[Integration]
                        .scalar_one())
     finally:
         engine.dispose()
-    return {"url": url, "made": made, "load_seconds": round(loaded, 1),
+    return {"url": url, "made": made, "tables": tables, "load_seconds": round(loaded, 1),
             "vacuum_seconds": round(time.perf_counter() - started - loaded, 1),
             "disk_mb": round(disk / 2**20)}
 
@@ -99,9 +105,12 @@ def purge_cost(e: benv.BenchEnv, url: str, name: str) -> dict[str, Any]:
     return result
 
 
-def measure(e: benv.BenchEnv, receipts: int, scopes: int,
-            seconds: float, rounds: int) -> dict[str, Any]:
+def measure(e: benv.BenchEnv, receipts: int, scopes: int, seconds: float, rounds: int,
+            pages_only: bool = False) -> dict[str, Any]:
     """Load every size, then time the pages and the purge as the module says.
+
+    `pages_only` loads the biggest ledger alone and times its pages: no purge, so no
+    smaller ledgers (at 10M about an hour here instead of several).
 
     Each phase's figures go to stderr as it ends, so a run stopped part-way (a 10M
     ledger takes most of an hour here) still says how far it got and at what rate.
@@ -111,21 +120,25 @@ def measure(e: benv.BenchEnv, receipts: int, scopes: int,
     scopes_seconds = round(time.perf_counter() - started, 1)
     _progress("scopes", {"scopes": scopes, "seconds": scopes_seconds})
     ledgers = {}
-    for n in sizes(receipts):
+    for n in sizes(receipts, pages_only):
         ledgers[n] = load(e, n, template)
         _progress(f"ledger {n:,}", {k: v for k, v in ledgers[n].items() if k != "made"})
     largest = ledgers[receipts]
-    out: dict[str, Any] = {"receipts": receipts, "scopes": scopes,
+    out: dict[str, Any] = {"receipts": receipts, "scopes": scopes, "pages_only": pages_only,
                            "scopes_seconds": scopes_seconds,
                            "ledgers": {n: {k: v for k, v in led.items()
                                            if k in ("load_seconds", "vacuum_seconds",
-                                                    "disk_mb")}
+                                                    "disk_mb", "tables")}
                                        for n, led in ledgers.items()}}
     # A phase that fails (a full connection table, say) is recorded as its error; the
     # other phases still run.
     # At 1M the big measure times the pages already; here they are timed above it.
     out["dashboard"] = _phase("dashboard", lambda: big.dashboard(
-        e, largest["url"], largest["made"], rounds)) if receipts > PURGE_BASELINE else {}
+        e, largest["url"], largest["made"], rounds)) if receipts > PURGE_BASELINE or pages_only \
+        else {}
+    if pages_only:
+        out["purge"] = {}
+        return out
     purged = [n for n in ledgers if n >= PURGE_BASELINE]
     purged = purged if len(purged) >= 2 else list(ledgers)
     out["purge"] = {n: _phase(f"purge {n:,}", lambda n=n: purge_cost(
