@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -234,7 +235,10 @@ def dashboard(e: benv.BenchEnv, url: str, made: Any, rounds: int) -> dict[str, A
     try:
         client = benv.logged_in_client(app)
         visits, untimed = pages(app, samples(url, made))
-        out: dict[str, Any] = {name: timed(client, path, rounds, {}) for name, path in visits}
+        out: dict[str, Any] = {}
+        for name, path in visits:  # each page to stderr as it is timed: a stopped run says
+            out[name] = timed(client, path, rounds, {})  # how far it got
+            print(f"   page {name}: {out[name]}", file=sys.stderr, flush=True)
         out["cli_purge_preview"] = _cli_preview(app)
         out["pages_not_timed"] = untimed
         return out
