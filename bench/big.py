@@ -203,7 +203,8 @@ def _fields(path: str) -> list[str]:
 
 def timed(client: Any, path: str, rounds: int, headers: dict[str, str]) -> dict[str, float]:
     """Return median and p95 milliseconds of `rounds` GETs (after one warm-up)."""
-    assert client.get(path, headers=headers).status_code in (200, 303), path
+    first = client.get(path, headers=headers).status_code
+    assert first in (200, 303), f"{first} to {path}"
     samples = []
     for _ in range(rounds):
         started = time.perf_counter()
@@ -237,7 +238,10 @@ def dashboard(e: benv.BenchEnv, url: str, made: Any, rounds: int) -> dict[str, A
         visits, untimed = pages(app, samples(url, made))
         out: dict[str, Any] = {}
         for name, path in visits:  # each page to stderr as it is timed: a stopped run says
-            out[name] = timed(client, path, rounds, {})  # how far it got
+            try:  # how far it got; a page answering an error is recorded, the rest go on
+                out[name] = timed(client, path, rounds, {})
+            except AssertionError as error:
+                out[name] = {"error": f"answered {error}"}
             print(f"   page {name}: {out[name]}", file=sys.stderr, flush=True)
         out["cli_purge_preview"] = _cli_preview(app)
         out["pages_not_timed"] = untimed

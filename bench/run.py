@@ -133,6 +133,8 @@ def page_figures(timings: dict[str, Any], receipts: int) -> list[Figure]:
     figures = [report.absolute(f"dashboard {page} p95 at {receipts:,}", t["p95_ms"], "ms", 300,
                                f"median {t['median_ms']} ms")
                for page, t in timings.items() if isinstance(t, dict) and "p95_ms" in t]
+    figures += [failed(f"dashboard {page} at {receipts:,}", t["error"])
+                for page, t in timings.items() if isinstance(t, dict) and "error" in t]
     if "cli_purge_preview" in timings:
         t = timings["cli_purge_preview"]
         figures.append(shown(f"ledger purge --preview at {receipts:,} (uncapped count)",
