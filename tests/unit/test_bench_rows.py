@@ -36,3 +36,14 @@ def test_a_default_run_shows_the_recorded_10m_rows_without_counting_them() -> No
 def test_the_bench_percentile_is_the_nearest_rank(samples: list[float], q: float,
                                                   expected: float) -> None:
     assert report.percentile(samples, q) == expected
+
+
+def test_the_page_bench_visits_every_get_endpoint(app) -> None:  # type: ignore[no-untyped-def]
+    from bench import big
+
+    endpoints = {r.endpoint for r in app.url_map.iter_rules() if "GET" in (r.methods or ())}
+    assert endpoints - big.NOT_PAGES - set(big.PAGES) == set()
+    sample = dict.fromkeys(
+        f for visits in big.PAGES.values() for _, path in visits for f in big._fields(path))
+    visits, untimed = big.pages(app, {k: "x" for k in sample})
+    assert untimed == [] and len(visits) == sum(len(v) for v in big.PAGES.values())
