@@ -198,7 +198,8 @@ def plan(e: benv.BenchEnv, args: argparse.Namespace
                          destination_figures),
         "big": (lambda: big.measure(e, args.receipts, args.scopes, args.rounds), big_figures),
         "scale": (lambda: scale.measure(e, args.scale, args.scale_scopes, args.seconds,
-                                        args.rounds, args.pages_only), scale_figures),
+                                        args.rounds, args.pages_only, args.keep_db,
+                                        args.reuse_db), scale_figures),
         "cli": (lambda: cli_start.measure(e), cli_figures),
         "sweep": (lambda: intake.measure_sweep(e, args.seconds, args.shapes), sweep_figures),
         "features": (lambda: intake.measure_sweep(e, args.seconds, None, intake.FEATURES),
@@ -262,9 +263,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pages-only", action="store_true",
                         help='"scale": load the biggest ledger alone and time its pages (no'
                         " purge); its record keeps the purge rows of the previous one")
+    parser.add_argument("--keep-db", metavar="NAME", default=None,
+                        help='"scale": keep the biggest ledger as database NAME (drop it'
+                        " yourself: DROP DATABASE NAME)")
+    parser.add_argument("--reuse-db", metavar="NAME", default=None,
+                        help='"scale": time the pages of a ledger kept by --keep-db, no load'
+                        " (implies --pages-only)")
     parser.add_argument("--shapes", type=lambda s: s.split(","), default=None,
                         help='"sweep": only these of intake.SWEEP (default all)')
     args = parser.parse_args(argv)
+    args.pages_only = args.pages_only or bool(args.reuse_db)
     unknown = set(args.only) - set(MEASURES)
     if unknown:
         parser.error(f"unknown measure(s) {sorted(unknown)}; choose from {MEASURES}")
