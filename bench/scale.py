@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import shutil
 import sys
 import time
 from datetime import UTC, datetime
@@ -117,22 +118,24 @@ def purge_cost(e: benv.BenchEnv, url: str, name: str) -> dict[str, Any]:
 
 def keep(e: benv.BenchEnv, ledger: dict[str, Any], name: str) -> dict[str, Any]:
     """Rename a loaded ledger's database to `name`, out of the run's drop list, and save
-    what timing its pages again needs (the master key, what was made) under var/."""
+    what timing its pages again needs under var/: the master key, what was made and the
+    run's var dir (its audit key keys the ledger's audit chain)."""
     database = str(make_url(ledger["url"]).database)
     with benv.admin_engine().connect() as conn:
         conn.execute(text(f'ALTER DATABASE "{database}" RENAME TO "{name}"'))
     e.databases.remove(database)
     ledger = ledger | {"url": make_url(ledger["url"]).set(database=name)
                        .render_as_string(hide_password=False)}
-    KEPT.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(e.tmp, KEPT / name, dirs_exist_ok=True)
     (KEPT / f"{name}.pickle").write_bytes(pickle.dumps(
         {"master_key": e.master_key, "ledger": ledger}))
     return ledger
 
 
 def reuse(e: benv.BenchEnv, name: str) -> dict[str, Any]:
-    """Return a ledger kept by `keep`, its master key made this run's."""
+    """Return a ledger kept by `keep`, its master key and var dir made this run's."""
     kept = pickle.loads((KEPT / f"{name}.pickle").read_bytes())
+    shutil.copytree(KEPT / name, e.tmp, dirs_exist_ok=True)
     e.master_key = kept["master_key"]
     return dict(kept["ledger"])
 
