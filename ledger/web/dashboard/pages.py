@@ -31,6 +31,7 @@ from ledger.web.dashboard.svg import human_bytes, projection_chart, rate_chart, 
 from ledger.web.filters import (
     BadFilter,
     account_of,
+    audit_after,
     audit_filter,
     page_size,
     receipt_filter,
@@ -234,11 +235,16 @@ def audit_page() -> Response:
 @bp.get("/audit/verify")
 @requires("viewer")
 def audit_verify() -> Response:
-    """Walk the hash chain and report whether it holds (loaded lazily by the audit page)."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        result = audit.verify_chain(conn)
-    return render("partials/_audit_verify.html", result=result)
+    """Verify a chunk of the hash chain (loaded lazily by the audit page); the status
+    replaces itself with the next chunk's until the walk ends in a verdict."""
+    try:
+        after = audit_after(request.args)
+    except BadFilter as error:
+        return render("partials/_audit_verify.html", result=None, error=str(error),
+                      status=400)
+    with services().engine.connect() as conn:
+        result = audit.verify_chunk(conn, after)
+    return render("partials/_audit_verify.html", result=result, error=None)
 
 
 @bp.get("/capacity")
