@@ -96,6 +96,8 @@ def samples(url: str, made: Any) -> dict[str, str]:
                  " ORDER BY count(*) DESC LIMIT 1",
         "drill": "SELECT substr(target, 7) FROM audit_log WHERE action = 'drill.finish'"
                  " ORDER BY id DESC LIMIT 1",
+        "audit_mid": "SELECT id FROM audit_log ORDER BY id"
+                     " OFFSET (SELECT count(*) / 2 FROM audit_log) LIMIT 1",
     }
     engine = create_engine(url)
     try:
@@ -154,7 +156,8 @@ PAGES: dict[str, list[tuple[str, str]]] = {
     "dashboard.destinations_page": [("destinations", "/destinations")],
     "dashboard.audit_page": [("audit", "/audit"),
                              ("audit_action", "/audit?action=receipt.requeue")],
-    "dashboard.audit_verify": [("audit_verify", "/audit/verify")],
+    "dashboard.audit_verify": [("audit_verify", "/audit/verify"),  # the first chunk and one
+                               ("audit_verify_mid", "/audit/verify?after={audit_mid_0}")],
     "dashboard.capacity_page": [("capacity", "/capacity")],
     "dashboard.operators_page": [("operators", "/operators")],
     "dashboard.export_list": [("export_receipts_scope", "/export/receipts.csv?scope={scope}")],
@@ -175,7 +178,8 @@ PAGES: dict[str, list[tuple[str, str]]] = {
                         "/api/v1/deliveries?integration={scope}&event_id={event_id}")],
     "api.destinations": [("api_destinations", "/api/v1/destinations")],
     "api.audit_rows": [("api_audit", "/api/v1/audit")],
-    "api.audit_verify": [("api_audit_verify", "/api/v1/audit/verify")],
+    "api.audit_verify": [("api_audit_verify", "/api/v1/audit/verify"),
+                         ("api_audit_verify_mid", "/api/v1/audit/verify?after={audit_mid_0}")],
     "api.capacity": [("api_capacity", "/api/v1/capacity")],
 }
 NOT_PAGES = {"static"}
@@ -244,6 +248,7 @@ def dashboard(e: benv.BenchEnv, url: str, made: Any, rounds: int) -> dict[str, A
                 out[name] = {"error": f"answered {error}"}
             print(f"   page {name}: {out[name]}", file=sys.stderr, flush=True)
         out["cli_purge_preview"] = _cli_preview(app)
+        out["audit_verify_walk"] = _verify_walk(client)
         out["pages_not_timed"] = untimed
         return out
     finally:
@@ -262,6 +267,19 @@ def _cli_preview(app: Any) -> dict[str, float]:
             preview(conn, svc.settings, svc.clock.now())
         runs.append((time.perf_counter() - started) * 1000)
     return {"median_ms": round(statistics.median(runs), 1), "max_ms": round(max(runs), 1)}
+
+
+def _verify_walk(client: Any) -> dict[str, float]:
+    """Time the whole chain's verification as the Audit page walks it, chunk by chunk."""
+    started, after, requests = time.perf_counter(), 0, 0
+    while True:
+        answer = client.get(f"/api/v1/audit/verify?after={after}").get_json()
+        requests += 1
+        if answer["next"] is None:
+            break
+        after = answer["next"]
+    return {"seconds": round(time.perf_counter() - started, 2), "requests": requests,
+            "rows": answer["rows"], "ok": answer["ok"]}
 
 
 def copy_ledger(e: benv.BenchEnv, url: str, name: str) -> str:

@@ -139,6 +139,11 @@ def page_figures(timings: dict[str, Any], receipts: int) -> list[Figure]:
         t = timings["cli_purge_preview"]
         figures.append(shown(f"ledger purge --preview at {receipts:,} (uncapped count)",
                              t["median_ms"], "ms", "the slowest of 3", t["max_ms"], ""))
+    if "audit_verify_walk" in timings:
+        t = timings["audit_verify_walk"]
+        figures.append(shown(f"audit chain verified whole, chunk by chunk, at {receipts:,}",
+                             t["seconds"], "s", "requests", t["requests"],
+                             f"{t['rows']:,} audit rows; ok {t['ok']}"))
     if timings.get("pages_not_timed"):
         figures.append(failed("dashboard pages", "not timed (no sample): "
                               + ", ".join(timings["pages_not_timed"])))
