@@ -267,12 +267,13 @@ def capacity_page() -> Response:
 
 def _purge_context() -> dict[str, Any]:
     """The next purge's preview and the forensic window's cost, for the Capacity page."""
-    from ledger.jobs.retention_preview import PAGE_CAP, forensic_cost, preview
+    from ledger.jobs.retention_preview import PAGE_CAP, PAGE_SCOPES, forensic_cost, preview
 
     svc = services()
 
     def read(conn: Connection) -> dict[str, Any]:
-        return {"purge": preview(conn, svc.settings, svc.clock.now(), cap=PAGE_CAP),
+        return {"purge": preview(conn, svc.settings, svc.clock.now(), cap=PAGE_CAP,
+                                 named=PAGE_SCOPES),
                 "forensic": forensic_cost(conn)}
 
     return {**replica_read(read), "page_cap": PAGE_CAP, "now": svc.clock.now(),
