@@ -127,13 +127,18 @@ def _failure(r: Any) -> dict[str, Any]:
 
 
 def _all_failures(conn: Connection, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
-    """Each destination's latest failed attempts, newest first."""
+    """Each destination's latest failed attempts, newest first: one pass over the failed
+    attempts of them all (per destination, the newest scan would read every success)."""
     out: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
     for batch in _batches(ids):
-        both = union_all(*[_failures_query(i, FAILURES_SHOWN).subquery().select()
-                           for i in batch]).subquery()
-        for r in conn.execute(select(both).order_by(
-                both.c.destination_id, both.c.started_at.desc(), both.c.id.desc())).all():
+        a = destination_attempts
+        ranked = select(a, func.row_number().over(
+            partition_by=a.c.destination_id,
+            order_by=(a.c.started_at.desc(), a.c.id.desc())).label("nth")).where(
+            a.c.destination_id.in_(batch), a.c.outcome.not_in(("complete", SENDING))
+        ).subquery()
+        for r in conn.execute(select(ranked).where(ranked.c.nth <= FAILURES_SHOWN).order_by(
+                ranked.c.destination_id, ranked.c.nth)).all():
             out[r.destination_id].append(_failure(r))
     return out
 
