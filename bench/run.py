@@ -197,9 +197,28 @@ def big_figures(r: dict[str, Any]) -> list[Figure]:
                  "intake around the purge", p["intake_around_per_s"], 0.8,
                  f"purge {p['purge_rows_per_s']:,.0f} rows/s at duty cycle {p['duty_cycle']}"),
     ]
-    for page, t in r["dashboard"].items():
-        figures.append(report.absolute(f"dashboard {page} p95 at {r['receipts']:,}",
-                                       t["p95_ms"], "ms", 300, f"median {t['median_ms']} ms"))
+    return figures + page_figures(r["dashboard"], r["receipts"])
+
+
+def page_figures(timings: dict[str, Any], receipts: int) -> list[Figure]:
+    """One row per page (p95 against 300 ms), the CLI's uncapped preview, untimed pages."""
+    figures = [report.absolute(f"dashboard {page} p95 at {receipts:,}", t["p95_ms"], "ms", 300,
+                               f"median {t['median_ms']} ms")
+               for page, t in timings.items() if isinstance(t, dict) and "p95_ms" in t]
+    figures += [failed(f"dashboard {page} at {receipts:,}", t["error"])
+                for page, t in timings.items() if isinstance(t, dict) and "error" in t]
+    if "cli_purge_preview" in timings:
+        t = timings["cli_purge_preview"]
+        figures.append(shown(f"ledger purge --preview at {receipts:,} (uncapped count)",
+                             t["median_ms"], "ms", "the slowest of 3", t["max_ms"], ""))
+    if "audit_verify_walk" in timings:
+        t = timings["audit_verify_walk"]
+        figures.append(shown(f"audit chain verified whole, chunk by chunk, at {receipts:,}",
+                             t["seconds"], "s", "requests", t["requests"],
+                             f"{t['rows']:,} audit rows; ok {t['ok']}"))
+    if timings.get("pages_not_timed"):
+        figures.append(failed("dashboard pages", "not timed (no sample): "
+                              + ", ".join(timings["pages_not_timed"])))
     return figures
 
 
@@ -208,9 +227,7 @@ def scale_figures(r: dict[str, Any]) -> list[Figure]:
     figures = [failed("scale dashboard", r["dashboard"]["error"])] if "error" in r[
         "dashboard"] else []
     if "error" not in r["dashboard"]:
-        figures += [report.absolute(f"dashboard {page} p95 at {r['receipts']:,}", t["p95_ms"],
-                                    "ms", 300, f"median {t['median_ms']} ms")
-                    for page, t in r["dashboard"].items()]
+        figures += page_figures(r["dashboard"], r["receipts"])
     # keys are sizes: ints as measured, strings when read back from a record
     purged = sorted((int(k), v) for k, v in r["purge"].items() if "error" not in v)
     if len(purged) >= 2:
@@ -261,7 +278,8 @@ def plan(e: benv.BenchEnv, args: argparse.Namespace
                          destination_figures),
         "big": (lambda: big.measure(e, args.receipts, args.scopes, args.rounds), big_figures),
         "scale": (lambda: scale.measure(e, args.scale, args.scale_scopes, args.seconds,
-                                        args.rounds), scale_figures),
+                                        args.rounds, args.pages_only, args.keep_db,
+                                        args.reuse_db), scale_figures),
         "cli": (lambda: cli_start.measure(e), cli_figures),
         "sweep": (lambda: intake.measure_sweep(e, args.seconds, args.shapes), sweep_figures),
         "features": (lambda: intake.measure_sweep(e, args.seconds, None, intake.FEATURES),
@@ -288,8 +306,19 @@ def run_measures(e: benv.BenchEnv, args: argparse.Namespace) -> list[Figure]:
         figures += found
         record = {"scale": f"scale-{args.scale}",
                   "intake": "intake-against" if args.against else "intake"}.get(name, name)
+        if name == "scale" and args.pages_only:
+            found = found + kept_purge_rows(record)
         report.write(record, found, result, round(time.perf_counter() - started, 1))
     return figures
+
+
+def kept_purge_rows(record: str) -> list[Figure]:
+    """The purge rows of a scale record, for a pages-only run that did not purge."""
+    try:
+        doc = json.loads((report.RESULTS / f"{record}.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [Figure(**f) for f in doc.get("figures", []) if f["measure"].startswith("purge")]
 
 
 def recorded_10m() -> list[Figure]:
@@ -316,6 +345,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale-scopes", type=int, default=10_000)
     parser.add_argument("--async-rounds", type=int, default=3,
                         help='"async": rounds of the four sides, each in turn then reversed')
+    parser.add_argument("--pages-only", action="store_true",
+                        help='"scale": load the biggest ledger alone and time its pages (no'
+                        " purge); its record keeps the purge rows of the previous one")
+    parser.add_argument("--keep-db", metavar="NAME", default=None,
+                        help='"scale": keep the biggest ledger as database NAME (drop it'
+                        " yourself: DROP DATABASE NAME)")
+    parser.add_argument("--reuse-db", metavar="NAME", default=None,
+                        help='"scale": time the pages of a ledger kept by --keep-db, no load'
+                        " (implies --pages-only)")
     parser.add_argument("--shapes", type=lambda s: s.split(","), default=None,
                         help='"sweep": only these of intake.SWEEP (default all)')
     parser.add_argument("--against", metavar="GIT_REF", default=None,
@@ -324,6 +362,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--against-rounds", type=int, default=against.ROUNDS,
                         help="--against: ABBA rounds (each loads both trees twice)")
     args = parser.parse_args(argv)
+    args.pages_only = args.pages_only or bool(args.reuse_db)
     unknown = set(args.only) - set(MEASURES)
     if unknown:
         parser.error(f"unknown measure(s) {sorted(unknown)}; choose from {MEASURES}")

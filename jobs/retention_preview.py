@@ -26,6 +26,7 @@ from .retention_receipts import FINISHED
 
 JOB = "retention"
 PAGE_CAP = 100_000
+PAGE_SCOPES = 20  # scopes the Capacity page lists by name
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,17 +56,22 @@ def retention_period(settings: Settings) -> float:
 
 
 def preview(conn: Connection, settings: Settings, now: datetime, *,
-            cap: int | None = None) -> PurgePreview:
-    """Return what the next scheduled purge will do (from `now` if it is off)."""
+            cap: int | None = None, named: int | None = None) -> PurgePreview:
+    """Return what the next scheduled purge will do (from `now` if it is off).
+
+    `named`: resolve the scope names of the first `named` scopes of `by_scope` only (the
+    ones a page shows); the others keep their internal id as `scope`.
+    """
     period = retention_period(settings)
     next_run = period_start(now, period) + timedelta(seconds=period) if period > 0 else None
     at = next_run or now
     cutoff = at - timedelta(seconds=settings.retention_seconds)
     review_cutoff = at - timedelta(seconds=settings.review_window_seconds)
     per_scope, capped = _expired_by_scope(conn, cutoff, cap)
-    names = scope_names(conn, set(per_scope))
+    ordered = sorted(per_scope.items(), key=lambda kv: (-kv[1], kv[0]))
+    names = scope_names(conn, {sid for sid, _ in ordered[:named]})
     by_scope = [{"scope": names.get(sid, (str(sid), ""))[0], "expired_receipts": n}
-                for sid, n in sorted(per_scope.items(), key=lambda kv: (-kv[1], kv[0]))]
+                for sid, n in ordered]
     last = conn.execute(
         select(scheduler_runs.c.started_at, scheduler_runs.c.finished_at)
         .where(scheduler_runs.c.job == JOB, scheduler_runs.c.finished_at.is_not(None))

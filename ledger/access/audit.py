@@ -258,6 +258,76 @@ def verify_chain(conn: Connection, batch: int = 5000) -> dict[str, Any]:
     return check_chain(conn, batch=batch)[0]
 
 
+# Rows one dashboard or API request verifies: the chain grows with the log forever, a
+# request must not (a bulk requeue alone audits a row per receipt).
+VERIFY_CHUNK = 2000
+
+
+def verify_chunk(conn: Connection, after: int = 0, limit: int | None = None
+                 ) -> dict[str, Any]:
+    """Verify at most `limit` rows (VERIFY_CHUNK) after row `after`, linked to the stored
+    hash of the row before them.
+
+    Answers verify's keys and `next`: the row to continue after, or None when the walk
+    reached the end or a bad row. `ok` is None while rows remain; walked from `after=0`
+    to the end, the chunks give the whole-chain verdict of `verify_chain`. The link is
+    the last row at or before `after` (GENESIS before the first), so a row deleted at a
+    chunk's edge breaks the next row's link as it would in one walk.
+    """
+    limit = limit or VERIFY_CHUNK
+    total = int(conn.execute(select(func.count()).select_from(audit_log)).scalar_one())
+    prev = conn.execute(select(audit_log).where(audit_log.c.id <= after)
+                        .order_by(audit_log.c.id.desc()).limit(1)).first()
+    first_id = conn.execute(select(func.min(audit_log.c.id))).scalar()
+    keyed_seen = prev is not None and prev.row_hash.startswith(KEYED_PREFIX)
+    legacy_head, sealed = _legacy_before(conn, prev) if prev is not None else (None, False)
+    expected_prev = prev.row_hash if prev is not None else GENESIS
+    key, last = key_of(conn), None
+    rows = conn.execute(select(audit_log).where(audit_log.c.id > after)
+                        .order_by(audit_log.c.id).limit(limit)).all()
+    for row in rows:
+        if row.row_hash.startswith(KEYED_PREFIX):
+            good = row.row_hash == _row_hash(row.prev_hash, _fields(row), key)
+            sealed = sealed or (good and _seals(row, legacy_head))
+            keyed_seen = True
+        else:  # as in _walk: unkeyed rows only open the log, and never as a seal
+            good = (not keyed_seen and row.action != SEAL_ACTION
+                    and row.row_hash == _legacy_hash(row.prev_hash, _fields(row)))
+            legacy_head = row
+        if row.prev_hash != expected_prev or not good:
+            return {"ok": False, "rows": total, "first_bad": row.id, "next": None}
+        expected_prev, last = row.row_hash, row.id
+    if len(rows) == limit:
+        return {"ok": None, "rows": total, "first_bad": None, "next": last}
+    if legacy_head is not None and not sealed:
+        return {"ok": False, "rows": total, "first_bad": first_id, "next": None}
+    return {"ok": True, "rows": total, "first_bad": None, "next": None}
+
+
+def _legacy_before(conn: Connection, prev: Any) -> tuple[Any, bool]:
+    """Return the unkeyed rows' head at or before `prev` and whether a seal after it names it.
+
+    Rows up to `prev` verified in earlier chunks, so unkeyed rows are a prefix of them: a
+    keyed `prev` after a keyed first row means none (two key lookups, the usual log).
+    """
+    if not prev.row_hash.startswith(KEYED_PREFIX):
+        return prev, False
+    first = conn.execute(select(audit_log.c.row_hash).order_by(audit_log.c.id)
+                         .limit(1)).scalar()
+    if first is None or first.startswith(KEYED_PREFIX):
+        return None, False
+    legacy_head = conn.execute(
+        select(audit_log).where(audit_log.c.id <= prev.id,
+                                ~audit_log.c.row_hash.startswith(KEYED_PREFIX))
+        .order_by(audit_log.c.id.desc()).limit(1)).first()
+    if legacy_head is None:  # the first row went since the last chunk: nothing to seal
+        return None, False
+    seals = conn.execute(select(audit_log).where(
+        audit_log.c.action == SEAL_ACTION, audit_log.c.id > legacy_head.id,
+        audit_log.c.id <= prev.id)).all()
+    return legacy_head, any(_seals(row, legacy_head) for row in seals)
+
+
 def head(conn: Connection) -> dict[str, Any]:
     """Return the newest row's id and hash, to be anchored outside the database."""
     row = conn.execute(select(audit_log.c.id, audit_log.c.at, audit_log.c.row_hash)

@@ -29,6 +29,7 @@ from ledger.web.auth import require_login, services
 from ledger.web.filters import (
     BadFilter,
     account_of,
+    audit_after,
     audit_filter,
     delivery_filter,
     page_size,
@@ -243,9 +244,11 @@ def audit_rows() -> Response:
 
 @bp.get("/audit/verify")
 def audit_verify() -> Response:
-    """Walk the hash chain: {"ok", "rows", "first_bad"}."""
+    """Verify a chunk of the hash chain: {"ok", "rows", "first_bad", "next"} (continue
+    with `?after=<next>` while `next` is not null; `ok` is then null)."""
+    after = audit_after(request.args)
     with services().engine.connect() as conn:
-        return jsonify(audit.verify_chain(conn))
+        return jsonify(audit.verify_chunk(conn, after))
 
 
 @bp.get("/capacity")

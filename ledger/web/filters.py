@@ -76,6 +76,14 @@ def account_of(raw: str | None) -> str | None:
     return raw or None
 
 
+def audit_after(args: Mapping[str, str]) -> int:
+    """Return the audit row id chain verification continues after (0: from the start)."""
+    raw = (args.get("after") or "0").strip()
+    if not raw.isdigit() or len(raw) > 18:
+        raise BadFilter("after: use an audit row id (a whole number)")
+    return int(raw)
+
+
 def receipt_filter(conn: Connection, args: Mapping[str, str]) -> ReceiptFilter:
     """Build a receipt filter from request arguments, or raise BadFilter."""
     state = (args.get("state") or "").strip()

@@ -242,7 +242,8 @@ def _api() -> dict[str, Any]:
         "username": _STRING,
         "role": {"type": "string", "enum": ["viewer", "oncall", "security", "admin"]}},
         "required": ["username", "role"]}
-    verify = _record(closed=True, ok=_BOOL, rows=_INT, first_bad=_OPT_INT)
+    verify = _record(closed=True, ok={**_BOOL, "nullable": True}, rows=_INT,
+                     first_bad=_OPT_INT, next=_OPT_INT)
     instance = _record(id=_STRING, kind=_STRING, hostname=_STRING, pid=_INT,
                        started_at=_STRING, heartbeat_at=_STRING,
                        heartbeat_age_seconds=_NUMBER,
@@ -323,7 +324,11 @@ def _api() -> dict[str, Any]:
             _record(closed=True, destinations=_list(_DESTINATION)),
             [("integration", "an integration id (`in_…`)")]),
         "/api/v1/audit": _read("Audit rows, newest first", _page_of(_AUDIT_ROW), audit_params),
-        "/api/v1/audit/verify": _read("Hash-chain verification", verify),
+        "/api/v1/audit/verify": _read(
+            "Hash-chain verification, a chunk of rows per request: `ok` is null while"
+            " `next` names the row to continue `after`", verify,
+            [("after", "verify the rows after this id, linked to the stored hash before"
+              " them (0, the default, starts the chain)")]),
         "/api/v1/capacity": _read("Capacity equation inputs and projection", capacity),
     }
 

@@ -196,3 +196,22 @@ def test_logout_ends_the_session(page: Any, dashboard_server: Live) -> None:
     page.goto(f"{dashboard_server.url}/")
     assert "/login" in page.url
     assert page.console_errors == []
+
+
+def test_the_audit_page_verifies_the_chain_chunk_by_chunk(page: Any, dashboard_server: Live,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A long log is verified a few rows per request; the status continues to the verdict."""
+    from playwright.sync_api import expect
+
+    from ledger.access import audit
+
+    monkeypatch.setattr(audit, "VERIFY_CHUNK", 2)  # the server runs in this process
+    _login(page, dashboard_server)
+    chunks: list[str] = []
+    page.on("request", lambda r: chunks.append(r.url) if "/audit/verify" in r.url else None)
+    page.goto(f"{dashboard_server.url}/audit")
+    expect(page.locator("#chain")).to_contain_text("Hash chain verified")
+    assert len(chunks) > 2 and any("after=" in url for url in chunks)
+    assert page.locator("#chain").get_attribute("hx-get") is None  # the verdict stays put
+    assert page.console_errors == []

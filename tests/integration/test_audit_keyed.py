@@ -251,4 +251,4 @@ def test_every_process_chains_with_the_development_key_from_var(test_env, tmp_pa
         answers = [requests.get(f"{base_url}/api/v1/audit/verify", timeout=10,
                                 headers={"Authorization": f"Bearer {token}"}).json()
                    for _ in range(6)]
-    assert answers == [{"ok": True, "rows": 2, "first_bad": None}] * 6
+    assert answers == [{"ok": True, "rows": 2, "first_bad": None, "next": None}] * 6

@@ -3,12 +3,15 @@ gone worker, throughput and queue age on the Overview."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
+import pytest
 from flask import Flask
 from sqlalchemy import insert
 
 from ledger.db.schema import attempts
+from ledger.reads import throughput
+from ledger.reads.throughput import read_throughput
 from tests.dashboard_helpers import add_receipt, fast_hashes, logged_in
 from tests.helpers import make_sender
 from tests.integration.test_ops_dashboard import _instance, _job_state
@@ -77,3 +80,40 @@ def test_overview_shows_throughput_and_queue_age(app: Flask) -> None:
     assert "completed / min" in card and "0.0" not in card.split("completed")[0]
     assert "waited 14m" in card  # evt_gone, due since its lease ended
     assert "now (UTC)" in card and 'class="axis-line"' in card
+
+
+def _attempt(app: Flask, number: int, finished: datetime, outcome: str) -> None:
+    with app.extensions["ledger"].engine.begin() as conn:
+        conn.execute(insert(attempts).values(
+            scope_id=1, event_id=f"evt_{number}", number=1, worker_id="w:1:live",
+            lease_token=1, started_at=finished - timedelta(seconds=1), finished_at=finished,
+            outcome=outcome))
+
+
+def test_throughput_counts_completions_per_minute(app: Flask) -> None:
+    now = datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)
+    for i, (minutes_ago, outcome) in enumerate([(1, "complete"), (1, "complete"),
+                                                (1, "retry"), (3, "complete"),
+                                                (3, "failed"), (40, "complete")]):
+        _attempt(app, i, now - timedelta(minutes=minutes_ago), outcome)
+    with app.extensions["ledger"].engine.connect() as conn:
+        work = read_throughput(conn, now)
+    per_minute = dict(work.per_minute)
+    assert per_minute[datetime(2026, 11, 30, 11, 59, tzinfo=UTC)] == 2
+    assert per_minute[datetime(2026, 11, 30, 11, 57, tzinfo=UTC)] == 1
+    assert sum(n or 0 for n in per_minute.values()) == 3  # the 40-minute-old one is outside
+    assert work.covered_from == datetime(2026, 11, 30, 11, 45, tzinfo=UTC)
+
+
+def test_throughput_says_which_minutes_its_sample_did_not_reach(
+        app: Flask, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(throughput, "SAMPLE_ROWS", 3)
+    now = datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)
+    for i, minutes_ago in enumerate([10, 5, 4, 2]):  # the oldest is beyond the sample
+        _attempt(app, i, now - timedelta(minutes=minutes_ago), "complete")
+    with app.extensions["ledger"].engine.connect() as conn:
+        work = read_throughput(conn, now)
+    per_minute = dict(work.per_minute)
+    assert work.covered_from == now - timedelta(minutes=5, seconds=1)
+    assert per_minute[datetime(2026, 11, 30, 11, 50, tzinfo=UTC)] is None
+    assert [per_minute[datetime(2026, 11, 30, 11, m, tzinfo=UTC)] for m in (56, 58)] == [1, 1]

@@ -25,15 +25,17 @@ from tests.helpers import make_sender
 SECRET_ANSWER = '{"error":"card 4242 declined"}'
 
 
-def _destination(app, *, answers: list[tuple[int | None, str, float]] = ()):  # type: ignore[no-untyped-def,assignment]
+def _destination(app, *, answers: list[tuple[int | None, str, float]] = (),  # type: ignore[no-untyped-def,assignment]
+                 name: str = "shop", event_types: tuple[str, ...] = ("order.paid",)):
     """Create a destination of order.paid with attempts (status, outcome, latency)."""
     svc = app.extensions["ledger"]
-    sender = make_sender(app, account="acme", name="shop")
+    sender = make_sender(app, account="acme", name=name)
     with svc.engine.begin() as conn:
         created = create_destination(
             conn, svc.box, audit.Actor(name="test", role="admin"),
             get_integration(conn, sender.public_id),
-            DestinationSettings(url="https://orders.example.com/in", event_types=["order.paid"]),
+            DestinationSettings(url="https://orders.example.com/in",
+                                event_types=list(event_types)),
             policy=AddressPolicy(), handled_types=(), now=svc.clock.now())
         for number, (status, outcome, latency) in enumerate(answers, 1):
             record_attempt(conn, created.destination.id, scope_id=sender.scope_id,
@@ -70,6 +72,32 @@ def test_the_api_shows_health_and_never_a_secret(app):
     assert (failure["http_status"], failure["response_excerpt"]) == (503, SECRET_ANSWER)
     text = response.get_data(as_text=True)
     assert created.signing_secret not in text and "secret" not in text
+
+
+def test_each_destination_shows_its_own_health(app):
+    """Many destinations are read together; none borrows another's figures."""
+    fast = [(200, "complete", float(i)) for i in range(1, 41)]
+    flaky = [(200, "complete", 100.0), (200, "complete", 300.0)] + [
+        (500 + i, "retry", 50.0 * i) for i in range(1, 8)]
+    shop, first = _destination(app, answers=fast, name="shop")
+    bank, second = _destination(app, answers=flaky, name="bank", event_types=())
+    _idle, third = _destination(app, name="idle")
+    add_receipt(app, shop.scope_id, "evt_wait", state=0, event_type="order.paid")
+    for i in range(3):
+        add_receipt(app, bank.scope_id, f"evt_any_{i}", state=0, event_type=f"t.{i}")
+    make_operator(app, "olga", "oncall")
+    response = app.test_client().get("/api/v1/destinations",
+                                     headers=_bearer(make_token(app, "olga")))
+    items = {i["destination"]: i for i in response.get_json()["destinations"]}
+    one, two, three = (items[d.destination.public_id] for d in (first, second, third))
+    assert (one["attempts_sampled"], one["success_rate"], one["p95_latency_ms"],
+            one["backlog"], one["recent_failures"]) == (40, 1.0, 38.0, 1, [])
+    assert (two["attempts_sampled"], two["success_rate"], two["p95_latency_ms"],
+            two["backlog"]) == (9, round(2 / 9, 4), 350.0, 3)
+    assert [f["http_status"] for f in two["recent_failures"]] == [507, 506, 505, 504, 503]
+    assert (three["attempts_sampled"], three["success_rate"], three["p95_latency_ms"],
+            three["backlog"], three["recent_failures"]) == (0, None, None, 0, [])
+    assert [i["scope"] for i in items.values()] == ["acme/shop", "acme/bank", "acme/idle"]
 
 
 def test_a_viewer_never_sees_the_answers(app):

@@ -14,7 +14,7 @@ from ledger.reads.deliveries import DeliveryFilter, deliveries_stmt
 from ledger.reads.revocations import uses_after_stmt
 from ledger.reads.search import delivery_hits_stmt
 from ledger.reads.stuck import running_stmt
-from ledger.reads.throughput import newest_attempts_stmt
+from ledger.reads.throughput import newest_attempts_stmt, per_minute_stmt
 from ledger.web.dashboard.drill_page import last_start_stmt
 from tests.integration.pg_filled import filled_pg_ledger, insert_integrations
 from tests.integration.test_dashboard_explain import _plan
@@ -88,6 +88,8 @@ def test_work_in_flight_reads_are_bounded(big: Engine) -> None:
     _no_seq_scan(running, "jobs", "attempts")
     newest = _plan(big, newest_attempts_stmt())
     _no_seq_scan(newest, "attempts")
+    counted = _plan(big, per_minute_stmt([NOW - timedelta(minutes=m) for m in range(15, -1, -1)]))
+    _no_seq_scan(counted, "attempts")
 
 
 def test_revocation_drill_and_purge_preview_reads_use_indexes(big: Engine) -> None:

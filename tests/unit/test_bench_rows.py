@@ -53,3 +53,14 @@ def test_the_async_rows_judge_the_async_intake_against_the_same_runs_baselines()
     assert rows["web CPU per delivery, async intake vs the floor"].met  # 1.2x <= 1.35x
     assert rows["accepted/s, async intake vs shipped"].ratio == round(700 / 650, 3)
     assert "async 700, 700" in rows["accepted/s, async intake vs thin as written"].note
+
+
+def test_the_page_bench_visits_every_get_endpoint(app) -> None:  # type: ignore[no-untyped-def]
+    from bench import big
+
+    endpoints = {r.endpoint for r in app.url_map.iter_rules() if "GET" in (r.methods or ())}
+    assert endpoints - big.NOT_PAGES - set(big.PAGES) == set()
+    sample = dict.fromkeys(
+        f for visits in big.PAGES.values() for _, path in visits for f in big._fields(path))
+    visits, untimed = big.pages(app, {k: "x" for k in sample})
+    assert untimed == [] and len(visits) == sum(len(v) for v in big.PAGES.values())

@@ -31,6 +31,7 @@ from ledger.web.dashboard.svg import human_bytes, projection_chart, rate_chart, 
 from ledger.web.filters import (
     BadFilter,
     account_of,
+    audit_after,
     audit_filter,
     page_size,
     receipt_filter,
@@ -234,11 +235,16 @@ def audit_page() -> Response:
 @bp.get("/audit/verify")
 @requires("viewer")
 def audit_verify() -> Response:
-    """Walk the hash chain and report whether it holds (loaded lazily by the audit page)."""
-    svc = services()
-    with svc.engine.connect() as conn:
-        result = audit.verify_chain(conn)
-    return render("partials/_audit_verify.html", result=result)
+    """Verify a chunk of the hash chain (loaded lazily by the audit page); the status
+    replaces itself with the next chunk's until the walk ends in a verdict."""
+    try:
+        after = audit_after(request.args)
+    except BadFilter as error:
+        return render("partials/_audit_verify.html", result=None, error=str(error),
+                      status=400)
+    with services().engine.connect() as conn:
+        result = audit.verify_chunk(conn, after)
+    return render("partials/_audit_verify.html", result=result, error=None)
 
 
 @bp.get("/capacity")
@@ -261,12 +267,13 @@ def capacity_page() -> Response:
 
 def _purge_context() -> dict[str, Any]:
     """The next purge's preview and the forensic window's cost, for the Capacity page."""
-    from ledger.jobs.retention_preview import PAGE_CAP, forensic_cost, preview
+    from ledger.jobs.retention_preview import PAGE_CAP, PAGE_SCOPES, forensic_cost, preview
 
     svc = services()
 
     def read(conn: Connection) -> dict[str, Any]:
-        return {"purge": preview(conn, svc.settings, svc.clock.now(), cap=PAGE_CAP),
+        return {"purge": preview(conn, svc.settings, svc.clock.now(), cap=PAGE_CAP,
+                                 named=PAGE_SCOPES),
                 "forensic": forensic_cost(conn)}
 
     return {**replica_read(read), "page_cap": PAGE_CAP, "now": svc.clock.now(),
