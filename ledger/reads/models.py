@@ -270,3 +270,57 @@ class OverdueItem(TypedDict):
     kind: str
     age_seconds: float
     overdue_seconds: float
+
+
+class CapacityFigures(TypedDict):
+    """The CONTRACT's `ledger capacity` figures; `replicas` only when not 1."""
+
+    receipts: int
+    bytes_per_receipt_measured: float | None
+    retention_days: float
+    events_per_day: int
+    projected_bytes: int | None
+    replicas: NotRequired[int]
+
+
+class InstanceRow(TypedDict):
+    """A process in the overview's instances: its heartbeat's age, liveness and key lag."""
+
+    id: str
+    kind: str
+    hostname: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    credentials_refreshed_at: datetime | None
+    handles: list[str] | None  # a worker's event types; None: every type
+    heartbeat_age_seconds: float
+    refresh_lag_seconds: float | None
+    live: bool  # a beat within the bound
+
+
+class SchedulerRun(TypedDict):
+    """The latest run of a scheduled job (a row of `scheduler_runs`)."""
+
+    id: int
+    job: str
+    period_start: datetime
+    instance: str
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str
+    rows_affected: int | None
+    error: str | None
+    leased_until: datetime | None
+
+
+class FindingItem(TypedDict):
+    """An unresolved finding of the scheduled checks (a row of `findings`)."""
+
+    id: int
+    kind: str
+    subject: str
+    detail: str | None
+    first_seen: datetime
+    last_seen: datetime
+    resolved_at: datetime | None
