@@ -324,3 +324,28 @@ class FindingItem(TypedDict):
     first_seen: datetime
     last_seen: datetime
     resolved_at: datetime | None
+
+
+class RevokedKeyUse(TypedDict):
+    """A delivery the intake accepted with a key after its revocation."""
+
+    at: datetime
+    outcome: str
+    public_id: str | None
+    event_id: str | None
+    client: str | None
+    count: int
+    after_seconds: float  # since the revocation
+
+
+class RevocationEvidence(TypedDict):
+    """Did every web instance pick a revocation up, and what the intake did with the key since."""
+
+    refreshed: int  # web instances that refreshed after the revocation
+    instances: int  # of how many (those seen, and the live ones)
+    missing: list[str]  # live web instances not seen refreshing
+    slowest_seconds: float | None  # an upper bound
+    accepted: list[RevokedKeyUse]  # the first LIST_LIMIT
+    accepted_count: int
+    refused_count: int
+    uses_capped: bool  # more deliveries than READ_LIMIT were read
