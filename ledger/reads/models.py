@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 
 class Headline(TypedDict):
@@ -149,11 +149,26 @@ class DeliveryItem(TypedDict):
     count: int
 
 
+class AttemptRow(TypedDict):
+    """An attempt in the receipt detail: a row of the `attempts` table, every column."""
+
+    id: int
+    scope_id: int
+    event_id: str
+    number: int
+    worker_id: str
+    lease_token: int
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+    error: str | None
+
+
 class ReceiptDetail(ReceiptItem):
     """A receipt with its timeline, conflicts, audit rows, work item and retained payload."""
 
     body_sha256: str
-    attempt_rows: list[dict[str, Any]]  # the attempts table's columns
+    attempt_rows: list[AttemptRow]
     last_error: str | None
     conflicts: list[ConflictItem]
     audit: list[ReceiptAuditItem]

@@ -14,6 +14,7 @@ from ledger.db.schema import findings, instances, scheduler_runs
 from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.store import DestinationSettings, create_destination, record_attempt
 from ledger.reads.models import (
+    AttemptRow,
     AuditItem,
     CapacityFigures,
     ConflictItem,
@@ -73,6 +74,8 @@ def test_the_api_answers_the_keys_of_its_read_models(app) -> None:  # type: igno
     detail = get(f"/api/v1/receipts/{sender.public_id}/evt_f")
     assert set(detail) == _keys(ReceiptDetail)  # admin: the payload too
     assert set(detail["job"]) == _keys(WorkItemState)
+    assert detail["attempt_rows"]
+    assert all(set(a) == _keys(AttemptRow) for a in detail["attempt_rows"])
     assert detail["audit"] and all(set(a) == _keys(ReceiptAuditItem) for a in detail["audit"])
     original = get(f"/api/v1/receipts/{sender.public_id}/evt_ok")
     assert set(original["conflicts"][0]) == _keys(ConflictItem)
