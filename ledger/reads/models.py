@@ -364,3 +364,13 @@ class RevocationEvidence(TypedDict):
     accepted_count: int
     refused_count: int
     uses_capped: bool  # more deliveries than READ_LIMIT were read
+
+
+class IntegrationLiveKeys(TypedDict):
+    """An integration with how many of its keys verify now (0: every delivery is refused)."""
+
+    integration: str  # the public id
+    scope: str
+    profile: str
+    created_at: str  # ISO 8601
+    live_keys: int
