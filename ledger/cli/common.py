@@ -6,7 +6,7 @@ import functools
 import getpass
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import click
@@ -39,7 +39,7 @@ def current_flask_app() -> Flask:
     return cast("LocalProxy[Flask]", current_app)._get_current_object()
 
 
-def emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> None:
+def emit(as_json: bool, payload: Mapping[str, Any], text: str | None = None) -> None:
     """Print the result: one JSON object with --json, readable text otherwise."""
     if as_json:
         click.echo(json.dumps(payload, sort_keys=False))

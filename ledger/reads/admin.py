@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import Connection, func, or_, select, tuple_
 
@@ -14,7 +13,7 @@ from ledger.db.schema import audit_log, conflicts, credentials, integrations
 from ledger.domain import Integration
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
 from ledger.reads.deliveries import credential_usage
-from ledger.reads.models import AuditItem, CredentialItem, ListedConflict
+from ledger.reads.models import AuditItem, CredentialItem, IntegrationLiveKeys, ListedConflict
 from ledger.reads.receipts import MAX_LIMIT, conflict_columns, conflict_item, scope_names
 
 
@@ -67,7 +66,7 @@ def list_integrations(conn: Connection, *, account: str | None = None,
 
 
 def integrations_with_live_keys(conn: Connection, *, now: datetime,
-                                account: str | None = None) -> list[dict[str, Any]]:
+                                account: str | None = None) -> list[IntegrationLiveKeys]:
     """Return every integration (or one account's) by scope, with its keys that verify now.
 
     `live_keys` counts active credentials and retiring ones before their `expires_at`:
@@ -85,8 +84,9 @@ def integrations_with_live_keys(conn: Connection, *, now: datetime,
              .order_by(integrations.c.account, integrations.c.name))
     if account is not None:
         query = query.where(integrations.c.account == account)
-    return [{"integration": r.public_id, "scope": f"{r.account}/{r.name}", "profile": r.profile,
-             "created_at": r.created_at.isoformat(), "live_keys": int(r.live_keys)}
+    return [IntegrationLiveKeys(integration=r.public_id, scope=f"{r.account}/{r.name}",
+                                profile=r.profile, created_at=r.created_at.isoformat(),
+                                live_keys=int(r.live_keys))
             for r in conn.execute(query)]
 
 

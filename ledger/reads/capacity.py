@@ -20,27 +20,27 @@ took most of a second. `ledger capacity` counts exactly.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, text
 
 from ledger.config import Settings
 from ledger.db import citus
 from ledger.db.schema import hourly_series, receipts, scope_counts
+from ledger.reads.models import CapacityFigures
 
 DAY = timedelta(days=1)
 HOUR = timedelta(hours=1)
 
 
 def measure(engine: Engine, settings: Settings, *, replicas: int = 1,
-            now: datetime | None = None, from_rollups: bool = False) -> dict[str, Any]:
+            now: datetime | None = None, from_rollups: bool = False) -> CapacityFigures:
     """Return the CONTRACT's `ledger capacity` figures (plus `replicas` when not 1)."""
     with engine.connect() as conn:
         return measure_on(conn, settings, replicas=replicas, now=now, from_rollups=from_rollups)
 
 
 def measure_on(conn: Connection, settings: Settings, *, replicas: int = 1,
-               now: datetime | None = None, from_rollups: bool = False) -> dict[str, Any]:
+               now: datetime | None = None, from_rollups: bool = False) -> CapacityFigures:
     """Return the capacity figures read on `conn` (a replica's, for the dashboard)."""
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
@@ -52,7 +52,7 @@ def measure_on(conn: Connection, settings: Settings, *, replicas: int = 1,
     retention_days = round(settings.retention_seconds / 86400, 4)
     projected = (round(per_day * retention_days * per_receipt * replicas)
                  if per_receipt is not None else None)
-    result: dict[str, Any] = {
+    result: CapacityFigures = {
         "receipts": rows, "bytes_per_receipt_measured": per_receipt,
         "retention_days": retention_days, "events_per_day": per_day,
         "projected_bytes": projected,
@@ -96,10 +96,10 @@ def receipts_bytes(conn: Connection) -> int:
         {f"n{i}": name for i, name in enumerate(names)}).scalar_one())
 
 
-def describe(figures: dict[str, Any]) -> str:
+def describe(figures: CapacityFigures) -> str:
     """Return the figures as a few readable lines for a terminal."""
-    per = figures["bytes_per_receipt_measured"]
-    if per is None:
+    per, projected = figures["bytes_per_receipt_measured"], figures["projected_bytes"]
+    if per is None or projected is None:
         return "no receipts yet: nothing to measure (deliver some events first)"
     lines = [
         f"receipts:            {figures['receipts']:,}",
@@ -109,6 +109,5 @@ def describe(figures: dict[str, Any]) -> str:
     ]
     if "replicas" in figures:
         lines.append(f"replicas:            {figures['replicas']}")
-    lines.append(f"projected bytes:     {figures['projected_bytes']:,} "
-                 f"(≈ {figures['projected_bytes'] / 1e9:.2f} GB)")
+    lines.append(f"projected bytes:     {projected:,} (≈ {projected / 1e9:.2f} GB)")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 
 class Headline(TypedDict):
@@ -149,11 +149,26 @@ class DeliveryItem(TypedDict):
     count: int
 
 
+class AttemptRow(TypedDict):
+    """An attempt in the receipt detail: a row of the `attempts` table, every column."""
+
+    id: int
+    scope_id: int
+    event_id: str
+    number: int
+    worker_id: str
+    lease_token: int
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+    error: str | None
+
+
 class ReceiptDetail(ReceiptItem):
     """A receipt with its timeline, conflicts, audit rows, work item and retained payload."""
 
     body_sha256: str
-    attempt_rows: list[dict[str, Any]]  # the attempts table's columns
+    attempt_rows: list[AttemptRow]
     last_error: str | None
     conflicts: list[ConflictItem]
     audit: list[ReceiptAuditItem]
@@ -270,3 +285,92 @@ class OverdueItem(TypedDict):
     kind: str
     age_seconds: float
     overdue_seconds: float
+
+
+class CapacityFigures(TypedDict):
+    """The CONTRACT's `ledger capacity` figures; `replicas` only when not 1."""
+
+    receipts: int
+    bytes_per_receipt_measured: float | None
+    retention_days: float
+    events_per_day: int
+    projected_bytes: int | None
+    replicas: NotRequired[int]
+
+
+class InstanceRow(TypedDict):
+    """A process in the overview's instances: its heartbeat's age, liveness and key lag."""
+
+    id: str
+    kind: str
+    hostname: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    credentials_refreshed_at: datetime | None
+    handles: list[str] | None  # a worker's event types; None: every type
+    heartbeat_age_seconds: float
+    refresh_lag_seconds: float | None
+    live: bool  # a beat within the bound
+
+
+class SchedulerRun(TypedDict):
+    """The latest run of a scheduled job (a row of `scheduler_runs`)."""
+
+    id: int
+    job: str
+    period_start: datetime
+    instance: str
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str
+    rows_affected: int | None
+    error: str | None
+    leased_until: datetime | None
+
+
+class FindingItem(TypedDict):
+    """An unresolved finding of the scheduled checks (a row of `findings`)."""
+
+    id: int
+    kind: str
+    subject: str
+    detail: str | None
+    first_seen: datetime
+    last_seen: datetime
+    resolved_at: datetime | None
+
+
+class RevokedKeyUse(TypedDict):
+    """A delivery the intake accepted with a key after its revocation."""
+
+    at: datetime
+    outcome: str
+    public_id: str | None
+    event_id: str | None
+    client: str | None
+    count: int
+    after_seconds: float  # since the revocation
+
+
+class RevocationEvidence(TypedDict):
+    """Did every web instance pick a revocation up, and what the intake did with the key since."""
+
+    refreshed: int  # web instances that refreshed after the revocation
+    instances: int  # of how many (those seen, and the live ones)
+    missing: list[str]  # live web instances not seen refreshing
+    slowest_seconds: float | None  # an upper bound
+    accepted: list[RevokedKeyUse]  # the first LIST_LIMIT
+    accepted_count: int
+    refused_count: int
+    uses_capped: bool  # more deliveries than READ_LIMIT were read
+
+
+class IntegrationLiveKeys(TypedDict):
+    """An integration with how many of its keys verify now (0: every delivery is refused)."""
+
+    integration: str  # the public id
+    scope: str
+    profile: str
+    created_at: str  # ISO 8601
+    live_keys: int

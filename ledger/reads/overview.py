@@ -22,7 +22,7 @@ from ledger.db.schema import (
 from ledger.domain import JobStatus, ReceiptState
 from ledger.reads.admin import list_integrations
 from ledger.reads.cursor import Page
-from ledger.reads.models import Headline
+from ledger.reads.models import Headline, InstanceRow, SchedulerRun
 from ledger.scheduling.instances import InstanceKind, handled_types
 
 HEADLINE_CAP = 100_000
@@ -37,10 +37,10 @@ class Overview:
     headline: Headline
     scopes: Page
     rollups_refreshed_at: datetime | None  # the age of the scopes' counts
-    instances: list[dict[str, Any]]  # each with `live`: a beat within the bound
+    instances: list[InstanceRow]  # each with `live`: a beat within the bound
     live_counts: dict[str, int]  # live instances per kind: web, worker, scheduler
     work_due: bool  # a queued work item is due now
-    scheduler_runs: list[dict[str, Any]]
+    scheduler_runs: list[SchedulerRun]
 
     @property
     def no_live_worker(self) -> bool:
@@ -117,23 +117,25 @@ def scope_rows(conn: Connection, now: datetime, *, cursor: str | None = None,
 
 
 def instance_rows(conn: Connection, now: datetime, *,
-                  live_within: float) -> list[dict[str, Any]]:
+                  live_within: float) -> list[InstanceRow]:
     """Return the most recently alive instances with heartbeat age, liveness and key lag."""
     rows = conn.execute(select(instances).order_by(instances.c.heartbeat_at.desc())
                         .limit(INSTANCE_LIMIT))
-    items = []
+    items: list[InstanceRow] = []
     for r in rows:
         lag = (now - r.credentials_refreshed_at).total_seconds() \
             if r.credentials_refreshed_at else None
         age = (now - r.heartbeat_at).total_seconds()
         handles = handled_types(r.handles)
-        items.append(dict(r._mapping, heartbeat_age_seconds=age, refresh_lag_seconds=lag,
-                          live=age <= live_within,
-                          handles=None if handles is None else list(handles)))
+        items.append(InstanceRow(
+            id=r.id, kind=r.kind, hostname=r.hostname, pid=r.pid, started_at=r.started_at,
+            heartbeat_at=r.heartbeat_at, credentials_refreshed_at=r.credentials_refreshed_at,
+            handles=None if handles is None else list(handles),
+            heartbeat_age_seconds=age, refresh_lag_seconds=lag, live=age <= live_within))
     return items
 
 
-def live_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+def live_counts(rows: list[InstanceRow]) -> dict[str, int]:
     """Count the live instances per kind (every kind present, zero included)."""
     counts = {kind.value: 0 for kind in InstanceKind}
     for row in rows:
@@ -149,13 +151,16 @@ def work_due(conn: Connection, now: datetime) -> bool:
         is not None
 
 
-def last_runs(conn: Connection) -> list[dict[str, Any]]:
+def last_runs(conn: Connection) -> list[SchedulerRun]:
     """Return the latest run of each scheduled job (the unique (job, period) index)."""
     names = conn.execute(select(scheduler_runs.c.job).distinct().order_by(scheduler_runs.c.job))
-    items = []
+    items: list[SchedulerRun] = []
     for name in names.scalars().all():
         row = conn.execute(select(scheduler_runs).where(scheduler_runs.c.job == name)
                            .order_by(scheduler_runs.c.period_start.desc()).limit(1)).first()
         if row is not None:
-            items.append(dict(row._mapping))
+            items.append(SchedulerRun(
+                id=row.id, job=row.job, period_start=row.period_start, instance=row.instance,
+                started_at=row.started_at, finished_at=row.finished_at, outcome=row.outcome,
+                rows_affected=row.rows_affected, error=row.error, leased_until=row.leased_until))
     return items

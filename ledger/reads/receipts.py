@@ -19,6 +19,7 @@ from ledger.errors import NotFound
 from ledger.reads.cursor import BadCursor, Page, decode_cursor, encode_cursor
 from ledger.reads.destinations import receipt_answers
 from ledger.reads.models import (
+    AttemptRow,
     ConflictItem,
     DeliveryItem,
     FailureItem,
@@ -255,7 +256,10 @@ def receipt_detail(conn: Connection, scope_id: int, event_id: str) -> ReceiptDet
     if row is None:
         return None
     item = receipt_item(row, scope_names(conn, {scope_id}))
-    attempt_rows = [dict(a._mapping) for a in conn.execute(
+    attempt_rows = [AttemptRow(
+        id=a.id, scope_id=a.scope_id, event_id=a.event_id, number=a.number,
+        worker_id=a.worker_id, lease_token=a.lease_token, started_at=a.started_at,
+        finished_at=a.finished_at, outcome=a.outcome, error=a.error) for a in conn.execute(
         select(attempts).where(attempts.c.scope_id == scope_id, attempts.c.event_id == event_id)
         .order_by(attempts.c.number, attempts.c.id))]
     work = conn.execute(select(jobs.c.status, jobs.c.run_at, jobs.c.leased_by,

@@ -13,6 +13,7 @@ from ledger.domain import JobStatus, ReceiptState
 from ledger.reads.cursor import Page, decode_cursor, encode_cursor
 from ledger.reads.models import (
     FailureItem,
+    FindingItem,
     OrphanReceiptItem,
     OverdueItem,
     PendingReceiptItem,
@@ -138,11 +139,13 @@ def overdue_work(conn: Connection, now: datetime, grace_seconds: int) -> list[Ov
     return items
 
 
-def open_findings(conn: Connection, limit: int = STUCK_LIMIT) -> list[dict[str, Any]]:
+def open_findings(conn: Connection, limit: int = STUCK_LIMIT) -> list[FindingItem]:
     """Return unresolved findings of the scheduled checks, newest first."""
     rows = conn.execute(select(findings).where(findings.c.resolved_at.is_(None))
                         .order_by(findings.c.last_seen.desc()).limit(limit))
-    return [dict(r._mapping) for r in rows]
+    return [FindingItem(id=r.id, kind=r.kind, subject=r.subject, detail=r.detail,
+                        first_seen=r.first_seen, last_seen=r.last_seen,
+                        resolved_at=r.resolved_at) for r in rows]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,7 +161,7 @@ class StuckWork:
     running: list[RunningItem]  # held now: worker, running for, lease left
     pending: list[PendingReceiptItem]
     overdue_jobs: list[OverdueItem]
-    findings: list[dict[str, Any]]
+    findings: list[FindingItem]
     threshold_seconds: float  # pending longer than this is stuck
     grace_seconds: int  # a work item due longer than this is overdue
 

@@ -10,20 +10,26 @@ from typing import Any
 
 from ledger.access import audit
 from ledger.access.integrations import get_integration
+from ledger.db.schema import findings, instances, scheduler_runs
 from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.store import DestinationSettings, create_destination, record_attempt
 from ledger.reads.models import (
+    AttemptRow,
     AuditItem,
+    CapacityFigures,
     ConflictItem,
     CredentialItem,
     DeliveryItem,
     DestinationAnswer,
     DestinationFailure,
     FailureItem,
+    FindingItem,
+    InstanceRow,
     ListedConflict,
     ReceiptAuditItem,
     ReceiptDetail,
     ReceiptItem,
+    SchedulerRun,
     WorkItemState,
 )
 from tests.dashboard_helpers import (
@@ -68,6 +74,8 @@ def test_the_api_answers_the_keys_of_its_read_models(app) -> None:  # type: igno
     detail = get(f"/api/v1/receipts/{sender.public_id}/evt_f")
     assert set(detail) == _keys(ReceiptDetail)  # admin: the payload too
     assert set(detail["job"]) == _keys(WorkItemState)
+    assert detail["attempt_rows"]
+    assert all(set(a) == _keys(AttemptRow) for a in detail["attempt_rows"])
     assert detail["audit"] and all(set(a) == _keys(ReceiptAuditItem) for a in detail["audit"])
     original = get(f"/api/v1/receipts/{sender.public_id}/evt_ok")
     assert set(original["conflicts"][0]) == _keys(ConflictItem)
@@ -102,3 +110,38 @@ def test_destination_answers_carry_the_keys_of_their_read_models(app) -> None:  
     listed = client.get("/api/v1/destinations", headers=headers).get_json()
     (failure,) = listed["destinations"][0]["recent_failures"]
     assert set(failure) == _keys(DestinationFailure)
+
+
+def test_the_overview_stuck_and_capacity_answer_the_keys_of_their_read_models(app) -> None:  # type: ignore[no-untyped-def]
+    sender = make_sender(app)
+    client = app.test_client()
+    deliver(client, sender, "evt_ok")
+    svc = app.extensions["ledger"]
+    now = svc.clock.now()
+    with svc.engine.begin() as conn:  # a worker's heartbeat, a finished run, an open finding
+        conn.execute(instances.insert().values(
+            id="w-1", kind="worker", hostname="box", pid=7, started_at=now, heartbeat_at=now,
+            credentials_refreshed_at=now, handles='["order.paid"]'))
+        conn.execute(scheduler_runs.insert().values(
+            job="purge", period_start=now, instance="w-1", started_at=now, finished_at=now,
+            outcome="ok", rows_affected=0))
+        conn.execute(findings.insert().values(
+            kind="orphan", subject="scope 1", detail="no job", first_seen=now, last_seen=now))
+    make_operator(app, "pager", "admin")
+    headers = {"Authorization": f"Bearer {make_token(app, 'pager')}"}
+
+    def get(path: str) -> Any:
+        response = client.get(path, headers=headers)
+        assert response.status_code == 200, (path, response.get_data(as_text=True))
+        return response.get_json()
+
+    overview = get("/api/v1/overview")
+    assert "w-1" in {i["id"] for i in overview["instances"]}
+    assert all(set(i) == _keys(InstanceRow) for i in overview["instances"])
+    assert "purge" in {r["job"] for r in overview["scheduler_runs"]}
+    assert all(set(r) == _keys(SchedulerRun) for r in overview["scheduler_runs"])
+    found = get("/api/v1/stuck")["findings"]
+    assert "orphan" in {f["kind"] for f in found}
+    assert all(set(f) == _keys(FindingItem) for f in found)
+    # `replicas` only from the CLI's --replicas (not 1); the API measures one copy
+    assert set(get("/api/v1/capacity")) == _keys(CapacityFigures) - {"replicas"}

@@ -19,6 +19,7 @@ from ledger.intake.signatures.catalog import cards
 from ledger.reads import BadCursor, Page
 from ledger.reads.admin import list_audit, list_conflicts, list_integrations, read_credentials
 from ledger.reads.capacity import measure_on
+from ledger.reads.models import CapacityFigures
 from ledger.reads.overview import read_overview
 from ledger.reads.receipts import list_receipts, read_receipt
 from ledger.reads.revocations import revocation_evidence
@@ -252,14 +253,15 @@ def audit_verify() -> Response:
 def capacity_page() -> Response:
     """The seed's equation with measured bytes per receipt, and a projection chart."""
     svc = services()
-    numbers: dict[str, Any] | None = replica_read(lambda conn: measure_on(
+    numbers: CapacityFigures | None = replica_read(lambda conn: measure_on(
         conn, svc.settings, now=svc.clock.now(), from_rollups=True))
     chart = None
-    if numbers is not None and numbers["bytes_per_receipt_measured"] is None:
+    per = numbers["bytes_per_receipt_measured"] if numbers is not None else None
+    if per is None:
         numbers = None  # no receipts yet: nothing to measure, the page says so
-    if numbers is not None:
+    if numbers is not None and per is not None:
         chart = projection_chart(events_per_day=numbers["events_per_day"],
-                                 bytes_per_receipt=numbers["bytes_per_receipt_measured"],
+                                 bytes_per_receipt=per,
                                  retention_days=numbers["retention_days"])
     return render("capacity.html", numbers=numbers, chart=chart, human_bytes=human_bytes,
                   retention_seconds=svc.settings.retention_seconds, **_purge_context())
