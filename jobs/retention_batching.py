@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TypeVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, Table, delete, select, tuple_
 from sqlalchemy import exc as sa_exc
 
 from ledger.config import DEFAULT_DUTY_CYCLE, Settings, check_duty_cycle
@@ -75,3 +76,18 @@ def _set_lock_timeout(conn: Connection, settings: Settings) -> None:
     """Bound how long a batch waits for a row lock (PostgreSQL; SQLite has busy_timeout)."""
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(settings.lock_timeout_ms)}")
+
+
+def delete_expired(engine: Engine, table: Table, key: tuple[str, ...], now: datetime,
+                   batch_size: int) -> int:
+    """Delete `table`'s rows whose `expires_at` has passed, batch by batch (each its own
+    transaction, picked by their `key` columns); return how many."""
+    total = 0
+    columns = [table.c[name] for name in key]
+    while True:
+        picked = select(*columns).where(table.c.expires_at < now).limit(batch_size)
+        with engine.begin() as conn:
+            count = int(conn.execute(delete(table).where(tuple_(*columns).in_(picked))).rowcount)
+        total += count
+        if count < batch_size:
+            return total

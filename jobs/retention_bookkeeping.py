@@ -11,7 +11,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, select, tuple_
+from sqlalchemy import Connection, Engine, delete, select
 
 from ledger.config import Settings
 from ledger.db.schema import (
@@ -25,7 +25,7 @@ from ledger.db.schema import (
 from ledger.metrics import PURGED_ROWS
 
 from . import retention_scoped as scoped
-from .retention_batching import run_batch
+from .retention_batching import delete_expired, run_batch
 
 
 def expire_bookkeeping(engine: Engine, settings: Settings, cutoff: datetime, *,
@@ -69,13 +69,4 @@ def drop_old_requeue_members(engine: Engine, cutoff: datetime) -> int:
 def drop_expired_sender_tokens(engine: Engine, now: datetime, batch_size: int) -> int:
     """Forget the senders' signature tokens whose signed timestamp has left the freshness
     window (a signature that old is refused as stale anyway); return how many."""
-    total = 0
-    key = tuple_(sender_tokens.c.scope_id, sender_tokens.c.token)
-    while True:
-        picked = (select(sender_tokens.c.scope_id, sender_tokens.c.token)
-                  .where(sender_tokens.c.expires_at < now).limit(batch_size))
-        with engine.begin() as conn:
-            count = int(conn.execute(delete(sender_tokens).where(key.in_(picked))).rowcount)
-        total += count
-        if count < batch_size:
-            return total
+    return delete_expired(engine, sender_tokens, ("scope_id", "token"), now, batch_size)

@@ -12,14 +12,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, select, tuple_, update
+from sqlalchemy import Connection, Engine, func, select, tuple_, update
 
 from ledger.config import Settings
 from ledger.db.schema import conflict_bodies, conflicts, jobs
 from ledger.domain import JobStatus
 from ledger.metrics import PURGED_ROWS
 
-from .retention_batching import run_batch
+from .retention_batching import delete_expired, run_batch
 
 
 def count_expired_payloads(conn: Connection, review_cutoff: datetime) -> int:
@@ -79,13 +79,4 @@ def expire_conflict_bodies(engine: Engine, settings: Settings, review_cutoff: da
 
 def drop_expired_forensic_bodies(engine: Engine, now: datetime, batch_size: int) -> int:
     """Delete the forensic window's bodies whose time is up, batch by batch; return how many."""
-    total = 0
-    key = tuple_(conflict_bodies.c.scope_id, conflict_bodies.c.event_id)
-    while True:
-        picked = (select(conflict_bodies.c.scope_id, conflict_bodies.c.event_id)
-                  .where(conflict_bodies.c.expires_at < now).limit(batch_size))
-        with engine.begin() as conn:
-            count = int(conn.execute(delete(conflict_bodies).where(key.in_(picked))).rowcount)
-        total += count
-        if count < batch_size:
-            return total
+    return delete_expired(engine, conflict_bodies, ("scope_id", "event_id"), now, batch_size)
