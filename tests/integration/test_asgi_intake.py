@@ -19,12 +19,7 @@ from sqlalchemy import update
 from ledger.db.schema import receipts
 from ledger.domain import ReceiptState
 from tests.helpers import event_body, ledger_counts, make_sender, signed_headers
-from tests.integration.test_slow_headers import (
-    DEADLINE,
-    _answers_meanwhile,
-    _slow_clients,
-    _trickling,
-)
+from tests.integration.test_slow_headers import DEADLINE, served_while_slow_clients_get_408
 from tests.servers import asgi_intake_server, gunicorn_server
 
 WORKERS = 2
@@ -109,13 +104,7 @@ def test_slow_heads_and_bodies_are_answered_408_while_others_are_served(  # type
     sender = make_sender(pg_app)
     path = f"/hooks/{sender.public_id}"
     with asgi_intake_server(pg_env, workers=WORKERS) as (base_url, _process):
-        clients = _slow_clients(base_url, path, signed_headers(sender, b"{}", "evt_slow"))
-        with _trickling(clients):
-            _answers_meanwhile(base_url, sender, path)
-            for client in clients:  # the deadline closes every one of them
-                assert client.closed.wait(timeout=DEADLINE + 15)
-    assert all(c.reply.startswith(b"HTTP/1.1 408") for c in clients), \
-        sorted({c.reply[:30] for c in clients})
+        served_while_slow_clients_get_408(base_url, sender, path)
     assert ledger_counts(pg_app)["receipts"] == 3
 
 

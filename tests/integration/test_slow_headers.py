@@ -87,6 +87,17 @@ def _answers_meanwhile(base_url: str, sender, path: str) -> None:  # type: ignor
         assert answer.status_code == 202, answer.text
 
 
+def served_while_slow_clients_get_408(base_url: str, sender, path: str) -> None:  # type: ignore[no-untyped-def]
+    """Hold the slow clients open while others are answered; the deadline ends each with 408."""
+    clients = _slow_clients(base_url, path, signed_headers(sender, b"{}", "evt_slow"))
+    with _trickling(clients):
+        _answers_meanwhile(base_url, sender, path)
+        for client in clients:  # the deadline closes every one of them
+            assert client.closed.wait(timeout=DEADLINE + 15)
+    assert all(c.reply.startswith(b"HTTP/1.1 408") for c in clients), \
+        sorted({c.reply[:30] for c in clients})
+
+
 def test_slow_heads_and_bodies_hold_no_thread(app, test_env) -> None:  # type: ignore[no-untyped-def]
     """The Procfile's web line and the systemd unit: gunicorn with gunicorn.conf.py."""
     sender = make_sender(app)
@@ -94,13 +105,7 @@ def test_slow_heads_and_bodies_hold_no_thread(app, test_env) -> None:  # type: i
            "LEDGER_LOG_LEVEL": "WARNING"}
     path = f"/hooks/{sender.public_id}"
     with gunicorn_server(env, workers=2) as (base_url, _process):
-        clients = _slow_clients(base_url, path, signed_headers(sender, b"{}", "evt_slow"))
-        with _trickling(clients):
-            _answers_meanwhile(base_url, sender, path)
-            for client in clients:  # the deadline closes every one of them
-                assert client.closed.wait(timeout=DEADLINE + 15)
-    assert all(c.reply.startswith(b"HTTP/1.1 408") for c in clients), \
-        sorted({c.reply[:30] for c in clients})
+        served_while_slow_clients_get_408(base_url, sender, path)
     assert ledger_counts(app)["receipts"] == 3
 
 
