@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from sqlalchemy import update
 from ledger.db.schema import receipts
 from ledger.domain import ReceiptState
 from tests.helpers import event_body, ledger_counts, make_sender, signed_headers
+from tests.integration.test_http_parser import _exchange
 from tests.integration.test_slow_headers import DEADLINE, served_while_slow_clients_get_408
 from tests.servers import asgi_intake_server, gunicorn_server
 
@@ -108,16 +108,6 @@ def test_slow_heads_and_bodies_are_answered_408_while_others_are_served(  # type
     assert ledger_counts(pg_app)["receipts"] == 3
 
 
-def _raw(base_url: str, request: bytes) -> bytes:
-    host, port = base_url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(request)
-        reply = b""
-        while chunk := sock.recv(4096):
-            reply += chunk
-    return reply
-
-
 def test_a_head_over_the_limits_is_refused(pg_app, pg_env) -> None:  # type: ignore[no-untyped-def]
     """Too many header fields, or too many bytes of head: 431 and the connection closed."""
     sender = make_sender(pg_app)
@@ -125,7 +115,7 @@ def test_a_head_over_the_limits_is_refused(pg_app, pg_env) -> None:  # type: ign
     huge = "X-Pad: " + "x" * (70 * 1024) + "\r\n"
     with asgi_intake_server(pg_env, workers=1) as (base_url, _process):
         for extra in (fields, huge):
-            reply = _raw(base_url, (f"POST /hooks/{sender.public_id} HTTP/1.1\r\nHost: x\r\n"
+            reply = _exchange(base_url, (f"POST /hooks/{sender.public_id} HTTP/1.1\r\nHost: x\r\n"
                                     f"{extra}Content-Length: 2\r\n\r\n{{}}").encode())
             assert reply.startswith(b"HTTP/1.1 431"), reply[:40]
     assert ledger_counts(pg_app)["receipts"] == 0
