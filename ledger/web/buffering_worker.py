@@ -20,7 +20,6 @@ import errno
 import re
 import selectors
 import time
-from collections import deque
 from functools import partial
 from typing import Any
 
@@ -37,6 +36,8 @@ _LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d{1,12})[ \t]*\r\n", re.I)
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r\n]*chunked", re.I)
 # A client that asked for `100 Continue` sends its body only after the app's answer.
 _EXPECT = re.compile(rb"\r\nexpect:[ \t]*100-continue", re.I)
+# What one non-blocking read of a buffered connection found (BufferingThreadWorker._receive).
+READY, GONE, WAIT = object(), object(), object()
 TIMEOUT_ANSWER = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
                   b"Connection: close\r\nContent-Length: 29\r\n\r\n"
                   b'{"error": "request_timeout"}\n')
@@ -86,15 +87,18 @@ class BufferingThreadWorker(ThreadWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Track the connections being buffered and their bytes."""
         super().__init__(*args, **kwargs)
-        self.buffering: deque[BufferedConn] = deque()
+        self.buffering: set[BufferedConn] = set()
         self.buffered_bytes = 0
+        self._deadline: float | None = None
 
     def _deadline_seconds(self) -> float:
-        """Return LEDGER_BODY_READ_TIMEOUT_SECONDS as the app read it."""
-        services = getattr(self.wsgi, "extensions", {}).get("ledger")
-        settings = getattr(services, "settings", None)
-        return float(getattr(settings, "body_read_timeout_seconds",
-                             DEFAULT_DEADLINE_SECONDS))
+        """Return LEDGER_BODY_READ_TIMEOUT_SECONDS as the app read it (read once)."""
+        if self._deadline is None:
+            services = getattr(self.wsgi, "extensions", {}).get("ledger")
+            settings = getattr(services, "settings", None)
+            self._deadline = float(getattr(settings, "body_read_timeout_seconds",
+                                           DEFAULT_DEADLINE_SECONDS))
+        return self._deadline
 
     def accept(self, listener: Any) -> None:
         """Accept a connection and buffer its request in the event loop."""
@@ -129,7 +133,12 @@ class BufferingThreadWorker(ThreadWorker):
         self._buffer(conn)
 
     def _buffer(self, conn: Any) -> None:
-        """Watch the connection until its request is ready for a thread."""
+        """Read the connection's request now if it is there, else watch it until it is.
+
+        The socket is usually readable already (a kept-alive connection's next request,
+        a new one's first bytes), and most requests arrive in one read: they go to a
+        thread at once, without a turn of the event loop or a poller registration.
+        """
         if not isinstance(conn, BufferedConn):  # TLS or HTTP/2: gthread's own way
             conn.data_ready = True
             self.enqueue_req(conn)
@@ -138,33 +147,48 @@ class BufferingThreadWorker(ThreadWorker):
         conn.deadline = None
         # A connection that sends nothing is closed after as long as gthread would wait.
         conn.timeout = time.monotonic() + max(self.cfg.keepalive, self._deadline_seconds())
-        self.buffering.append(conn)
-        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._read, conn))
+        outcome = self._receive(conn)
+        if outcome is READY:
+            self._dispatch(conn)
+        elif outcome is GONE:
+            self._drop(conn)
+        else:
+            self.buffering.add(conn)
+            self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._read, conn))
 
-    def _read(self, conn: BufferedConn, _client: Any) -> None:
-        """Read what arrived without blocking; hand the request over once it is ready."""
+    def _receive(self, conn: BufferedConn) -> object:
+        """Read what arrived without blocking: READY, GONE, or WAIT for more."""
         try:
             chunk = conn.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
-            return
+            return WAIT
         except OSError:
             chunk = b""
         if not chunk:  # the client went away before its request was complete
-            self._drop(conn)
-            return
+            return GONE
         if conn.deadline is None:
             conn.deadline = time.monotonic() + self._deadline_seconds()
         conn.buffered += chunk
         self.buffered_bytes += len(chunk)
         if request_ready(conn.buffered) or self.buffered_bytes > BUFFER_BUDGET_BYTES:
+            return READY
+        return WAIT
+
+    def _read(self, conn: BufferedConn, _client: Any) -> None:
+        """A watched connection is readable: hand the request over once it is ready."""
+        outcome = self._receive(conn)
+        if outcome is READY:
             self._dispatch(conn)
+        elif outcome is GONE:
+            self._drop(conn)
 
     def _forget(self, conn: BufferedConn) -> None:
-        """Stop watching a buffered connection."""
-        self.buffering.remove(conn)
+        """Stop watching a buffered connection (if it was watched) and count its bytes out."""
         self.buffered_bytes -= len(conn.buffered)
-        with contextlib.suppress(OSError, KeyError, ValueError):
-            self.poller.unregister(conn.sock)
+        if conn in self.buffering:
+            self.buffering.discard(conn)
+            with contextlib.suppress(OSError, KeyError, ValueError):
+                self.poller.unregister(conn.sock)
 
     def _dispatch(self, conn: BufferedConn) -> None:
         """Give the connection and its bytes to a thread."""
