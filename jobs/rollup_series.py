@@ -47,7 +47,7 @@ from sqlalchemy import (
 )
 
 from ledger.config import DEFAULT_RETENTION_SECONDS
-from ledger.db.schema import SERIES_MARK, hourly_series, receipts
+from ledger.db.schema import SERIES_MARK, hourly_series, hourly_totals, receipts
 from ledger.domain import ReceiptState
 
 from .rollup_band import (
@@ -132,8 +132,14 @@ def refresh_hourly_series(conn: Connection, now: datetime, *,
         recounted_at = mark.recounted_at
     failed, failed_read = _failed_changes(conn, window)
     stored |= _stored_cells(conn, [c for c in failed if c not in stored and c not in new])
-    written = _write_changed(conn, stored, new, failed, now)
+    written, hours = _write_changed(conn, stored, new, failed, now)
     conn.execute(delete(hourly_series).where(hourly_series.c.hour < window))
+    conn.execute(delete(hourly_totals).where(hourly_totals.c.hour < window))
+    if full:
+        hours = set(range(index_of(window), index_of(now) + 1))
+    elif hour is not None:
+        hours.add(hour)  # the repaired hour's totals too: whatever drifted is summed again
+    retotal(conn, [hour_of(h) for h in sorted(hours) if h >= index_of(window)])
     write_mark(conn, SERIES_MARK, band, now, recounted_at, repaired_hour=hour)
     return SeriesRun(written=written, receipts_read=read + failed_read, full=full,
                      repair_read=repair_read)
@@ -314,10 +320,25 @@ def _failed_changes(conn: Connection, window: datetime) -> tuple[dict[Cell, int]
     return changes, total
 
 
+def retotal(conn: Connection, hours: list[datetime]) -> None:
+    """Sum hourly_series over its scopes into hourly_totals for each of `hours`."""
+    for start in range(0, len(hours), 500):  # bound the IN list (SQLite's variables)
+        chunk = hours[start:start + 500]
+        sums = conn.execute(select(hourly_series.c.hour, func.sum(hourly_series.c.accepted),
+                                   func.sum(hourly_series.c.failed))
+                            .where(hourly_series.c.hour.in_(chunk))
+                            .group_by(hourly_series.c.hour)).all()
+        conn.execute(delete(hourly_totals).where(
+            hourly_totals.c.hour.in_(set(chunk) - {h for h, _, _ in sums})))
+        upsert(conn, hourly_totals, ["hour"], [
+            {"hour": h, "accepted": int(a), "failed": int(f)} for h, a, f in sums])
+
+
 def _write_changed(conn: Connection, stored: dict[Cell, Figures],
                    new: dict[Cell, tuple[int, int]], failed: dict[Cell, int],
-                   now: datetime) -> int:
-    """Write the cells whose figures changed (delete the emptied ones); return how many.
+                   now: datetime) -> tuple[int, set[int]]:
+    """Write the cells whose figures changed (delete the emptied ones); return how many
+    and the hours (indexes) they are in.
 
     `failed` holds only the cells whose failed figure changed; the others keep theirs.
     """
@@ -337,4 +358,4 @@ def _write_changed(conn: Connection, stored: dict[Cell, Figures],
     upsert(conn, hourly_series, ["scope_id", "hour"], [
         {"scope_id": s, "hour": hour_of(h), "accepted": a, "failed": f, "settled": st,
          "refreshed_at": now} for (s, h), (a, f, st) in changed.items() if a or f or st])
-    return len(changed)
+    return len(changed), {h for _, h in changed}

@@ -500,6 +500,18 @@ Index("ix_hourly_series_failed", hourly_series.c.scope_id, hourly_series.c.hour,
 # drops the hours past the window: by hour, not through the (scope_id, hour) key.
 Index("ix_hourly_series_hour", hourly_series.c.hour)
 
+# hourly_series summed over its scopes: the ledger's accepted and failed receipts per hour.
+# A rollups run rewrites the hours whose cells it changed, and the hour it repairs
+# (jobs/rollup_series.py), so the ledger's last 24 hours (Capacity) are 25 rows here, not
+# one per scope and hour (240,000 at 10,000 scopes).
+hourly_totals = Table(
+    "hourly_totals",
+    metadata,
+    Column("hour", UTCDateTime, primary_key=True),
+    Column("accepted", BigInteger, nullable=False),
+    Column("failed", BigInteger, nullable=False),
+)
+
 # From the delivery log, per integration and hour (jobs/rollup_deliveries.py): refusals
 # (4xx but 409), and answered deliveries (2xx, 409) per fixed latency bucket.
 DELIVERY_HOURS_MARK = "delivery_hours"  # its rollup_marks row

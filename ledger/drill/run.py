@@ -52,6 +52,7 @@ from ledger.drill.sandbox import (
     retention_replay,
     sign,
 )
+from ledger.jobs.rollup_series import retotal
 from ledger.scheduling.instances import live_instances
 
 if TYPE_CHECKING:
@@ -317,9 +318,12 @@ def delete_sandbox_integrations(conn: Connection, integration_ids: list[int]) ->
     removed: dict[str, int] = {}
     if not ids:
         return removed
+    hours = [h for (h,) in conn.execute(select(hourly_series.c.hour).distinct().where(
+        hourly_series.c.scope_id.in_(ids)))]
     for table in SCOPED_TABLES:
         removed[table.name] = conn.execute(
             delete(table).where(table.c.scope_id.in_(ids))).rowcount
+    retotal(conn, hours)  # the ledger's hourly totals no longer count the sandbox
     removed["credentials"] = conn.execute(
         delete(credentials).where(credentials.c.integration_id.in_(ids))).rowcount
     removed["integrations"] = conn.execute(

@@ -12,7 +12,7 @@ ledger accepted over the last 24 hours. Work items (the `jobs` table) are not co
 finished one's row is deleted, so they scale with the backlog, not with retention.
 
 The dashboard and the API read the two counts from the rollups (`from_rollups`:
-scope_counts and the hourly series, up to a rollups period old, the day in whole
+scope_counts and the hourly totals, up to a rollups period old, the day in whole
 hours) instead of counting the table per view: at 10M receipts the two counts
 took most of a second. `ledger capacity` counts exactly.
 """
@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, func, select, text
 
 from ledger.config import Settings
 from ledger.db import citus
-from ledger.db.schema import hourly_series, receipts, scope_counts
+from ledger.db.schema import hourly_totals, receipts, scope_counts
 from ledger.reads.models import CapacityFigures
 
 DAY = timedelta(days=1)
@@ -75,8 +75,8 @@ def _from_rollups(conn: Connection, since: datetime) -> tuple[int, int] | None:
     rows = conn.execute(select(func.sum(scope_counts.c.count))).scalar()
     if rows is None:
         return None
-    per_day = conn.execute(select(func.coalesce(func.sum(hourly_series.c.accepted), 0))
-                           .where(hourly_series.c.hour > since - HOUR)).scalar_one()
+    per_day = conn.execute(select(func.coalesce(func.sum(hourly_totals.c.accepted), 0))
+                           .where(hourly_totals.c.hour > since - HOUR)).scalar_one()
     return int(rows), int(per_day)
 
 

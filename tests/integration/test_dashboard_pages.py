@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from sqlalchemy import insert
 
+from jobs.rollup_series import retotal
 from ledger.db.schema import findings, hourly_series, instances, scheduler_runs, scope_counts
 from tests.dashboard_helpers import (
     add_conflict,
@@ -37,6 +38,8 @@ def _seed_rollups(app, scope_id: int) -> None:  # type: ignore[no-untyped-def]
                 scope_id=scope_id, hour=now.replace(minute=0, second=0, microsecond=0)
                 - timedelta(hours=hour), accepted=10 + hour, failed=hour, settled=10 + hour,
                 refreshed_at=now))
+        retotal(conn, [now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=h)
+                       for h in range(3)])
         conn.execute(insert(instances).values(
             id="web-1", kind="web", hostname="host-a", pid=4242, started_at=now,
             heartbeat_at=now, credentials_refreshed_at=now - timedelta(seconds=12)))

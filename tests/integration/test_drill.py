@@ -8,11 +8,20 @@ import shutil
 import subprocess
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 
+from jobs.rollup_series import retotal
 from ledger.access import audit
 from ledger.cli.drill_cmds import local_server
-from ledger.db.schema import audit_log, credentials, integrations, jobs, receipts
+from ledger.db.schema import (
+    audit_log,
+    credentials,
+    hourly_series,
+    hourly_totals,
+    integrations,
+    jobs,
+    receipts,
+)
 from ledger.drill.run import delete_sandbox_integrations, run_drill
 from ledger.intake.signatures import PROFILES
 from tests.helpers import deliver, make_sender
@@ -92,6 +101,33 @@ def test_cleanup_never_deletes_a_real_integration(drill_app):
         assert delete_sandbox_integrations(conn, [real.scope_id]) == {}
         remaining = conn.execute(select(func.count()).select_from(integrations)).scalar_one()
     assert remaining == 1
+
+
+def test_cleanup_takes_the_sandbox_out_of_the_ledgers_hourly_totals(drill_app):
+    """Capacity reads the ledger's last 24 hours from hourly_totals: once the sandbox's
+    rows are gone, the totals count the real accounts' receipts only."""
+    from ledger.access.integrations import create_integration
+
+    svc = drill_app.extensions["ledger"]
+    real = make_sender(drill_app)
+    now = svc.clock.now()
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    with svc.engine.begin() as conn:
+        sandbox, _ = create_integration(conn, svc.box, ACTOR, account="sandbox", name="s1",
+                                        profile="stripe", now=now, sandbox=True)
+        for scope, accepted in ((real.scope_id, 5), (sandbox.id, 40)):
+            conn.execute(insert(hourly_series).values(
+                scope_id=scope, hour=hour, accepted=accepted, failed=1, settled=0,
+                refreshed_at=now))
+        retotal(conn, [hour])
+        assert _totals(conn) == {hour: (45, 2)}
+        delete_sandbox_integrations(conn, [sandbox.id])
+        assert _totals(conn) == {hour: (5, 1)}
+
+
+def _totals(conn):  # type: ignore[no-untyped-def]
+    """Return hourly_totals as {hour: (accepted, failed)}."""
+    return {r.hour: (r.accepted, r.failed) for r in conn.execute(select(hourly_totals))}
 
 
 @pytest.fixture

@@ -38,6 +38,7 @@ from ledger.db.schema import (
     hourly_latency,
     hourly_refusals,
     hourly_series,
+    hourly_totals,
     jobs,
     receipts,
     rollup_marks,
@@ -87,6 +88,16 @@ def series(conn) -> dict[tuple[int, datetime], tuple[int, int]]:  # type: ignore
     """Return hourly_series as {(scope, hour): (accepted, failed)}."""
     return {(r.scope_id, r.hour): (r.accepted, r.failed) for r in conn.execute(
         select(hourly_series))}
+
+
+def totals_agree(conn) -> bool:  # type: ignore[no-untyped-def]
+    """Tell whether hourly_totals holds hourly_series summed over its scopes, hour by hour."""
+    summed: dict[datetime, tuple[int, int]] = {}
+    for (_, hour), (accepted, failed) in series(conn).items():
+        a, f = summed.get(hour, (0, 0))
+        summed[hour] = (a + accepted, f + failed)
+    kept = {r.hour: (r.accepted, r.failed) for r in conn.execute(select(hourly_totals))}
+    return kept == summed
 
 
 def delivery_cells(conn) -> dict[tuple[int, datetime, int], int]:  # type: ignore[no-untyped-def]
@@ -242,6 +253,7 @@ class RollupMachine(RuleBasedStateMachine):
         with self.svc.engine.connect() as conn:
             assert rollup(conn) == full_recount(conn), "full" if run.full else "incremental"
             assert series(conn) == series_recount(conn, now), series_run
+            assert totals_agree(conn), series_run
             incremental = delivery_cells(conn)
             assert whole_hours(incremental, whole) == delivery_recount(conn, whole, band.end)
         with self.svc.engine.connect() as conn:
@@ -528,6 +540,7 @@ def test_a_drifted_series_hour_is_recounted_by_the_run_whose_turn_it_is(rollup_a
         assert cell == ((4, 0) if repaired == hour else (9, 0)), (repaired, hour)
     with svc.engine.connect() as conn:
         assert series(conn) == series_recount(conn, clock.now())
+        assert totals_agree(conn)
         settled = conn.execute(select(hourly_series.c.settled).where(
             hourly_series.c.scope_id == scope, hourly_series.c.hour == hour_of(hour))).scalar()
     assert repaired == hour
