@@ -7,9 +7,14 @@ it); its backlog is its integration's queued work items of the types it takes, c
 BACKLOG_CAP.
 
 The page reads every destination's figures in three statements, not three per
-destination: each is a UNION ALL of one bounded, indexed read per destination (the
-newest attempts, the capped backlog, the latest failures), so a hundred destinations
-cost three round trips and the database, not the web process, sorts the sample.
+destination, each made of one bounded, indexed read per destination (the newest
+attempts, the capped backlog) or one pass (the latest failures), so a hundred
+destinations cost three round trips and the database, not the web process, sorts the
+sample. On PostgreSQL the bounded reads are LATERAL joins from the destinations table:
+one short statement whatever the number of destinations, compiled once and cached. SQLite
+has no LATERAL; there each statement is a UNION ALL of the per-destination reads (at a
+hundred destinations that statement took the web process about 40 ms to compile, and
+the database about as long to plan, on each view).
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Integer, case, func, literal, select, union_all
+from sqlalchemy import Connection, Integer, case, func, literal, select, text, true, union_all
 
-from ledger.db.schema import destination_attempts, integrations, jobs
+from ledger.db.schema import destination_attempts, destinations, integrations, jobs
 from ledger.destinations.store import SENDING, Destination, list_destinations
 from ledger.domain import JobStatus
 from ledger.reads.models import DestinationAnswer, DestinationFailure
@@ -63,13 +68,30 @@ def _answered(destination_id: int, since: datetime) -> Any:
             .order_by(destination_attempts.c.started_at.desc()).limit(SAMPLE_LIMIT))
 
 
+def _lateral_sample(ids: list[int], since: datetime) -> Any:
+    """PostgreSQL: the newest answered attempts of each destination of `ids`, up to
+    SAMPLE_LIMIT each, as one LATERAL join (the same reads as `_answered`)."""
+    a = destination_attempts
+    newest = (select(a.c.outcome, a.c.latency_ms)
+              .where(a.c.destination_id == destinations.c.id, a.c.started_at >= since,
+                     a.c.outcome != SENDING)
+              .order_by(a.c.started_at.desc()).limit(SAMPLE_LIMIT).lateral("newest"))
+    return (select(destinations.c.id.label("destination_id"), newest.c.outcome,
+                   newest.c.latency_ms)
+            .select_from(destinations.join(newest, true()))
+            .where(destinations.c.id.in_(ids)))
+
+
 def _all_stats(conn: Connection, ids: list[int], since: datetime
                ) -> dict[int, dict[str, Any]]:
     """Each destination's attempts sampled, success rate and p95 latency since `since`."""
     out: dict[int, dict[str, Any]] = {
         i: {"attempts_sampled": 0, "success_rate": None, "p95_latency_ms": None} for i in ids}
-    for batch in _batches(ids):
-        sample = union_all(*[_tagged(i, _answered(i, since)) for i in batch]).subquery()
+    lateral = conn.dialect.name == "postgresql"
+    for batch in [ids] if lateral else _batches(ids):
+        reads: Any = (_lateral_sample(batch, since) if lateral
+                      else union_all(*[_tagged(i, _answered(i, since)) for i in batch]))
+        sample = reads.subquery()
         ranked = select(
             sample.c.destination_id, sample.c.outcome, sample.c.latency_ms,
             func.row_number().over(partition_by=sample.c.destination_id,
@@ -89,8 +111,28 @@ def _all_stats(conn: Connection, ids: list[int], since: datetime
     return out
 
 
+# PostgreSQL: each destination's backlog as one LATERAL count of its integration's queued
+# work items of its types (`event_types` is a JSON array, NULL for every type), capped.
+_BACKLOGS_PG = text("""
+SELECT d.id, b.n
+FROM destinations d
+CROSS JOIN LATERAL (
+  SELECT count(*) AS n FROM (
+    SELECT 1 FROM jobs j
+    WHERE j.scope_id = d.integration_id AND j.status = :queued
+      AND (d.event_types IS NULL
+           OR j.event_type IN (SELECT jsonb_array_elements_text(d.event_types::jsonb)))
+    LIMIT :cap) capped) b
+WHERE d.id = ANY(:ids)
+""")
+
+
 def _all_backlogs(conn: Connection, found: list[Destination]) -> dict[int, int]:
     """Each destination's queued events (its integration's jobs of its types, capped)."""
+    if conn.dialect.name == "postgresql":
+        rows = conn.execute(_BACKLOGS_PG, {"queued": JobStatus.QUEUED.value,
+                                           "cap": BACKLOG_CAP, "ids": [d.id for d in found]})
+        return {d.id: 0 for d in found} | {int(i): int(n) for i, n in rows}
     out: dict[int, int] = {}
     for batch in _batches(found):
         out |= _backlogs(conn, batch)
