@@ -287,7 +287,9 @@ SWEEP = {"2 processes": {"WEB_CONCURRENCY": "2"},
          "pool 16 (= threads)": {"LEDGER_DB_POOL_SIZE": "16"},
          "6 processes": {"WEB_CONCURRENCY": "6"},
          "recycled every 50,000": {"GUNICORN_CMD_ARGS": "--max-requests 50000"},
-         "no keep-alive": {"GUNICORN_CMD_ARGS": "--keep-alive 0"}}
+         "no keep-alive": {"GUNICORN_CMD_ARGS": "--keep-alive 0"},
+         # gunicorn's own gthread: each request head read by a thread, not the event loop
+         "plain gthread": {"GUNICORN_CMD_ARGS": "--worker-class gthread"}}
 # What two of the features around the claim cost: the defaults beside the ledger without them.
 FEATURES = {"delivery log off": {"LEDGER_DELIVERY_LOG": "0"},
             "no per-delivery log line": {"LEDGER_LOG_LEVEL": "WARNING"}}
