@@ -62,6 +62,7 @@ class Watchdog:
         # Every deadline is now + the same `seconds`: arrival order is deadline order.
         self._queue: deque[Watch] = deque()
         self._pid: int | None = None
+        self._idle = False  # the thread waits for a first entry, with no deadline to keep
 
     def watch(self, sock: socket.socket) -> Watch:
         """Start the deadline of one body read on `sock`."""
@@ -69,10 +70,12 @@ class Watchdog:
             if self._pid != os.getpid():  # first use in this (possibly forked) process
                 self._pid = os.getpid()
                 self._queue.clear()
+                self._idle = False
                 threading.Thread(target=self._run, name="body-deadline", daemon=True).start()
             entry = Watch(sock, time.monotonic() + self.seconds)
             self._queue.append(entry)
-            if len(self._queue) == 1:
+            if self._idle:  # otherwise the thread already sleeps until an earlier deadline
+                self._idle = False
                 self._wake.notify()
         return entry
 
@@ -82,11 +85,15 @@ class Watchdog:
             entry.done = True
 
     def _run(self) -> None:
+        # The thread wakes only at the oldest entry's deadline (or for the first entry
+        # after the queue ran empty), never per request: a body read in time is dropped
+        # from the queue when its deadline comes, not when it ends. Waking it to drop
+        # each finished entry at once cost a thread switch per delivery, since a body
+        # already buffered by the server is read before the thread gets to run.
         while True:
             with self._lock:
-                while self._queue and self._queue[0].done:
-                    self._queue.popleft()
                 if not self._queue:
+                    self._idle = True
                     self._wake.wait()
                     continue
                 delay = self._queue[0].deadline - time.monotonic()
@@ -94,6 +101,8 @@ class Watchdog:
                     self._wake.wait(delay)
                     continue
                 entry = self._queue.popleft()
+                if entry.done:
+                    continue
                 entry.expired = True
                 # Under the lock: after release() returns, the socket (which the
                 # server may reuse for the next request) is never shut here.
