@@ -30,11 +30,14 @@ DEAD_KEY_USE = Counter(
     ["state"],
 )
 ATTEMPTS = Counter(
-    "ledger_attempts_total", "Handler attempts by event type and outcome",
+    "ledger_attempts_total",
+    "Handler attempts by event type and outcome (no Python handler: event type "
+    "'forwarded' when a destination ran it, else 'unhandled')",
     ["event_type", "outcome"],
 )
 TERMINAL_FAILURES = Counter(
-    "ledger_terminal_failures_total", "Receipts that became failed, by event type",
+    "ledger_terminal_failures_total",
+    "Receipts that became failed, by event type (labelled as ledger_attempts_total)",
     ["event_type"],
 )
 DELIVERY_LOG_ROWS = Counter(

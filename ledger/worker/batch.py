@@ -81,6 +81,7 @@ class Entry:
     event: Event | None = None
     error: Exception | None = None  # raised before the transaction (payload, prepare)
     leave: bool = False  # no handler here, a live worker has one: hand it back
+    forwarded: bool = False  # run by a destination (its metrics label says so)
     result_ref: str | None = None
     ended: Outcome | None = None  # set inside the transaction; reported after its commit
 
@@ -146,6 +147,7 @@ def _route(worker: Worker, entries: list[Entry]) -> None:
     for entry in entries:
         if entry.spec is None:
             entry.spec = specs.get(entry.key)
+            entry.forwarded = entry.spec is not None
             entry.leave = entry.spec is None and worker.handled_elsewhere(entry.item.event_type)
 
 
@@ -176,12 +178,13 @@ def _run(worker: Worker, entries: list[Entry]) -> None:
                               if e.ended is not FENCED]
         for entry in entries:
             if entry.ended is FENCED:
-                worker.report(entry.item, entry.scope, FENCED)
+                worker.report(entry.item, entry.scope, FENCED, forwarded=entry.forwarded)
         worker.record_interruptions()  # raises while the database is still away
         return
     for entry in entries:
         assert entry.ended is not None
-        worker.report(entry.item, entry.scope, entry.ended, entry.event)
+        worker.report(entry.item, entry.scope, entry.ended, entry.event,
+                      forwarded=entry.forwarded)
 
 
 def _transaction(worker: Worker, entries: list[Entry]) -> list[Lease]:

@@ -73,6 +73,8 @@ STORAGE_RETRY_SECONDS = 0.5  # mean wait between retries while the database is a
 BURST_ERROR_LIMIT = 5
 BURST_OUTAGE_LIMIT = 30  # retries (~15 s) a --burst worker gives a database that is away
 LIVE_TYPES_TTL = 1.0  # seconds a worker trusts its read of the live workers' event types
+# The attempt metrics' event_type label of work items no Python handler here ran.
+UNHANDLED, FORWARDED = "unhandled", "forwarded"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -306,19 +308,22 @@ class Worker:
         return event_type in read[1]
 
     def report(self, job: WorkItem, scope: str, outcome: Outcome,
-               event: Event | None = None) -> None:
-        """Log and count how an attempt ended, once its transaction committed (both paths)."""
+               event: Event | None = None, *, forwarded: bool = False) -> None:
+        """Log and count how an attempt ended, once its transaction committed (both paths).
+
+        `forwarded`: a destination ran the work item (no Python handler here).
+        """
         extra: dict[str, Any] = {name: value for name, value in (
             ("error", outcome.error), ("reason", outcome.reason),
             ("retry_in_seconds", outcome.retry_in)) if value is not None}
         self._transition(job, scope, "running", outcome.to_state, outcome=outcome.outcome,
-                         **extra)
+                         forwarded=forwarded, **extra)
         if outcome is COMPLETE and event is not None and self.hooks.after_commit is not None:
             self.hooks.after_commit(event)
 
     def _transition(self, job: WorkItem, scope: str, from_state: str, to_state: str, *,
                     outcome: str | None = None, level: int = logging.INFO,
-                    **extra: Any) -> None:
+                    forwarded: bool = False, **extra: Any) -> None:
         """Log one state transition and count the attempt's outcome."""
         if outcome is not None:
             extra["outcome"] = outcome
@@ -329,7 +334,8 @@ class Worker:
                   event_type=job.event_type, attempt=job.number, from_state=from_state,
                   to_state=to_state, accepted_at=job.accepted_at, **extra)
         if outcome is not None:
-            self._count(job.event_type, outcome, terminal=to_state == "failed")
+            self._count(job.event_type, outcome, terminal=to_state == "failed",
+                        forwarded=forwarded)
 
     def _log(self, message: str, *, scope: str, event_id: str, level: int = logging.INFO,
              accepted_at: datetime | None = None, **fields: Any) -> None:
@@ -340,9 +346,13 @@ class Worker:
         log.log(level, message, scope=scope, event_ref=event_ref(scope, event_id),
                 worker_id=self.worker_id, **fields)
 
-    def _count(self, event_type: str, outcome: str, *, terminal: bool) -> None:
-        """Update the attempt metrics (event types without a handler share one label)."""
-        label = event_type if self.registry.get(event_type) is not None else "unhandled"
+    def _count(self, event_type: str, outcome: str, *, terminal: bool,
+               forwarded: bool = False) -> None:
+        """Update the attempt metrics. Event types without a Python handler share one label
+        (their number is the senders' to choose): FORWARDED when a destination ran the work
+        item, else UNHANDLED."""
+        label = (event_type if self.registry.get(event_type) is not None
+                 else FORWARDED if forwarded else UNHANDLED)
         counter = self._counters.get((label, outcome))
         if counter is None:  # labels() takes a lock and builds its key: once per pair
             counter = self._counters[(label, outcome)] = metrics.ATTEMPTS.labels(

@@ -316,3 +316,25 @@ def test_the_dashboard_shows_a_real_run(setup):
     page = logged_in(app, "oncall", "oona").get("/destinations")
     assert page.status_code == 200 and created.destination.public_id in page.get_data(
         as_text=True)
+
+
+@PATHS
+def test_forwarded_attempts_are_counted_as_forwarded_not_unhandled(setup, batch_size):
+    """No Python handler ran them, but a destination did: the attempt metrics say so."""
+    from tests.integration.test_observability_metrics import samples, value
+
+    app, sender, receiver, url = setup
+    _destination(app, sender, url)
+    receiver.answer(Answer(status=200))
+    client = app.test_client()
+
+    def count(event_type: str) -> float:
+        page = samples(client.get("/metrics").get_data(as_text=True))
+        return value(page, "ledger_attempts_total", event_type=event_type, outcome="complete")
+
+    before = {label: count(label) for label in ("forwarded", "unhandled")}
+    send(app, sender, "evt_counted", body=event_body(sender, "evt_counted", "order.paid",
+                                                        AMOUNT), expect=ACCEPTED)
+    assert _run(app, batch_size) == 1
+    assert count("forwarded") - before["forwarded"] == 1
+    assert count("unhandled") == before["unhandled"]
