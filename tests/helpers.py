@@ -119,3 +119,15 @@ def ledger_counts(app: Flask) -> dict[str, int]:
         return {name: int(conn.execute(select(func.count()).select_from(table)).scalar_one())
                 for name, table in (("receipts", receipts), ("jobs", jobs),
                                     ("conflicts", conflicts))}
+
+
+def migrate_to(engine: Any, revision: str) -> None:
+    """Upgrade the engine's database to `revision` ("head" for the newest) with Alembic."""
+    from alembic import command
+
+    from ledger.db.engine import alembic_config
+
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)

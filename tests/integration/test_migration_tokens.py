@@ -5,21 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from alembic import command
 from sqlalchemy import insert, select
 
 from ledger.access.operators import operator_for_token, token_digest
 from ledger.config import Settings
-from ledger.db.engine import alembic_config, make_engine
+from ledger.db.engine import make_engine
 from ledger.db.schema import api_tokens, operators
 from tests.conftest import TEST_MASTER_KEY
-
-
-def _migrate(engine, revision: str) -> None:  # type: ignore[no-untyped-def]
-    cfg = alembic_config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+from tests.helpers import migrate_to
 
 
 def test_existing_tokens_become_read_only_and_expire_90_days_after_migration(
@@ -27,7 +20,7 @@ def test_existing_tokens_become_read_only_and_expire_90_days_after_migration(
     engine = make_engine(Settings(database_url=empty_db_url, var_dir=tmp_path,
                                   master_key=TEST_MASTER_KEY))
     try:
-        _migrate(engine, "0001")
+        migrate_to(engine, "0001")
         created = datetime(2026, 1, 1, tzinfo=UTC)
         with engine.begin() as conn:
             # Only the columns 0001 has: the rows look exactly like pre-0002 tokens.
@@ -38,7 +31,7 @@ def test_existing_tokens_become_read_only_and_expire_90_days_after_migration(
                     operator_id=1, token_sha256=token_digest(f"rlt_old{n}"),
                     created_at=created))
         before = datetime.now(UTC)
-        _migrate(engine, "head")
+        migrate_to(engine, "head")
         after = datetime.now(UTC)
         with engine.connect() as conn:
             rows = conn.execute(select(api_tokens)).all()

@@ -5,20 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from alembic import command
 from sqlalchemy import insert, select
 
 from ledger.config import Settings
-from ledger.db.engine import alembic_config, make_engine
+from ledger.db.engine import make_engine
 from ledger.db.schema import hourly_series, hourly_totals
 from tests.conftest import TEST_MASTER_KEY
-
-
-def _migrate(engine, revision: str) -> None:  # type: ignore[no-untyped-def]
-    cfg = alembic_config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+from tests.helpers import migrate_to
 
 
 def test_upgrade_fills_the_totals_from_the_series_already_kept(
@@ -26,7 +19,7 @@ def test_upgrade_fills_the_totals_from_the_series_already_kept(
     engine = make_engine(Settings(database_url=empty_db_url, var_dir=tmp_path,
                                   master_key=TEST_MASTER_KEY))
     try:
-        _migrate(engine, "0024_sender_tokens")
+        migrate_to(engine, "0024_sender_tokens")
         hour = datetime(2026, 11, 30, 12, tzinfo=UTC)
         with engine.begin() as conn:
             for scope in (1, 2, 3):
@@ -35,7 +28,7 @@ def test_upgrade_fills_the_totals_from_the_series_already_kept(
                         scope_id=scope, hour=hour - timedelta(hours=back),
                         accepted=10 * scope + back, failed=scope, settled=0,
                         refreshed_at=hour))
-        _migrate(engine, "head")
+        migrate_to(engine, "head")
         with engine.connect() as conn:
             totals = {r.hour: (r.accepted, r.failed) for r in conn.execute(select(hourly_totals))}
         assert totals == {hour: (60, 6), hour - timedelta(hours=1): (63, 6)}
