@@ -72,6 +72,26 @@ class DeliveryJob:
     event_type: str
     attempt: int  # the attempt's number in the receipt's history (X-Ledger-Attempt)
     payload: str | None  # the work item's payload: the body as received unless it was a form
+    leased_until: datetime | None = None  # the worker's lease on it: the send ends before
+
+
+# Of a work item's lease, what a send leaves for recording its answer and completing.
+LEASE_MARGIN_SECONDS = 5.0
+MIN_SEND_SECONDS = 1.0
+
+
+def send_timeout(timeout: float, leased_until: datetime | None, now: datetime) -> float:
+    """Return the send's timeout: the destination's, cut to end inside the work item's lease.
+
+    A send that outlasted the lease would let another worker claim the work item and send
+    it again while the first request is still open (its completion is fenced, but the
+    destination would be called twice). A destination slower than the lease needs a longer
+    LEDGER_LEASE_SECONDS.
+    """
+    if leased_until is None:
+        return timeout
+    left = (leased_until - now).total_seconds() - LEASE_MARGIN_SECONDS
+    return min(timeout, max(left, MIN_SEND_SECONDS))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,8 +132,9 @@ class DestinationDelivery:
             secrets = live_secrets(conn, self._box, destination.id, now=now)
             body, content_type = stored_request(conn, job.scope_id, job.event_id, job.payload)
         result = self._forwarder.forward(
-            ForwardTarget(url=destination.url, timeout_seconds=destination.timeout_seconds,
-                          secrets=secrets),
+            ForwardTarget(url=destination.url, secrets=secrets,
+                          timeout_seconds=send_timeout(destination.timeout_seconds,
+                                                       job.leased_until, now)),
             ForwardEvent(scope=job.scope, event_id=job.event_id, event_type=job.event_type,
                          attempt=job.attempt), body, content_type, now=now)
         self._record(destination, admission, result)

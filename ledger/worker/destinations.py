@@ -47,7 +47,8 @@ def delivery_spec(delivery: DestinationDelivery, job: WorkItem) -> HandlerSpec:
     def prepare(event: Event) -> Prepared:
         return delivery.prepare(DeliveryJob(
             scope=event.scope, scope_id=event.scope_id, event_id=event.event_id,
-            event_type=event.event_type, attempt=event.attempt, payload=job.payload))
+            event_type=event.event_type, attempt=event.attempt, payload=job.payload,
+            leased_until=job.leased_until))
 
     def apply(conn: Connection, event: Event) -> str:
         return DestinationDelivery.apply(conn, event.prepared)

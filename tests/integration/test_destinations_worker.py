@@ -10,6 +10,7 @@ never forwarded twice; a worker refuses to start with a handler for a destinatio
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -338,3 +339,28 @@ def test_forwarded_attempts_are_counted_as_forwarded_not_unhandled(setup, batch_
     assert _run(app, batch_size) == 1
     assert count("forwarded") - before["forwarded"] == 1
     assert count("unhandled") == before["unhandled"]
+
+
+def test_a_send_ends_inside_the_work_items_lease_whatever_the_timeout(test_env):
+    """A destination slower than the lease is cut off before the lease ends, so no other
+    worker can claim the work item and send it again while the first request is open."""
+    app = create_app({**test_env, "LEDGER_DESTINATION_ALLOW": "127.0.0.1",
+                      "LEDGER_DEMO_HANDLERS": "0", "LEDGER_LEASE_SECONDS": "7"},
+                     clock=FixedClock(datetime.now(UTC)))
+    try:
+        with receiving() as (url, receiver):
+            sender = make_sender(app, account="acme", name="shop")
+            _destination(app, sender, url, timeout_seconds=120)
+            receiver.answer(Answer(status=200, hold=True))
+            send(app, sender, "evt_1", "order.paid", AMOUNT, expect=ACCEPTED)
+            started = time.monotonic()
+            _run(app, 1)
+            took = time.monotonic() - started
+            receipt = _receipt(app, sender, "evt_1")
+    finally:
+        app.extensions["ledger"].close()
+    # 7 s of lease, 5 s kept for the answer's record and the completion: a 2 s send.
+    assert took < 6, took
+    assert (receipt["state"], receipt["attempts"]) == ("pending", 1)
+    [answer] = receipt["destination_attempts"]
+    assert answer["outcome"] == "retry" and answer["error"].startswith("timeout")
