@@ -286,7 +286,7 @@ SWEEP = {"2 processes": {"WEB_CONCURRENCY": "2"},
          "threads 4, pool 4": {"LEDGER_WEB_THREADS": "4", "LEDGER_DB_POOL_SIZE": "4"},
          "pool 16 (= threads)": {"LEDGER_DB_POOL_SIZE": "16"},
          "6 processes": {"WEB_CONCURRENCY": "6"},
-         "recycled every 50,000": {"GUNICORN_CMD_ARGS": "--max-requests 50000"},
+         "recycled every 50000": {"GUNICORN_CMD_ARGS": "--max-requests 50000"},
          "no keep-alive": {"GUNICORN_CMD_ARGS": "--keep-alive 0"},
          # gunicorn's own gthread: each request head read by a thread, not the event loop
          "plain gthread": {"GUNICORN_CMD_ARGS": "--worker-class gthread"}}

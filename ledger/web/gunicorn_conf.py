@@ -53,12 +53,15 @@ limit_request_line = 4094
 limit_request_fields = 64
 limit_request_field_size = 8190
 # Recycle workers now and then (slow leaks), staggered so they never restart together.
-max_requests = 5000
-max_requests_jitter = 500
+# Each recycle costs a fork, a new pool and cold caches: every 5,000 requests that was
+# about 3 % of the intake's throughput on 2 cores; every 50,000 (a few minutes per process
+# under load) it is a tenth of that (docs: explanation/performance.md, the sweep).
+max_requests = 50_000
+max_requests_jitter = 5_000
 # Load the app once in the master and fork workers from it. Importing and building
-# the app costs ~1.3 s of CPU; under load each worker recycles every ~15 s, so
-# without preloading the recycles alone took a fifth of a 2-core host and a
-# booting worker's queued requests make the latency tail. Safe here: building the
+# the app costs ~1.3 s of CPU; when workers recycled every 5,000 requests (every ~15 s
+# each under load), without preloading the recycles alone took a fifth of a 2-core host,
+# and a booting worker's queued requests make the latency tail. Safe here: building the
 # app opens no connection (pools fill in each worker), the heartbeat thread starts
 # in each worker on its first request, and prometheus-client resets its
 # per-process files after a fork.
