@@ -1,4 +1,4 @@
-"""Intake measures: accepted/s, p99, duplicates/s, SQLite default, memory per worker.
+"""Intake measures: accepted/s, p99, duplicates/s, SQLite default, memory per web process.
 
 The ledger and the thin baseline run side by side under the same gunicorn shape
 and are loaded in ABBA order (thin, ours, ours, thin), so a slow patch on this
@@ -379,3 +379,51 @@ def measure_async(e: benv.BenchEnv, seconds: float, rounds: int = 3) -> dict[str
                                        sum(r.wrk.requests for r in runs[name]))}
     return out | {"duplicates": dup, "workers": web.workers, "threads": web.threads,
                   "rounds": rounds}
+
+
+# The memory measure: how far a web process grows over as many requests as it serves between
+# two recycles (gunicorn.conf.py's max_requests), recycling off while it is measured.
+MEMORY_REQUESTS_PER_PROCESS = 50_000
+
+
+def _rss_mb(pid: int) -> float:
+    """Return a process's resident set size in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise LookupError(f"no VmRSS for process {pid}")
+
+
+def _workers(master: int) -> list[int]:
+    """Return the pids of a gunicorn master's worker processes."""
+    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    return sorted(int(pid) for pid in children)
+
+
+def measure_memory(e: benv.BenchEnv, requests_per_process: int = MEMORY_REQUESTS_PER_PROCESS
+                   ) -> dict[str, Any]:
+    """Serve the ledger as shipped (recycling off), warm it, note each web process's RSS,
+    load it until every process has served about `requests_per_process` new events, note
+    the RSS again. The same processes must still be running at the end."""
+    url = e.migrated_pg("memory")
+    public_id = ours_app(e, url)
+    web = WebServerSettings.from_env({})
+    env = e.app_env(url) | {"GUNICORN_CMD_ARGS": "--max-requests 0"}
+    with benv.shipped(env, log=e.tmp / "memory.log") as (base, process):
+        target = Target(base, url, f"/hooks/{public_id}", process.pid)
+        load_run(target, signed_files(e.tmp, "memory-warm", public_id, 3), 3)
+        pids = _workers(process.pid)
+        before = {pid: _rss_mb(pid) for pid in pids}
+        served = 0
+        goal = requests_per_process * web.workers
+        round_no = 0
+        while served < goal:
+            files = signed_files(e.tmp, f"memory-{round_no}", public_id, 20)
+            served += load_run(target, files, 20).wrk.requests
+            round_no += 1
+        if _workers(process.pid) != pids:
+            raise RuntimeError("a web process was replaced while memory was measured")
+        after = {pid: _rss_mb(pid) for pid in pids}
+    return {"requests": served, "processes": len(pids),
+            "rss_before_mb": [round(before[p], 1) for p in pids],
+            "rss_after_mb": [round(after[p], 1) for p in pids]}

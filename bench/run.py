@@ -31,9 +31,12 @@ from bench import env as benv
 from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed, shown
 
-MEASURES = ("intake", "sqlite", "worker", "destinations", "big", "scale", "cli", "sweep",
-            "features", "async")
-DEFAULT_MEASURES = ("intake", "sqlite", "worker", "destinations", "big", "scale", "cli")
+MEASURES = ("intake", "sqlite", "worker", "destinations", "big", "scale", "cli", "memory",
+            "sweep", "features", "async")
+DEFAULT_MEASURES = ("intake", "sqlite", "worker", "destinations", "big", "scale", "cli",
+                    "memory")
+# A web process may grow this much between two recycles (gunicorn.conf.py's max_requests).
+MEMORY_GROWTH_MAX = 1.2
 TEN_M = 10_000_000
 
 
@@ -248,6 +251,16 @@ def cli_figures(r: dict[str, Any]) -> list[Figure]:
             for name, t in r.items()]
 
 
+def memory_figures(r: dict[str, Any]) -> list[Figure]:
+    """The web processes' RSS after a recycle's worth of requests each, against before."""
+    pairs = list(zip(r["rss_after_mb"], r["rss_before_mb"], strict=True))
+    after, before = max(pairs, key=lambda pair: pair[0] / pair[1])
+    return [at_most(f"web process RSS after ~{r['requests'] // r['processes']:,} requests each",
+                    after, "MB", "the same process before", before, MEMORY_GROWTH_MAX,
+                    f"{r['processes']} processes, MB before {r['rss_before_mb']}, "
+                    f"after {r['rss_after_mb']}; recycling off while measured")]
+
+
 def sweep_figures(r: dict[str, Any]) -> list[Figure]:
     """Each other web shape against the shipped defaults, in the same run."""
     return [shown(f"web shape {name} vs the defaults", pair["other"]["accepted_per_s"], "/s",
@@ -281,6 +294,7 @@ def plan(e: benv.BenchEnv, args: argparse.Namespace
                                         args.rounds, args.pages_only, args.keep_db,
                                         args.reuse_db), scale_figures),
         "cli": (lambda: cli_start.measure(e), cli_figures),
+        "memory": (lambda: intake.measure_memory(e), memory_figures),
         "sweep": (lambda: intake.measure_sweep(e, args.seconds, args.shapes), sweep_figures),
         "features": (lambda: intake.measure_sweep(e, args.seconds, None, intake.FEATURES),
                      features_figures),

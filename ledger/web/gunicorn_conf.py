@@ -55,7 +55,8 @@ limit_request_field_size = 8190
 # Recycle workers now and then (slow leaks), staggered so they never restart together.
 # Each recycle costs a fork, a new pool and cold caches: every 5,000 requests that was
 # about 3 % of the intake's throughput on 2 cores; every 50,000 (a few minutes per process
-# under load) it is a tenth of that (docs: explanation/performance.md, the sweep).
+# under load) it is a tenth of that, and a process grows by a few percent over as many
+# requests (docs: explanation/performance.md, the sweep and the memory row).
 max_requests = 50_000
 max_requests_jitter = 5_000
 # Load the app once in the master and fork workers from it. Importing and building

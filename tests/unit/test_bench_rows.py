@@ -64,3 +64,12 @@ def test_the_page_bench_visits_every_get_endpoint(app) -> None:  # type: ignore[
         f for visits in big.PAGES.values() for _, path in visits for f in big._fields(path))
     visits, untimed = big.pages(app, {k: "x" for k in sample})
     assert untimed == [] and len(visits) == sum(len(v) for v in big.PAGES.values())
+
+
+def test_the_memory_row_judges_the_process_that_grew_most() -> None:
+    [row] = run.memory_figures({"requests": 200_000, "processes": 2,
+                            "rss_before_mb": [80.0, 100.0], "rss_after_mb": [100.0, 101.0]})
+    assert (row.value, row.baseline_value, row.met) == (100.0, 80.0, False)  # 1.25x
+    [row] = run.memory_figures({"requests": 200_000, "processes": 2,
+                            "rss_before_mb": [80.0, 100.0], "rss_after_mb": [84.0, 101.0]})
+    assert row.met and row.ratio == 1.05
