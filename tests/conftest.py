@@ -8,6 +8,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
@@ -218,6 +219,15 @@ def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if admin is None:
         pytest.skip("PostgreSQL unavailable on this machine (never skipped in CI)")
     yield from _pg_database(admin, None)
+
+
+@pytest.fixture
+def empty_engine(empty_db_url: str, tmp_path: Path) -> Iterator[Any]:
+    """An engine on `empty_db_url` (tests migrate it with tests.helpers.migrate_to)."""
+    engine = make_engine(Settings(database_url=empty_db_url, var_dir=tmp_path,
+                                  master_key=TEST_MASTER_KEY))
+    yield engine
+    engine.dispose()
 
 
 @pytest.fixture

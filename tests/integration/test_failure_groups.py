@@ -8,16 +8,12 @@ import html
 import json
 import re
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
-from sqlalchemy import func, insert, select
+from sqlalchemy import Engine, func, insert, select
 
 from jobs.retention import purge
-from ledger.config import Settings
-from ledger.db.engine import alembic_config, make_engine
 from ledger.db.schema import (
     attempts,
     audit_log,
@@ -31,14 +27,13 @@ from ledger.reads.groups import read_groups
 from ledger.reads.receipts import ReceiptFilter
 from ledger.worker.failure_groups import group_id, record_failure
 from ledger.worker.loop import process_one
-from tests.conftest import TEST_MASTER_KEY
 from tests.dashboard_helpers import (
     add_receipt,
     fast_hashes,  # noqa: F401  (autouse fixture)
     logged_in,
     post,
 )
-from tests.helpers import deliver, make_sender
+from tests.helpers import deliver, make_sender, migrate_to
 
 MANY = 1_205  # more than the 1,000 newest failures the groups were once computed from
 AMOUNT = "ValueError: amount <n> too big for <id>"
@@ -227,38 +222,28 @@ def test_the_purge_takes_expired_failures_out_of_their_groups(app) -> None:  # t
     assert first == oldest_left  # first seen moves on with the oldest failure left
 
 
-def test_the_migration_groups_every_failure_already_there(empty_db_url: str,
-                                                          tmp_path: Path) -> None:
-    engine = make_engine(Settings(database_url=empty_db_url, var_dir=tmp_path,
-                                  master_key=TEST_MASTER_KEY))
-    cfg = alembic_config()
-    try:
-        with engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "0009_scope_totals")
-        with engine.begin() as conn:
-            conn.execute(insert(integrations).values(
-                public_id="in_" + "a" * 22, account="acme", name="shop", profile="stripe",
-                tolerance_seconds=300, sandbox=False, created_at=_NOW))
-            sid = conn.execute(select(integrations.c.id)).scalar_one()
-            rows = [(f"evt_{i}", 2, f"ValueError: amount {i} too big") for i in range(1203)]
-            rows += [("evt_ok", 1, None), ("evt_key", 2, "KeyError: 'x'")]
-            conn.execute(insert(receipts), [
-                {"scope_id": sid, "event_id": e, "event_type": "demo.credit", "state": s,
-                 "attempts": 1, "accepted_at": _NOW, "completed_at": _NOW,
-                 "body_sha256": b"\x01" * 32} for e, s, _ in rows])
-            conn.execute(insert(attempts), [
-                {"scope_id": sid, "event_id": e, "number": 1, "worker_id": "w",
-                 "lease_token": 1, "started_at": _NOW, "finished_at": _NOW,
-                 "outcome": "failed" if error else "complete", "error": error}
-                for e, _, error in rows])
-        with engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
-        with engine.connect() as conn:
-            view = read_groups(conn, ReceiptFilter())
-    finally:
-        engine.dispose()
+def test_the_migration_groups_every_failure_already_there(empty_engine: Engine) -> None:
+    engine = empty_engine
+    migrate_to(engine, "0009_scope_totals")
+    with engine.begin() as conn:
+        conn.execute(insert(integrations).values(
+            public_id="in_" + "a" * 22, account="acme", name="shop", profile="stripe",
+            tolerance_seconds=300, sandbox=False, created_at=_NOW))
+        sid = conn.execute(select(integrations.c.id)).scalar_one()
+        rows = [(f"evt_{i}", 2, f"ValueError: amount {i} too big") for i in range(1203)]
+        rows += [("evt_ok", 1, None), ("evt_key", 2, "KeyError: 'x'")]
+        conn.execute(insert(receipts), [
+            {"scope_id": sid, "event_id": e, "event_type": "demo.credit", "state": s,
+             "attempts": 1, "accepted_at": _NOW, "completed_at": _NOW,
+             "body_sha256": b"\x01" * 32} for e, s, _ in rows])
+        conn.execute(insert(attempts), [
+            {"scope_id": sid, "event_id": e, "number": 1, "worker_id": "w",
+             "lease_token": 1, "started_at": _NOW, "finished_at": _NOW,
+             "outcome": "failed" if error else "complete", "error": error}
+            for e, _, error in rows])
+    migrate_to(engine, "head")
+    with engine.connect() as conn:
+        view = read_groups(conn, ReceiptFilter())
     assert [(g.signature, g.count, g.scopes) for g in view.groups] == [
         ("ValueError: amount <n> too big", 1203, ["acme/shop"]),
         ("KeyError: 'x'", 1, ["acme/shop"])]
