@@ -42,13 +42,15 @@ from ledger.intake.pipeline import IntakeAnswer
 from ledger.intake.signatures import PROFILE_BODY_LIMITS
 from ledger.intake.signatures.shared_token import PLAINTEXT_KEY, QUERY_KEY
 from ledger.intake.signatures.token_profile import TOKEN
-from ledger.logs import event_ref, get_logger
+from ledger.logs import LineLogger, event_ref, get_logger
 from ledger.services import Services
 from ledger.web.body_deadline import BodyReadTimeout
 from ledger.web.request_log import INTAKE_LOGGED_STATUSES, REQUEST_ID_HEADER, request_id_from
 
 bp = Blueprint("ingest", __name__)
 log = get_logger("ledger.intake")
+# The one line every authenticated delivery writes, rendered without structlog's chain.
+delivery_line = LineLogger("ledger.intake")
 web_log = get_logger("ledger.web")
 READ_CHUNK = 64 * 1024
 ROUTE = "/hooks/<public_id>"
@@ -249,7 +251,7 @@ def answered(answer: IntakeAnswer, seen: Seen, started: float) -> HookAnswer:
     seen.event_id = answer.event_id
     metrics.DELIVERIES.labels(outcome).inc()
     metrics.INTAKE_LATENCY.observe(elapsed)
-    log.info("delivery." + outcome, outcome=outcome, scope=answer.scope,
+    delivery_line.info("delivery." + outcome, outcome=outcome, scope=answer.scope,
              event_ref=event_ref(answer.scope, answer.event_id), event_type=answer.event_type,
              http_status=answer.status, latency_ms=round(elapsed * 1000, 2))
     return HookAnswer(answer.status, answer.body, text=answer.text)
