@@ -26,3 +26,19 @@ HEAD = b"POST /hooks/in_x HTTP/1.1\r\nHost: x\r\n"
 def test_a_request_is_ready_for_a_thread_once_it_can_be_read_without_waiting(
         buffered: bytes, ready: bool) -> None:
     assert request_ready(buffered) is ready
+
+
+def test_the_date_header_is_the_current_second_formatted_as_http_wants(monkeypatch):
+    from email.utils import formatdate
+
+    from gunicorn import util
+
+    from ledger.web import buffering_worker
+
+    clock = [1_800_000_000.25]
+    monkeypatch.setattr(buffering_worker.time, "time", lambda: clock[0])
+    assert util.http_date is buffering_worker.http_date  # what gunicorn's responses call
+    assert util.http_date() == formatdate(1_800_000_000, usegmt=True)
+    clock[0] = 1_800_000_001.9  # the next second: a new text, not the cached one
+    assert util.http_date() == "Fri, 15 Jan 2027 08:00:01 GMT"
+    assert util.http_date(86_400.0) == "Fri, 02 Jan 1970 00:00:00 GMT"
