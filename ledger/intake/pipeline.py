@@ -30,7 +30,7 @@ from ledger.intake.signatures import HeaderMap, SenderProfile, profile_for
 from ledger.intake.signatures._common import received_content_type
 from ledger.intake.signatures.base import Verified
 from ledger.intake.signatures.fields import DIGEST_ID, digest_id
-from ledger.intake.signatures.profile import FORM, JSON, JSON_ARRAY
+from ledger.intake.signatures.profile import FORM, JSON, JSON_ARRAY, MEDIA_TYPES
 from ledger.intake.store import (
     DriverClaim,
     NewEvent,
@@ -182,13 +182,8 @@ class Intake:
         # so `b=2&a=1`, `a=1&a=1&=` and `a=1` are one body): a signature-equivalent
         # replay is a duplicate, never new work.
         digest = profile.signed_digest(body)
-        raw_body = None
-        if form:
-            text = json.dumps(payload, sort_keys=profile.signs_decoded_form,
-                              separators=(",", ":"))
-            raw_body = body.decode("utf-8") if received else None  # parse_form checked it
-        else:
-            text = body.decode("utf-8")
+        text = work_item_text(profile, payload, body, form=form)
+        raw_body = body.decode("utf-8") if form and received else None  # parse_form checked it
         if event_id is DIGEST_ID:  # an id-less delivery the sender documents
             event_id = digest_id(digest)
         return NewEvent(scope_id=scope_id, event_id=event_id, event_type=event_type,
@@ -367,6 +362,48 @@ def duplicate_answer(event_id: str, existing: RecordedOutcome) -> tuple[int, dic
     if existing.state is ReceiptState.FAILED:
         return 200, body
     return 202, body
+
+
+def work_item_text(profile: SenderProfile, payload: Any, body: bytes, *, form: bool) -> str:
+    """Return the payload a work item carries: the body's text, or a form's fields as JSON."""
+    if form:
+        return json.dumps(payload, sort_keys=profile.signs_decoded_form, separators=(",", ":"))
+    return body.decode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class RerunItem:
+    """What a work item run again carries, rebuilt from the body an operator supplies."""
+
+    payload: str
+    content_type: str | None
+    raw_body: str | None
+
+
+def rerun_item(profile: SenderProfile, body: bytes, *, max_json_depth: int = 64) -> RerunItem:
+    """Rebuild the work item an accepted `body` made, from the body alone.
+
+    The delivery's headers are gone by then, so a sender with two formats (Slack's
+    forms, Twilio's JSON) gets the first of its formats the body parses as; a batch's
+    receipt is run from its element, a JSON object. A form is decoded as the intake
+    decodes it and keeps its body and Content-Type for destinations. Raises
+    InvalidEvent when the body parses as none of the sender's formats.
+    """
+    formats = [profile.body_format, profile.alternate_format]
+    invalid: InvalidEvent | None = None
+    for body_format in (f for f in formats if f is not None):
+        form = body_format == FORM
+        try:
+            payload = (parse_body(FORM, body, max_json_depth, json_field=profile.form_json_field)
+                       if form else parse_json_object(body, max_json_depth))
+        except InvalidEvent as error:
+            invalid = invalid or error
+            continue
+        text = work_item_text(profile, payload, body, form=form)
+        return RerunItem(payload=text, content_type=MEDIA_TYPES[FORM] if form else None,
+                         raw_body=body.decode("utf-8") if form else None)
+    assert invalid is not None  # a profile has at least one format
+    raise invalid
 
 
 def parse_body(body_format: str, body: bytes, max_depth: int = 64, *,

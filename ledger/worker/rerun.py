@@ -8,7 +8,6 @@ happens a second time (README, "Retry now and run again").
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime
 
 from sqlalchemy import Connection, func, insert, select, update
@@ -18,7 +17,9 @@ from ledger.access import audit
 from ledger.access.integrations import get_integration_by_scope
 from ledger.db.schema import attempts, jobs, receipts
 from ledger.domain import JobStatus, ReceiptState
-from ledger.errors import Refused
+from ledger.errors import AuthenticationFailed, InvalidEvent, Refused
+from ledger.intake.pipeline import rerun_item
+from ledger.intake.signatures import SenderProfile, profile_for
 from ledger.logs import event_ref, get_logger
 from ledger.reads.receipts import get_receipt
 
@@ -60,11 +61,20 @@ def retry_now(conn: Connection, actor: audit.Actor, *, scope: str, event_id: str
              to_state="pending", actor=actor.name)
 
 
-def _matches(body: str, digest: str) -> str | None:
-    """Return the body as accepted if it hashes to `digest` (a textarea sends CRLF)."""
+def _matches(profile: SenderProfile, body: str, digest: str) -> bytes | None:
+    """Return the body as accepted if its dedup digest is `digest` (a textarea sends CRLF).
+
+    The digest is the intake's: of what the sender's signature covers (Twilio's sorted
+    form fields), so a signature-equivalent body matches as it was a duplicate there.
+    """
     for candidate in (body, body.replace("\r\n", "\n")):
-        if hashlib.sha256(candidate.encode()).hexdigest() == digest:
-            return candidate
+        raw = candidate.encode()
+        try:
+            signed = profile.signed_digest(raw)
+        except AuthenticationFailed:  # not a form the sender could have signed
+            continue
+        if signed.hex() == digest:
+            return raw
     return None
 
 
@@ -88,17 +98,23 @@ def run_again(conn: Connection, actor: audit.Actor, *, scope: str, event_id: str
     if receipt.state is not ReceiptState.COMPLETE:
         raise Refused(f"only completed receipts can be run again; {scope}:{event_id} is "
                       f"{receipt.state.value}")
-    payload = _matches(body, receipt.body_sha256)
-    if payload is None:
+    profile = profile_for(integration)
+    raw = _matches(profile, body, receipt.body_sha256)
+    if raw is None:
         raise Refused("that body is not the one accepted: its SHA-256 differs from the "
                       "receipt's body digest")
+    try:
+        item = rerun_item(profile, raw)
+    except InvalidEvent as invalid:  # the accepted body always parses; say why if not
+        raise Refused(f"that body cannot be run again: {invalid.detail}") from None
     token = conn.execute(select(func.coalesce(func.max(attempts.c.lease_token), 0)).where(
         attempts.c.scope_id == integration.id, attempts.c.event_id == event_id)).scalar_one()
     try:
         conn.execute(insert(jobs).values(
             scope_id=integration.id, event_id=event_id, event_type=receipt.event_type,
             accepted_at=now, run_at=now, status=JobStatus.QUEUED.value, attempts=0,
-            lease_token=token, payload=payload))
+            lease_token=token, payload=item.payload, content_type=item.content_type,
+            raw_body=item.raw_body))
     except sa_exc.IntegrityError:
         raise Refused(f"{scope}:{event_id} already has a queued job") from None
     conn.execute(update(receipts).where(receipts.c.scope_id == integration.id,

@@ -4,7 +4,8 @@ On both databases, against a real local receiving service that verifies with the
 `standardwebhooks` library: a JSON sender's body and Content-Type (parameters and all), a
 Twilio form and a GitHub form body byte for byte with theirs, while a Python handler of a
 form sender still reads the decoded fields; a Content-Type that cannot travel as a header
-is replaced by the body's own type.
+is replaced by the body's own type. A receipt run again carries its body as the intake
+stored it: a form decoded for its handler and kept as received for its destination.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ledger.destinations.store import DestinationSettings, create_destination
 from ledger.handlers import Event
 from ledger.worker.handlers import Registry
 from ledger.worker.loop import Worker
+from ledger.worker.rerun import run_again
 from tests.helpers import Sender, event_body, make_sender, signed_headers
 from tests.profile_keys import KEYS, URL
 from tests.receivers import Answer, Receiver, receiving
@@ -156,3 +158,65 @@ def test_a_content_type_too_long_to_forward_is_replaced_by_the_bodys_type(fixed_
           {**headers, "Content-Type": "application/json; x=" + "a" * 300})
     assert _run(fixed_app) == 1
     assert _forwarded(found, secret) == (body, "application/json")
+
+
+def _run_again(app, sender: Sender, event_id: str, body: bytes) -> Any:  # type: ignore[no-untyped-def]
+    """Run a completed receipt again with `body` pasted; return its new work item."""
+    svc = app.extensions["ledger"]
+    with svc.engine.begin() as conn:
+        run_again(conn, ADMIN, scope=sender.scope, event_id=event_id, confirm=event_id,
+                  reason="the effect was lost downstream", body=body.decode(),
+                  now=svc.clock.now())
+        return conn.execute(select(jobs.c.payload, jobs.c.content_type, jobs.c.raw_body)).one()
+
+
+def test_a_twilio_form_run_again_goes_out_as_it_came_in(fixed_app, receiver):
+    url, found = receiver
+    sender = make_sender(fixed_app, name="sms", profile="twilio", secret=KEYS["twilio"].stored,
+                         signing_key=KEYS["twilio"].signing, endpoint_url=URL)
+    secret = _destination(fixed_app, sender, url, "twilio.request")
+    fields = {"MessageSid": "SM3", "Body": "x & y = \u00e9", "From": "+15005550006"}
+    body = urlencode(fields).encode()
+    _post(fixed_app, sender, body, {**signed_headers(sender, body, "idem-3")})
+    assert _run(fixed_app) == 1
+    # Twilio's digest is of its sorted fields, not the bytes: the pasted body is recognised.
+    item = _run_again(fixed_app, sender, "idem-3", body)
+    assert (json.loads(item.payload), item.content_type, item.raw_body) == (
+        fields, FORM, body.decode())
+    assert _run(fixed_app) == 1
+    first, again = found.requests
+    standardwebhooks.Webhook(secret).verify(again.body, dict(again.headers), json_parse=False)
+    assert (again.body, again.headers["content-type"]) == (first.body, FORM) == (body, FORM)
+
+
+def test_a_form_body_run_again_gives_its_handler_the_decoded_fields_again(fixed_app):
+    sender = make_sender(fixed_app, name="gh", profile="github", secret=KEYS["github"].stored)
+    event = {"action": "opened", "issue": {"number": 8, "title": "a & b"}}
+    body = ("payload=" + quote(json.dumps(event), safe="")).encode()
+    signature = hmac.new(KEYS["github"].stored.encode(), body, hashlib.sha256).hexdigest()
+    _post(fixed_app, sender, body, {
+        "X-Hub-Signature-256": "sha256=" + signature, "X-GitHub-Event": "issues",
+        "X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0959", "Content-Type": FORM})
+    seen: list[Any] = []
+
+    def record(_conn: Any, event: Event) -> str:
+        seen.append(event.payload)
+        return "ok"
+
+    handlers = Registry.of({"issues.opened": record})
+    assert _run(fixed_app, handlers) == 1
+    item = _run_again(fixed_app, sender, "72d3162e-cc78-11e3-81ab-4c9367dc0959", body)
+    assert (item.content_type, item.raw_body) == (FORM, body.decode())
+    assert _run(fixed_app, handlers) == 1
+    assert seen == [{"payload": event}, {"payload": event}]
+
+
+def test_a_json_body_run_again_carries_the_body_as_accepted(fixed_app):
+    sender = make_sender(fixed_app, name="shop")
+    body = event_body(sender, "evt_3", "order.paid", {"amount": 7})
+    _post(fixed_app, sender, body, signed_headers(
+        sender, body, "evt_3", "order.paid",
+        timestamp=unix(fixed_app.extensions["ledger"].clock.now())))
+    assert _run(fixed_app, Registry.of({"order.paid": lambda _c, _e: "ok"})) == 1
+    item = _run_again(fixed_app, sender, "evt_3", body)
+    assert (item.payload, item.content_type, item.raw_body) == (body.decode(), None, None)
