@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, bindparam, func, or_, select, update
 
 from ledger.db.schema import destination_attempts, destinations
 from ledger.destinations.store import SENDING, DestinationState, open_attempt
@@ -42,23 +42,34 @@ class Admission:
     attempt_id: int | None = None  # the admitted request's open `sending` attempt
 
 
+# Built once: every forwarded event is admitted with these.
+_ROW = select(destinations).where(destinations.c.id == bindparam("destination"))
+_ROW_LOCKED = _ROW.with_for_update()
+_IN_FLIGHT = select(func.count()).select_from(
+    select(destination_attempts.c.id)
+    .where(destination_attempts.c.destination_id == bindparam("destination"),
+           destination_attempts.c.started_at > bindparam("since"),
+           destination_attempts.c.outcome == SENDING)
+    .limit(bindparam("cap")).subquery())
+# A success clears the backoff, and writes the destination's row only if there was one.
+_CLEARED = (update(destinations)
+            .where(destinations.c.id == bindparam("destination"),
+                   or_(destinations.c.consecutive_failures != 0,
+                       destinations.c.blocked_until.is_not(None)))
+            .values(consecutive_failures=0, blocked_until=None))
+
+
 def _locked(conn: Connection, destination_id: int) -> Any:
     """Return the destination's row, locked on PostgreSQL so that admissions serialise."""
-    query = select(destinations).where(destinations.c.id == destination_id)
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update()
-    return conn.execute(query).one()
+    query = _ROW_LOCKED if conn.dialect.name == "postgresql" else _ROW
+    return conn.execute(query, {"destination": destination_id}).one()
 
 
 def in_flight(conn: Connection, row: Any, *, now: datetime) -> int:
     """Count the destination's requests in flight (up to its limit): open, not timed out."""
     since = now - timedelta(seconds=row.timeout_seconds + IN_FLIGHT_SLACK_SECONDS)
-    capped = (select(destination_attempts.c.id)
-              .where(destination_attempts.c.destination_id == row.id,
-                     destination_attempts.c.started_at > since,
-                     destination_attempts.c.outcome == SENDING)
-              .limit(row.max_in_flight).subquery())
-    return int(conn.execute(select(func.count()).select_from(capped)).scalar_one())
+    return int(conn.execute(_IN_FLIGHT, {"destination": row.id, "since": since,
+                                         "cap": row.max_in_flight}).scalar_one())
 
 
 def admit(conn: Connection, destination_id: int, *, now: datetime,
@@ -103,8 +114,7 @@ def note_outcome(conn: Connection, destination_id: int, *, ok: bool, now: dateti
     least that long.
     """
     if ok:
-        conn.execute(update(destinations).where(destinations.c.id == destination_id)
-                     .values(consecutive_failures=0, blocked_until=None))
+        conn.execute(_CLEARED, {"destination": destination_id})
         return
     hold = max(ceiling, retry_after or 0.0)
     conn.execute(update(destinations).where(destinations.c.id == destination_id)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 
 from sqlalchemy import Connection, Engine
 
@@ -75,6 +76,10 @@ class DeliveryJob:
     leased_until: datetime | None = None  # the worker's lease on it: the send ends before
 
 
+# Decrypted destination secrets a worker process keeps (a destination has one, two in a
+# rotation's overlap).
+DECRYPTED_SECRETS = 1024
+
 # Of a work item's lease, what a send leaves for recording its answer and completing.
 LEASE_MARGIN_SECONDS = 5.0
 MIN_SEND_SECONDS = 1.0
@@ -109,7 +114,9 @@ class DestinationDelivery:
     def __init__(self, engine: Engine, box: SecretBox, forwarder: Forwarder, clock: Clock,
                  *, retry: RetryPolicy) -> None:
         self._engine = engine
-        self._box = box
+        # Every send reads its destination's live secrets; each is decrypted once per
+        # process (keyed by its ciphertext: a rotated or re-encrypted secret is a new entry).
+        self._decrypt = lru_cache(maxsize=DECRYPTED_SECRETS)(box.decrypt)
         self._forwarder = forwarder
         self._clock = clock
         self._retry = retry
@@ -129,7 +136,7 @@ class DestinationDelivery:
                               job=(job.scope_id, job.event_id, job.attempt))
             if not admission.admitted:
                 return Prepared(destination=destination, admission=admission)
-            secrets = live_secrets(conn, self._box, destination.id, now=now)
+            secrets = live_secrets(conn, self._decrypt, destination.id, now=now)
             body, content_type = stored_request(conn, job.scope_id, job.event_id, job.payload)
         result = self._forwarder.forward(
             ForwardTarget(url=destination.url, secrets=secrets,

@@ -8,11 +8,12 @@ receiving service can switch its secret at any moment of the overlap.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, bindparam, insert, literal, select, update
 
 from ledger.access import audit
 from ledger.access.credentials import DEFAULT_OVERLAP_SECONDS, MAX_OVERLAP_SECONDS
@@ -56,15 +57,25 @@ def _live_rows(conn: Connection, destination_id: int, now: datetime) -> list[Any
     return [r for r in conn.execute(query).all() if r.expires_at is None or now < r.expires_at]
 
 
-def live_secrets(conn: Connection, box: SecretBox, destination_id: int, *,
-                 now: datetime) -> list[str]:
-    """Return the plaintext secrets that sign a request sent at `now`, newest first."""
-    query = (select(destination_secrets.c.secret_enc, destination_secrets.c.expires_at)
-             .where(destination_secrets.c.destination_id == destination_id,
-                    destination_secrets.c.state.in_(LIVE_STATES))
-             .order_by(destination_secrets.c.id.desc()))
-    return [box.decrypt(r.secret_enc) for r in conn.execute(query).all()
-            if r.expires_at is None or now < r.expires_at]
+# Built once: a forwarded event reads its destination's secrets every time.
+_LIVE_SECRETS = (select(destination_secrets.c.secret_enc, destination_secrets.c.expires_at)
+                 .where(destination_secrets.c.destination_id == bindparam("destination_id"),
+                        # the states as literals: an IN of bound values is expanded per run
+                        destination_secrets.c.state.in_([literal(s) for s in LIVE_STATES]))
+                 .order_by(destination_secrets.c.id.desc()))
+
+
+def live_secrets(conn: Connection, box: SecretBox | Callable[[str], str], destination_id: int,
+                 *, now: datetime) -> list[str]:
+    """Return the plaintext secrets that sign a request sent at `now`, newest first.
+
+    `box` is the secrets box, or what decrypts with it (a worker keeps a memo of it:
+    the secrets are read for every event, a rotation or revocation included, and only
+    their decryption is saved).
+    """
+    decrypt = box.decrypt if isinstance(box, SecretBox) else box
+    rows = conn.execute(_LIVE_SECRETS, {"destination_id": destination_id}).all()
+    return [decrypt(r.secret_enc) for r in rows if r.expires_at is None or now < r.expires_at]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

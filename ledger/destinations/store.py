@@ -21,7 +21,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
 
 from ledger.access import audit
 from ledger.access.secrets_box import SecretBox
@@ -194,13 +194,19 @@ def create_destination(conn: Connection, box: SecretBox, actor: audit.Actor,
     return NewDestination(destination=get_destination(conn, public_id), signing_secret=secret)
 
 
+# Built once: a worker reads one scope's destinations for every event it forwards.
+_OF_INTEGRATION = (_select().where(destinations.c.integration_id == bindparam("integration_id"))
+                   .order_by(destinations.c.id))
+
+
 def list_destinations(conn: Connection, *, integration_id: int | None = None
                       ) -> list[Destination]:
     """Return destinations (of one integration, or all), oldest first."""
-    query = _select().order_by(destinations.c.id)
     if integration_id is not None:
-        query = query.where(destinations.c.integration_id == integration_id)
-    return [Destination.from_row(r) for r in conn.execute(query).all()]
+        rows = conn.execute(_OF_INTEGRATION, {"integration_id": integration_id}).all()
+    else:
+        rows = conn.execute(_select().order_by(destinations.c.id)).all()
+    return [Destination.from_row(r) for r in rows]
 
 
 def get_destination(conn: Connection, public_id: str) -> Destination:
@@ -227,6 +233,10 @@ JSON_CONTENT_TYPE = "application/json"
 FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 
+_STORED_REQUEST = select(jobs.c.content_type, jobs.c.raw_body).where(
+    jobs.c.scope_id == bindparam("scope"), jobs.c.event_id == bindparam("event"))
+
+
 def stored_request(conn: Connection, scope_id: int, event_id: str,
                    payload: str | None) -> tuple[bytes, str]:
     """Return the body as received and its Content-Type, as the work item keeps them.
@@ -234,8 +244,7 @@ def stored_request(conn: Connection, scope_id: int, event_id: str,
     A JSON sender's `payload` is its body as received; a form sender's is the decoded
     fields its handlers read, and the form as received is kept in `raw_body`.
     """
-    row = conn.execute(select(jobs.c.content_type, jobs.c.raw_body).where(
-        jobs.c.scope_id == scope_id, jobs.c.event_id == event_id)).first()
+    row = conn.execute(_STORED_REQUEST, {"scope": scope_id, "event": event_id}).first()
     content_type, raw_body = (row.content_type, row.raw_body) if row is not None else (None, None)
     if raw_body is not None:
         return raw_body.encode(), content_type or FORM_CONTENT_TYPE
@@ -269,22 +278,29 @@ def set_destination_state(conn: Connection, actor: audit.Actor, public_id: str,
     return get_destination(conn, public_id)
 
 
+# Built once, as every forwarded event opens and answers one (the values come with each
+# execution; the attempt's id is bound as `attempt`, apart from the columns set).
+_OPEN_ATTEMPT = insert(destination_attempts).returning(destination_attempts.c.id)
+_ANSWER_ATTEMPT = update(destination_attempts).where(
+    destination_attempts.c.id == bindparam("attempt"))
+
+
 def open_attempt(conn: Connection, destination_id: int, *, scope_id: int, event_id: str,
                  number: int, started_at: datetime) -> int:
     """Keep an admitted request as `sending` until its answer: it counts as in flight."""
-    return int(conn.execute(insert(destination_attempts).values(
-        destination_id=destination_id, scope_id=scope_id, event_id=event_id, number=number,
-        started_at=started_at, latency_ms=0.0, outcome=SENDING,
-    ).returning(destination_attempts.c.id)).scalar_one())
+    return int(conn.execute(_OPEN_ATTEMPT, {
+        "destination_id": destination_id, "scope_id": scope_id, "event_id": event_id,
+        "number": number, "started_at": started_at, "latency_ms": 0.0, "outcome": SENDING,
+    }).scalar_one())
 
 
 def answer_attempt(conn: Connection, attempt_id: int, *, latency_ms: float,
                    http_status: int | None, outcome: str, error: str | None,
                    response_excerpt: str | None) -> None:
     """Replace an open request's `sending` by what the destination answered."""
-    conn.execute(update(destination_attempts).where(destination_attempts.c.id == attempt_id)
-                 .values(latency_ms=latency_ms, http_status=http_status, outcome=outcome,
-                         error=error, response_excerpt=response_excerpt))
+    conn.execute(_ANSWER_ATTEMPT, {
+        "attempt": attempt_id, "latency_ms": latency_ms, "http_status": http_status,
+        "outcome": outcome, "error": error, "response_excerpt": response_excerpt})
 
 
 def release_held_jobs(conn: Connection, destination: Destination, *, now: datetime) -> int:
