@@ -7,6 +7,9 @@ at once; a paused destination holds its events without a request or an attempt.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 from datetime import timedelta
 
 import pytest
@@ -20,6 +23,7 @@ from ledger.db.schema import destination_attempts, destinations
 from ledger.destinations.addresses import AddressPolicy
 from ledger.destinations.delivery import DeliveryJob, DestinationDelivery, NotAdmitted
 from ledger.destinations.forward import DeliveryError, Forwarder
+from ledger.destinations.secrets import rotate_secret
 from ledger.destinations.store import (
     DestinationSettings,
     DestinationState,
@@ -135,3 +139,31 @@ def test_an_event_no_destination_takes_is_not_sent(app, setup):
     runner, receiver, _created, sender, _clock = setup
     prepared = runner.prepare(_job(sender, 1, event_type="order.shipped"))
     assert prepared.destination is None and receiver.requests == []
+
+
+def _signs(secret: str, request) -> bool:  # type: ignore[no-untyped-def]
+    """Tell whether `secret` made one of the request's signatures (any timestamp: the
+    test's clock moves past standardwebhooks' own five minutes)."""
+    headers = request.headers
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + request.body
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    expected = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    return expected in headers["webhook-signature"].split(" ")
+
+
+def test_a_rotation_signs_the_next_send_of_a_running_worker(app, setup):
+    """The worker decrypts each secret once, but reads which secrets sign for every send."""
+    runner, receiver, created, sender, clock = setup
+    old = created.signing_secret
+    assert _run(app, runner, _job(sender, 1)) == "http:200"
+    svc = app.extensions["ledger"]
+    with svc.engine.begin() as conn:
+        new = rotate_secret(conn, svc.box, ADMIN, created.destination.public_id,
+                            now=clock.now(), overlap_seconds=600).signing_secret
+    assert _run(app, runner, _job(sender, 2)) == "http:200"
+    clock.advance(601)  # the overlap is over: the old secret no longer signs
+    assert _run(app, runner, _job(sender, 3)) == "http:200"
+    first, during, after = receiver.requests
+    assert (_signs(old, first), _signs(new, first)) == (True, False)
+    assert (_signs(old, during), _signs(new, during)) == (True, True)
+    assert (_signs(old, after), _signs(new, after)) == (False, True)
