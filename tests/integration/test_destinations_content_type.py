@@ -68,6 +68,32 @@ def _destination(app, sender: Sender, url: str, event_type: str) -> str:  # type
             policy=LOOPBACK, handled_types=(), now=svc.clock.now()).signing_secret
 
 
+def _twilio(app) -> Sender:  # type: ignore[no-untyped-def]
+    """A Twilio integration at the test URL, signing as Twilio does."""
+    return make_sender(app, name="sms", profile="twilio", secret=KEYS["twilio"].stored,
+                       signing_key=KEYS["twilio"].signing, endpoint_url=URL)
+
+
+def _twilio_form_to(app, url: str, fields: dict[str, str], token: str,  # type: ignore[no-untyped-def]
+                    content_type: str) -> tuple[Sender, str, bytes]:
+    """Accept a Twilio form for a destination at `url`: (sender, signing secret, body)."""
+    sender = _twilio(app)
+    secret = _destination(app, sender, url, "twilio.request")
+    body = urlencode(fields).encode()
+    _post(app, sender, body, {**signed_headers(sender, body, token), "Content-Type": content_type})
+    return sender, secret, body
+
+
+def _github_form(app, sender: Sender, event: dict[str, Any], delivery: str) -> bytes:  # type: ignore[no-untyped-def]
+    """Accept GitHub's form body (`payload=` the event's JSON) as GitHub signs it; return it."""
+    body = ("payload=" + quote(json.dumps(event), safe="")).encode()
+    signature = hmac.new(KEYS["github"].stored.encode(), body, hashlib.sha256).hexdigest()
+    _post(app, sender, body, {
+        "X-Hub-Signature-256": "sha256=" + signature, "X-GitHub-Event": "issues",
+        "X-GitHub-Delivery": delivery, "Content-Type": FORM})
+    return body
+
+
 def _post(app, sender: Sender, body: bytes, headers: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
     response = app.test_client().post(f"/hooks/{sender.public_id}", data=body, headers=headers)
     assert response.status_code == 202, response.get_json()
@@ -101,14 +127,9 @@ def test_a_json_body_goes_out_with_its_content_type_as_received(fixed_app, recei
 
 def test_a_twilio_form_goes_out_byte_for_byte_and_its_handler_reads_fields(fixed_app, receiver):
     url, found = receiver
-    sender = make_sender(fixed_app, name="sms", profile="twilio", secret=KEYS["twilio"].stored,
-                         signing_key=KEYS["twilio"].signing, endpoint_url=URL)
-    secret = _destination(fixed_app, sender, url, "twilio.request")
     fields = {"MessageSid": "SM1", "Body": "hello & bye = \u00e9", "From": "+15005550006"}
-    body = urlencode(fields).encode()
     content_type = FORM + "; charset=UTF-8"  # what Twilio sends
-    _post(fixed_app, sender, body,
-          {**signed_headers(sender, body, "idem-1"), "Content-Type": content_type})
+    _sender, secret, body = _twilio_form_to(fixed_app, url, fields, "idem-1", content_type)
     with fixed_app.extensions["ledger"].engine.connect() as conn:
         assert json.loads(conn.execute(select(jobs.c.payload)).scalar_one()) == fields
     assert _run(fixed_app) == 1
@@ -116,8 +137,7 @@ def test_a_twilio_form_goes_out_byte_for_byte_and_its_handler_reads_fields(fixed
 
 
 def test_a_python_handler_of_a_form_sender_still_reads_the_decoded_fields(fixed_app):
-    sender = make_sender(fixed_app, name="sms", profile="twilio", secret=KEYS["twilio"].stored,
-                         signing_key=KEYS["twilio"].signing, endpoint_url=URL)
+    sender = _twilio(fixed_app)
     fields = {"MessageSid": "SM2", "Body": "a=b&c"}
     body = urlencode(fields).encode()
     _post(fixed_app, sender, body, signed_headers(sender, body, "idem-2"))
@@ -136,11 +156,7 @@ def test_a_github_form_body_goes_out_as_received(fixed_app, receiver):
     sender = make_sender(fixed_app, name="gh", profile="github", secret=KEYS["github"].stored)
     secret = _destination(fixed_app, sender, url, "issues.opened")
     event = {"action": "opened", "issue": {"number": 7, "title": "a & b = c"}}
-    body = ("payload=" + quote(json.dumps(event), safe="")).encode()
-    signature = hmac.new(KEYS["github"].stored.encode(), body, hashlib.sha256).hexdigest()
-    _post(fixed_app, sender, body, {
-        "X-Hub-Signature-256": "sha256=" + signature, "X-GitHub-Event": "issues",
-        "X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958", "Content-Type": FORM})
+    body = _github_form(fixed_app, sender, event, "72d3162e-cc78-11e3-81ab-4c9367dc0958")
     assert _run(fixed_app) == 1
     forwarded, content_type = _forwarded(found, secret)
     assert (forwarded, content_type) == (body, FORM)
@@ -172,12 +188,8 @@ def _run_again(app, sender: Sender, event_id: str, body: bytes) -> Any:  # type:
 
 def test_a_twilio_form_run_again_goes_out_as_it_came_in(fixed_app, receiver):
     url, found = receiver
-    sender = make_sender(fixed_app, name="sms", profile="twilio", secret=KEYS["twilio"].stored,
-                         signing_key=KEYS["twilio"].signing, endpoint_url=URL)
-    secret = _destination(fixed_app, sender, url, "twilio.request")
     fields = {"MessageSid": "SM3", "Body": "x & y = \u00e9", "From": "+15005550006"}
-    body = urlencode(fields).encode()
-    _post(fixed_app, sender, body, {**signed_headers(sender, body, "idem-3")})
+    sender, secret, body = _twilio_form_to(fixed_app, url, fields, "idem-3", FORM)
     assert _run(fixed_app) == 1
     # Twilio's digest is of its sorted fields, not the bytes: the pasted body is recognised.
     item = _run_again(fixed_app, sender, "idem-3", body)
@@ -192,11 +204,7 @@ def test_a_twilio_form_run_again_goes_out_as_it_came_in(fixed_app, receiver):
 def test_a_form_body_run_again_gives_its_handler_the_decoded_fields_again(fixed_app):
     sender = make_sender(fixed_app, name="gh", profile="github", secret=KEYS["github"].stored)
     event = {"action": "opened", "issue": {"number": 8, "title": "a & b"}}
-    body = ("payload=" + quote(json.dumps(event), safe="")).encode()
-    signature = hmac.new(KEYS["github"].stored.encode(), body, hashlib.sha256).hexdigest()
-    _post(fixed_app, sender, body, {
-        "X-Hub-Signature-256": "sha256=" + signature, "X-GitHub-Event": "issues",
-        "X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0959", "Content-Type": FORM})
+    body = _github_form(fixed_app, sender, event, "72d3162e-cc78-11e3-81ab-4c9367dc0959")
     seen: list[Any] = []
 
     def record(_conn: Any, event: Event) -> str:
