@@ -213,7 +213,7 @@ def test_the_old_one_statement_claim_would_commit_in_two_phases(cluster, one_con
         driver = conn.connection.driver_connection
         driver.execute(sql, {"scope_id": 987654, "event_id": "old-way", "event_type": "t",
                              "accepted_at": datetime.now(UTC), "body_sha256": b"\x01" * 32,
-                             "payload": "{}"})
+                             "payload": "{}", "content_type": None, "raw_body": None})
         driver.commit()
     assert two_phase_commits(one_connection) - before == len(cluster.workers)
 
@@ -224,7 +224,8 @@ def test_intake_statements_route_to_one_node(citus_app):
     receipt_sql, job_sql, outcome_sql = claim.statements
     with engine.connect() as conn:  # EXPLAIN of an INSERT runs nothing
         for sql, values in ((receipt_sql, (datetime.now(UTC), 5, "x", "t", b"\x01")),
-                            (job_sql, (5, "x", "t", datetime.now(UTC), datetime.now(UTC), "{}")),
+                            (job_sql, (5, "x", "t", datetime.now(UTC), datetime.now(UTC), "{}",
+                                       None, None)),
                             (outcome_sql, (5, "x"))):
             plan = "\n".join(r[0] for r in conn.connection.driver_connection.execute(
                 "EXPLAIN " + sql, values))
