@@ -541,3 +541,40 @@ def test_the_rollups_count_failures_and_follow_a_requeue_on_citus(citus_env):
         assert figures() == ({(ids[0], 0): 1, (ids[1], 2): 1}, {ids[0]: (1, 0), ids[1]: (1, 1)})
     finally:
         application.extensions["ledger"].close()
+
+
+def test_an_event_is_forwarded_to_its_destination_on_citus(citus_env):
+    """A destination's admission, send, record and completion on the distributed ledger."""
+    from app import create_app
+    from ledger.access import audit
+    from ledger.access.integrations import get_integration
+    from ledger.destinations.addresses import AddressPolicy
+    from ledger.destinations.store import DestinationSettings, create_destination
+    from ledger.reads.receipts import get_receipt
+    from tests.receivers import Answer, receiving
+
+    app = create_app({**citus_env, "LEDGER_DEMO_HANDLERS": "0",
+                      "LEDGER_DESTINATION_ALLOW": "127.0.0.1"})
+    svc = app.extensions["ledger"]
+    try:
+        sender = make_sender(app, account=_account(), name="shop")
+        with receiving() as (url, found):
+            found.default = Answer(status=200)
+            with svc.engine.begin() as conn:
+                create_destination(
+                    conn, svc.box, audit.Actor(name="test", role="admin"),
+                    get_integration(conn, sender.public_id),
+                    DestinationSettings(url=url + "/in", event_types=["demo.credit"]),
+                    policy=AddressPolicy.from_entries(["127.0.0.1"]), handled_types=(),
+                    now=svc.clock.now())
+            for n in range(3):
+                assert deliver(app.test_client(), sender, f"evt_fwd_{n}").status_code == 202
+            worker = Worker(svc, worker_id="citus-fwd", batch_size=4)
+            assert worker.run(burst=True) >= 3  # the shared cluster may hold other tests' jobs
+            assert sorted(r.headers["idempotency-key"] for r in found.requests) == [
+                f"{sender.scope}:evt_fwd_{n}" for n in range(3)]
+        with svc.engine.connect() as conn:
+            done = [get_receipt(conn, sender.scope, f"evt_fwd_{n}") for n in range(3)]
+        assert {(r.state.value, r.result_ref) for r in done} == {("complete", "http:200")}
+    finally:
+        svc.close()
