@@ -74,10 +74,6 @@ class DeliveryJob:
     attempt: int  # the attempt's number in the receipt's history (X-Ledger-Attempt)
     payload: str | None  # the work item's payload: the body as received unless it was a form
     leased_until: datetime | None = None  # the worker's lease on it: the send ends before
-    # What the worker's routing read found (the destination, the body and its Content-Type);
-    # None: `prepare` reads them itself.
-    destination: Destination | None = None
-    request: tuple[bytes, str] | None = None
 
 
 # Decrypted destination secrets a worker process keeps (a destination has one, two in a
@@ -133,8 +129,7 @@ class DestinationDelivery:
         """Admit, send and record one attempt; never holds a transaction across the call."""
         now = self._clock.now()
         with self._engine.begin() as conn:
-            destination = (job.destination if job.destination is not None
-                           else destination_for(conn, job.scope_id, job.event_type))
+            destination = destination_for(conn, job.scope_id, job.event_type)
             if destination is None:
                 return Prepared(destination=None)
             admission = admit(conn, destination.id, now=now,
@@ -142,8 +137,7 @@ class DestinationDelivery:
             if not admission.admitted:
                 return Prepared(destination=destination, admission=admission)
             secrets = live_secrets(conn, self._decrypt, destination.id, now=now)
-            body, content_type = (job.request if job.request is not None else
-                                  stored_request(conn, job.scope_id, job.event_id, job.payload))
+            body, content_type = stored_request(conn, job.scope_id, job.event_id, job.payload)
         result = self._forwarder.forward(
             ForwardTarget(url=destination.url, secrets=secrets,
                           timeout_seconds=send_timeout(destination.timeout_seconds,

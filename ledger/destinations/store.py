@@ -21,7 +21,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, insert, select, tuple_, update
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
 
 from ledger.access import audit
 from ledger.access.secrets_box import SecretBox
@@ -233,12 +233,8 @@ JSON_CONTENT_TYPE = "application/json"
 FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 
-def _request(payload: str | None, content_type: str | None,
-             raw_body: str | None) -> tuple[bytes, str]:
-    """Return the body to send and its Content-Type from what the work item keeps."""
-    if raw_body is not None:
-        return raw_body.encode(), content_type or FORM_CONTENT_TYPE
-    return (payload or "").encode(), content_type or JSON_CONTENT_TYPE
+_STORED_REQUEST = select(jobs.c.content_type, jobs.c.raw_body).where(
+    jobs.c.scope_id == bindparam("scope"), jobs.c.event_id == bindparam("event"))
 
 
 def stored_request(conn: Connection, scope_id: int, event_id: str,
@@ -248,18 +244,11 @@ def stored_request(conn: Connection, scope_id: int, event_id: str,
     A JSON sender's `payload` is its body as received; a form sender's is the decoded
     fields its handlers read, and the form as received is kept in `raw_body`.
     """
-    return stored_requests(conn, {(scope_id, event_id): payload})[(scope_id, event_id)]
-
-
-def stored_requests(conn: Connection, payloads: dict[tuple[int, str], str | None]
-                    ) -> dict[tuple[int, str], tuple[bytes, str]]:
-    """Return `stored_request` of each work item keyed (scope id, event id), in one read."""
-    rows = conn.execute(select(jobs.c.scope_id, jobs.c.event_id, jobs.c.content_type,
-                               jobs.c.raw_body)
-                        .where(tuple_(jobs.c.scope_id, jobs.c.event_id).in_(list(payloads))))
-    kept = {(r.scope_id, r.event_id): (r.content_type, r.raw_body) for r in rows}
-    return {key: _request(payload, *kept.get(key, (None, None)))
-            for key, payload in payloads.items()}
+    row = conn.execute(_STORED_REQUEST, {"scope": scope_id, "event": event_id}).first()
+    content_type, raw_body = (row.content_type, row.raw_body) if row is not None else (None, None)
+    if raw_body is not None:
+        return raw_body.encode(), content_type or FORM_CONTENT_TYPE
+    return (payload or "").encode(), content_type or JSON_CONTENT_TYPE
 
 
 def set_destination_state(conn: Connection, actor: audit.Actor, public_id: str,

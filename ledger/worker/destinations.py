@@ -16,14 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 
 from ledger.destinations.delivery import DeliveryJob, DestinationDelivery, Prepared
 from ledger.destinations.forward import Forwarder
-from ledger.destinations.store import Destination, list_destinations, stored_requests
+from ledger.destinations.store import Destination, list_destinations
 from ledger.handlers import Event
 from ledger.services import Services
 from ledger.worker.handlers import HandlerSpec, Registry
@@ -42,21 +41,14 @@ def new_delivery(services: Services, engine: Engine) -> DestinationDelivery:
                                services.clock, retry=RetryPolicy.from_settings(settings))
 
 
-def delivery_spec(delivery: DestinationDelivery, job: WorkItem,
-                  route: Route | None = None) -> HandlerSpec:
-    """Return the handler that forwards this job's stored body to its destination.
-
-    `route` is what the round's routing read found for the job (its destination and
-    stored request): the send reads neither again.
-    """
+def delivery_spec(delivery: DestinationDelivery, job: WorkItem) -> HandlerSpec:
+    """Return the handler that forwards this job's stored body to its destination."""
 
     def prepare(event: Event) -> Prepared:
         return delivery.prepare(DeliveryJob(
             scope=event.scope, scope_id=event.scope_id, event_id=event.event_id,
             event_type=event.event_type, attempt=event.attempt, payload=job.payload,
-            leased_until=job.leased_until,
-            destination=route.destination if route is not None else None,
-            request=route.request if route is not None else None))
+            leased_until=job.leased_until))
 
     def apply(conn: Connection, event: Event) -> str:
         return DestinationDelivery.apply(conn, event.prepared)
@@ -64,34 +56,16 @@ def delivery_spec(delivery: DestinationDelivery, job: WorkItem,
     return HandlerSpec(event_type=job.event_type, apply=apply, prepare=prepare)
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
-    """The destination that takes a job, and the job's body and Content-Type to send."""
-
-    destination: Destination
-    request: tuple[bytes, str]
-
-
-def routed(conn: Connection, jobs: Iterable[WorkItem]) -> dict[Key, Route]:
-    """Return the route of each job a destination takes: one read of the destinations, one
-    of the routed jobs' stored requests."""
+def routed(conn: Connection, jobs: Iterable[WorkItem]) -> set[Key]:
+    """Return the keys of the jobs a destination takes (one read of the destinations)."""
     pending = list(jobs)
     if not pending:
-        return {}
+        return set()
     by_scope: dict[int, list[Destination]] = {}
     for destination in list_destinations(conn):
         by_scope.setdefault(destination.integration_id, []).append(destination)
-    found: dict[Key, tuple[WorkItem, Destination]] = {}
-    for job in pending:  # the scope's oldest destination that takes the type (destination_for)
-        taker = next((d for d in by_scope.get(job.scope_id, ()) if d.covers(job.event_type)),
-                     None)
-        if taker is not None:
-            found[(job.scope_id, job.event_id)] = (job, taker)
-    if not found:
-        return {}
-    requests = stored_requests(conn, {key: job.payload for key, (job, _) in found.items()})
-    return {key: Route(destination=destination, request=requests[key])
-            for key, (_, destination) in found.items()}
+    return {(job.scope_id, job.event_id) for job in pending
+            if any(d.covers(job.event_type) for d in by_scope.get(job.scope_id, ()))}
 
 
 def handler_conflicts(conn: Connection, registry: Registry) -> list[str]:
@@ -120,10 +94,10 @@ def run_all(calls: list[Callable[[], Any]]) -> None:
 
 
 def read_routes(transaction: Callable[[], AbstractContextManager[Connection]],
-                jobs: Iterable[WorkItem]) -> dict[Key, Route]:
+                jobs: Iterable[WorkItem]) -> set[Key]:
     """Return `routed` read in a transaction of its own (none when no job asks)."""
     pending = list(jobs)
     if not pending:
-        return {}
+        return set()
     with transaction() as conn:
         return routed(conn, pending)

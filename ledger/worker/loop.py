@@ -280,13 +280,13 @@ class Worker:
 
     def destination_specs(self, jobs: list[WorkItem]) -> dict[tuple[int, str], HandlerSpec]:
         """Return the destination handler of each job (without a Python one) a destination takes."""
-        routes = read_routes(self.transaction, jobs)
-        if not routes:
+        keys = read_routes(self.transaction, jobs)
+        if not keys:
             return {}
         if self._delivery is None:
             self._delivery, self._owns_delivery = new_delivery(self.services, self.engine), True
-        return {key: delivery_spec(self._delivery, job, routes[key])
-                for job in jobs if (key := (job.scope_id, job.event_id)) in routes}
+        return {(job.scope_id, job.event_id): delivery_spec(self._delivery, job)
+                for job in jobs if (job.scope_id, job.event_id) in keys}
 
     def handled_elsewhere(self, event_type: str) -> bool:
         """Tell whether a live worker instance has the handler this worker lacks.
