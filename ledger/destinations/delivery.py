@@ -15,6 +15,7 @@ spending an attempt.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -108,6 +109,22 @@ class Prepared:
     result: ForwardResult | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Admitted:
+    """One job's admission: its destination (None: none takes it), the decision, and for an
+    admitted job the secrets that sign and the request to send."""
+
+    now: datetime
+    destination: Destination | None = None
+    admission: Admission | None = None
+    secrets: Sequence[str] = ()
+    request: tuple[bytes, str] | None = None
+
+
+def _key(job: DeliveryJob) -> tuple[int, str, int]:
+    return job.scope_id, job.event_id, job.attempt
+
+
 class DestinationDelivery:
     """Runs the destinations of one worker process over one pooled forwarder."""
 
@@ -120,32 +137,80 @@ class DestinationDelivery:
         self._forwarder = forwarder
         self._clock = clock
         self._retry = retry
+        # What a round's admission decided, until each job's prepare takes its own.
+        self._admitted: dict[tuple[int, str, int], _Admitted] = {}
 
     def close(self) -> None:
         """Close the forwarder's pooled connections."""
         self._forwarder.close()
 
-    def prepare(self, job: DeliveryJob) -> Prepared:
-        """Admit, send and record one attempt; never holds a transaction across the call."""
+    def admit_round(self, jobs: Sequence[DeliveryJob]) -> None:
+        """Admit a round's jobs in one transaction; each job's `prepare` then only sends.
+
+        The same checks as one job's admission, in destination order (two workers' rounds
+        lock their destinations' rows in one order): each admission sees the attempts the
+        ones before it opened (in flight) and the rate slots they took. A round whose
+        admission fails (the database) leaves every job to admit itself in `prepare`.
+        """
         now = self._clock.now()
-        with self._engine.begin() as conn:
-            destination = destination_for(conn, job.scope_id, job.event_type)
-            if destination is None:
-                return Prepared(destination=None)
-            admission = admit(conn, destination.id, now=now,
-                              job=(job.scope_id, job.event_id, job.attempt))
-            if not admission.admitted:
-                return Prepared(destination=destination, admission=admission)
-            secrets = live_secrets(conn, self._decrypt, destination.id, now=now)
-            body, content_type = stored_request(conn, job.scope_id, job.event_id, job.payload)
+        admitted: dict[tuple[int, str, int], _Admitted] = {}
+        try:
+            with self._engine.begin() as conn:
+                for job, destination in self._destinations(conn, jobs):
+                    admitted[_key(job)] = self._admit(conn, job, destination, now)
+        except Exception:  # the database: each prepare admits its job alone
+            return
+        self._admitted.update(admitted)
+
+    def prepare(self, job: DeliveryJob) -> Prepared:
+        """Admit (unless its round did), send and record one attempt; never holds a
+        transaction across the call."""
+        found = self._admitted.pop(_key(job), None)
+        if found is None:
+            now = self._clock.now()
+            with self._engine.begin() as conn:
+                destination = destination_for(conn, job.scope_id, job.event_type)
+                found = (self._admit(conn, job, destination, now) if destination is not None
+                         else _Admitted(now=now))
+        destination, admission = found.destination, found.admission
+        if destination is None or admission is None or not admission.admitted:
+            return Prepared(destination=destination, admission=admission)
+        assert found.request is not None  # an admitted job's request was read with it
+        body, content_type = found.request
         result = self._forwarder.forward(
-            ForwardTarget(url=destination.url, secrets=secrets,
+            ForwardTarget(url=destination.url, secrets=found.secrets,
                           timeout_seconds=send_timeout(destination.timeout_seconds,
-                                                       job.leased_until, now)),
+                                                       job.leased_until, found.now)),
             ForwardEvent(scope=job.scope, event_id=job.event_id, event_type=job.event_type,
-                         attempt=job.attempt), body, content_type, now=now)
+                         attempt=job.attempt), body, content_type, now=found.now)
         self._record(destination, admission, result)
         return Prepared(destination=destination, admission=admission, result=result)
+
+    @staticmethod
+    def _destinations(conn: Connection, jobs: Sequence[DeliveryJob]
+                      ) -> list[tuple[DeliveryJob, Destination | None]]:
+        """Return each job with the destination that takes it, in destination order."""
+        found: dict[tuple[int, str], Destination | None] = {}
+        pairs = []
+        for job in jobs:
+            route = (job.scope_id, job.event_type)
+            if route not in found:
+                found[route] = destination_for(conn, job.scope_id, job.event_type)
+            pairs.append((job, found[route]))
+        return sorted(pairs, key=lambda pair: pair[1].id if pair[1] is not None else 0)
+
+    def _admit(self, conn: Connection, job: DeliveryJob, destination: Destination | None,
+               now: datetime) -> _Admitted:
+        """Admit one job in `conn`'s transaction; read its secrets and request if admitted."""
+        if destination is None:
+            return _Admitted(now=now)
+        admission = admit(conn, destination.id, now=now,
+                          job=(job.scope_id, job.event_id, job.attempt))
+        if not admission.admitted:
+            return _Admitted(now=now, destination=destination, admission=admission)
+        return _Admitted(now=now, destination=destination, admission=admission,
+                         secrets=live_secrets(conn, self._decrypt, destination.id, now=now),
+                         request=stored_request(conn, job.scope_id, job.event_id, job.payload))
 
     def _record(self, destination: Destination, admission: Admission,
                 result: ForwardResult) -> None:

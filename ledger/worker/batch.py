@@ -135,6 +135,7 @@ def process_batch(worker: Worker, size: int | None = None) -> int:
         for entry in entries:
             if not entry.leave and entry not in sends:
                 _prepare(worker, entry)
+        sends = _admitted(worker, sends)
         run_all([functools.partial(_prepare, worker, entry) for entry in sends])
         _run(worker, entries)
     return len(leased)
@@ -151,10 +152,29 @@ def _route(worker: Worker, entries: list[Entry]) -> None:
             entry.leave = entry.spec is None and worker.handled_elsewhere(entry.item.event_type)
 
 
+def _admitted(worker: Worker, sends: list[Entry]) -> list[Entry]:
+    """Build the events of a round's sends and admit its forwarded ones together; return
+    the entries left to prepare (one whose event cannot be built has its error)."""
+    if len(sends) < 2:
+        return sends
+    ready = []
+    for entry in sends:
+        try:
+            entry.event = worker.event_of(entry.item, entry.scope)
+        except Exception as error:  # recorded in the transaction, as _prepare records it
+            entry.error = error
+            continue
+        ready.append(entry)
+    forwarded = [(e.item, e.event) for e in ready if e.forwarded and e.event is not None]
+    if len(forwarded) > 1:
+        worker.admit_round(forwarded)
+    return ready
+
+
 def _prepare(worker: Worker, entry: Entry) -> None:
     """Build the handler's event and run its prepare step (no transaction open)."""
     try:
-        event = worker.event_of(entry.item, entry.scope)
+        event = entry.event or worker.event_of(entry.item, entry.scope)
         if entry.spec is not None and entry.spec.prepare is not None:
             event = replace(event, prepared=entry.spec.prepare(event))
         entry.event = event

@@ -41,14 +41,18 @@ def new_delivery(services: Services, engine: Engine) -> DestinationDelivery:
                                services.clock, retry=RetryPolicy.from_settings(settings))
 
 
+def delivery_job(job: WorkItem, event: Event) -> DeliveryJob:
+    """Return the claimed job as its destination's delivery needs it."""
+    return DeliveryJob(scope=event.scope, scope_id=event.scope_id, event_id=event.event_id,
+                       event_type=event.event_type, attempt=event.attempt, payload=job.payload,
+                       leased_until=job.leased_until)
+
+
 def delivery_spec(delivery: DestinationDelivery, job: WorkItem) -> HandlerSpec:
     """Return the handler that forwards this job's stored body to its destination."""
 
     def prepare(event: Event) -> Prepared:
-        return delivery.prepare(DeliveryJob(
-            scope=event.scope, scope_id=event.scope_id, event_id=event.event_id,
-            event_type=event.event_type, attempt=event.attempt, payload=job.payload,
-            leased_until=job.leased_until))
+        return delivery.prepare(delivery_job(job, event))
 
     def apply(conn: Connection, event: Event) -> str:
         return DestinationDelivery.apply(conn, event.prepared)

@@ -50,7 +50,7 @@ from ledger.logs import event_ref, get_logger
 from ledger.scheduling.instances import live_handled_types, new_instance_id
 from ledger.services import Services
 from ledger.worker import batch
-from ledger.worker.destinations import delivery_spec, new_delivery, read_routes
+from ledger.worker.destinations import delivery_job, delivery_spec, new_delivery, read_routes
 from ledger.worker.handlers import Event, HandlerSpec, Registry, load_registry
 from ledger.worker.outcome import COMPLETE, FENCED, Outcome, record_failed_attempt
 from ledger.worker.retry import RandomSource, RetryPolicy
@@ -287,6 +287,11 @@ class Worker:
             self._delivery, self._owns_delivery = new_delivery(self.services, self.engine), True
         return {(job.scope_id, job.event_id): delivery_spec(self._delivery, job)
                 for job in jobs if (job.scope_id, job.event_id) in keys}
+
+    def admit_round(self, sends: list[tuple[WorkItem, Event]]) -> None:
+        """Admit a round's forwarded jobs together (DestinationDelivery.admit_round)."""
+        if self._delivery is not None:
+            self._delivery.admit_round([delivery_job(job, event) for job, event in sends])
 
     def handled_elsewhere(self, event_type: str) -> bool:
         """Tell whether a live worker instance has the handler this worker lacks.

@@ -364,3 +364,29 @@ def test_a_send_ends_inside_the_work_items_lease_whatever_the_timeout(test_env):
     assert (receipt["state"], receipt["attempts"]) == ("pending", 1)
     [answer] = receipt["destination_attempts"]
     assert answer["outcome"] == "retry" and answer["error"].startswith("timeout")
+
+
+@pytest.mark.parametrize(("limits", "first_round"), [
+    ({"max_in_flight": 2}, 2), ({"rate_per_second": 1.0}, 1)], ids=["in-flight", "rate"])
+def test_a_rounds_admissions_count_each_other(setup, limits, first_round):
+    """A round's events are admitted together: each sees the requests and rate slots the
+    ones before it took, and those refused wait without spending an attempt."""
+    app, sender, receiver, url = setup
+    _destination(app, sender, url, **limits)
+    for n in range(4):
+        send(app, sender, f"evt_{n}", "order.paid", AMOUNT, expect=ACCEPTED)
+    _run(app, 8)
+    assert len(receiver.requests) == first_round
+    states = [(_receipt(app, sender, f"evt_{n}")["state"],
+               _receipt(app, sender, f"evt_{n}")["attempts"]) for n in range(4)]
+    assert sorted(states) == sorted([("complete", 1)] * first_round
+                                    + [("pending", 0)] * (4 - first_round))
+    clock = app.extensions["ledger"].clock
+    for _ in range(12):  # the held events come due (with their jitter) as slots free
+        if len(receiver.requests) == 4:
+            break
+        clock.advance(1)
+        _run(app, 8)
+    assert sorted(r.headers["idempotency-key"] for r in receiver.requests) == [
+        f"{sender.scope}:evt_{n}" for n in range(4)]
+    assert {_receipt(app, sender, f"evt_{n}")["attempts"] for n in range(4)} == {1}
