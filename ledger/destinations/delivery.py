@@ -154,10 +154,11 @@ class DestinationDelivery:
         """
         now = self._clock.now()
         admitted: dict[tuple[int, str, int], _Admitted] = {}
+        secrets: dict[int, list[str]] = {}  # read once per destination in the round
         try:
             with self._engine.begin() as conn:
                 for job, destination in self._destinations(conn, jobs):
-                    admitted[_key(job)] = self._admit(conn, job, destination, now)
+                    admitted[_key(job)] = self._admit(conn, job, destination, now, secrets)
         except Exception:  # the database: each prepare admits its job alone
             return
         self._admitted.update(admitted)
@@ -200,16 +201,20 @@ class DestinationDelivery:
         return sorted(pairs, key=lambda pair: pair[1].id if pair[1] is not None else 0)
 
     def _admit(self, conn: Connection, job: DeliveryJob, destination: Destination | None,
-               now: datetime) -> _Admitted:
-        """Admit one job in `conn`'s transaction; read its secrets and request if admitted."""
+               now: datetime, secrets: dict[int, list[str]] | None = None) -> _Admitted:
+        """Admit one job in `conn`'s transaction; read its secrets (unless `secrets` has the
+        destination's) and its request if admitted."""
         if destination is None:
             return _Admitted(now=now)
         admission = admit(conn, destination.id, now=now,
                           job=(job.scope_id, job.event_id, job.attempt))
         if not admission.admitted:
             return _Admitted(now=now, destination=destination, admission=admission)
+        known = secrets if secrets is not None else {}
+        if destination.id not in known:
+            known[destination.id] = live_secrets(conn, self._decrypt, destination.id, now=now)
         return _Admitted(now=now, destination=destination, admission=admission,
-                         secrets=live_secrets(conn, self._decrypt, destination.id, now=now),
+                         secrets=known[destination.id],
                          request=stored_request(conn, job.scope_id, job.event_id, job.payload))
 
     def _record(self, destination: Destination, admission: Admission,
