@@ -24,8 +24,9 @@ from ledger.access import audit
 from ledger.access.integrations import get_integration
 from ledger.cli import ledger_cli
 from ledger.clock import FixedClock
-from ledger.db.schema import failure_members, failure_signatures, jobs
+from ledger.db.schema import destinations, failure_members, failure_signatures, jobs
 from ledger.destinations.addresses import AddressPolicy
+from ledger.destinations.secrets import rotate_secret
 from ledger.destinations.store import (
     DestinationSettings,
     DestinationState,
@@ -390,3 +391,34 @@ def test_a_rounds_admissions_count_each_other(setup, limits, first_round):
     assert sorted(r.headers["idempotency-key"] for r in receiver.requests) == [
         f"{sender.scope}:evt_{n}" for n in range(4)]
     assert {_receipt(app, sender, f"evt_{n}")["attempts"] for n in range(4)} == {1}
+
+
+def test_a_rotated_secret_signs_the_next_round(setup):
+    """A worker reads its destinations' secrets once a round: the round after a rotation that
+    ends the old secret's overlap at once is signed by the new secret alone."""
+    app, sender, receiver, url = setup
+    old = _destination(app, sender, url).signing_secret
+    for n in range(2):
+        send(app, sender, f"evt_{n}", "order.paid", AMOUNT, expect=ACCEPTED)
+    assert _run(app, 8) == 2
+    svc = app.extensions["ledger"]
+    with svc.engine.begin() as conn:
+        public_id = conn.execute(select(destinations.c.public_id)).scalar_one()
+        new = rotate_secret(conn, svc.box, ADMIN, public_id, now=svc.clock.now(),
+                            overlap_seconds=0).signing_secret
+    for n in range(2, 4):
+        send(app, sender, f"evt_{n}", "order.paid", AMOUNT, expect=ACCEPTED)
+    assert _run(app, 8) == 2
+    def signed_by(secret: str) -> list[bool]:
+        verifier = standardwebhooks.Webhook(secret)
+        found = []
+        for request in receiver.requests:
+            try:
+                verifier.verify(request.body, dict(request.headers))
+                found.append(True)
+            except standardwebhooks.webhooks.WebhookVerificationError:
+                found.append(False)
+        return found
+
+    assert signed_by(old) == [True, True, False, False]
+    assert signed_by(new) == [False, False, True, True]
