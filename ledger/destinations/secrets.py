@@ -57,7 +57,7 @@ def _live_rows(conn: Connection, destination_id: int, now: datetime) -> list[Any
     return [r for r in conn.execute(query).all() if r.expires_at is None or now < r.expires_at]
 
 
-# Built once: a forwarded event reads its destination's secrets every time.
+# Built once: every round of sends reads its destinations' secrets.
 _LIVE_SECRETS = (select(destination_secrets.c.secret_enc, destination_secrets.c.expires_at)
                  .where(destination_secrets.c.destination_id == bindparam("destination_id"),
                         # the states as literals: an IN of bound values is expanded per run
@@ -70,8 +70,8 @@ def live_secrets(conn: Connection, box: SecretBox | Callable[[str], str], destin
     """Return the plaintext secrets that sign a request sent at `now`, newest first.
 
     `box` is the secrets box, or what decrypts with it (a worker keeps a memo of it:
-    the secrets are read for every event, a rotation or revocation included, and only
-    their decryption is saved).
+    the secrets are read for every round of sends, so a rotation or a revocation applies
+    from the next one; only their decryption is saved).
     """
     decrypt = box.decrypt if isinstance(box, SecretBox) else box
     rows = conn.execute(_LIVE_SECRETS, {"destination_id": destination_id}).all()
