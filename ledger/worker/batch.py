@@ -136,7 +136,7 @@ def process_batch(worker: Worker, size: int | None = None) -> int:
             if not entry.leave and entry not in sends:
                 _prepare(worker, entry)
         sends = _admitted(worker, sends)
-        run_all([functools.partial(_prepare, worker, entry) for entry in sends])
+        run_all([functools.partial(_prepare, worker, entry) for entry in sends], worker.sends)
         _run(worker, entries)
     return len(leased)
 

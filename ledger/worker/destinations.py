@@ -85,16 +85,27 @@ def handler_conflicts(conn: Connection, registry: Registry) -> list[str]:
     return found
 
 
-def run_all(calls: list[Callable[[], Any]]) -> None:
-    """Run the calls (each catches its own errors): several at once, on threads."""
+def send_pool() -> ThreadPoolExecutor:
+    """Return a pool of threads for a worker loop's sends (MAX_PARALLEL_SENDS at once)."""
+    return ThreadPoolExecutor(max_workers=MAX_PARALLEL_SENDS, thread_name_prefix="ledger-send")
+
+
+def run_all(calls: list[Callable[[], Any]], pool: ThreadPoolExecutor | None = None) -> None:
+    """Run the calls (each catches its own errors): several at once, on threads.
+
+    `pool` is the worker loop's own (kept while it runs, so a round starts no threads);
+    without one, the calls get a pool of their own.
+    """
     if len(calls) <= 1:
         for call in calls:
             call()
         return
-    with ThreadPoolExecutor(max_workers=min(len(calls), MAX_PARALLEL_SENDS),
-                            thread_name_prefix="ledger-send") as pool:
+    if pool is not None:
         for future in [pool.submit(call) for call in calls]:
             future.result()
+        return
+    with send_pool() as own:
+        run_all(calls, own)
 
 
 def read_routes(transaction: Callable[[], AbstractContextManager[Connection]],

@@ -31,6 +31,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -50,7 +51,13 @@ from ledger.logs import event_ref, get_logger
 from ledger.scheduling.instances import live_handled_types, new_instance_id
 from ledger.services import Services
 from ledger.worker import batch
-from ledger.worker.destinations import delivery_job, delivery_spec, new_delivery, read_routes
+from ledger.worker.destinations import (
+    delivery_job,
+    delivery_spec,
+    new_delivery,
+    read_routes,
+    send_pool,
+)
 from ledger.worker.handlers import Event, HandlerSpec, Registry, load_registry
 from ledger.worker.outcome import COMPLETE, FENCED, Outcome, record_failed_attempt
 from ledger.worker.retry import RandomSource, RetryPolicy
@@ -125,6 +132,8 @@ class Worker:
         # Destinations' deliveries: shared by run_worker's loops, else made on first need.
         self._delivery = delivery
         self._owns_delivery = False
+        # The threads of a round's sends, kept while `run` loops (ledger.worker.destinations).
+        self.sends: ThreadPoolExecutor | None = None
         self._autocommit = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                             if self.engine.dialect.name == "postgresql" else None)
 
@@ -371,10 +380,13 @@ class Worker:
         """Process jobs until `stop` is set (or, with burst, until none is due)."""
         stop = stop or threading.Event()
         self._stop = stop  # lets a completion claim the next round (ledger.worker.batch)
+        self.sends = send_pool()  # the rounds' sends share its threads while the loop runs
         try:
             return self._loop(burst=burst, stop=stop, poll_seconds=poll_seconds)
         finally:
             self._stop = None
+            self.sends.shutdown()
+            self.sends = None
             self._release()
             if self._owns_delivery and self._delivery is not None:
                 self._delivery.close()

@@ -10,6 +10,7 @@ never forwarded twice; a worker refuses to start with a handler for a destinatio
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -422,3 +423,14 @@ def test_a_rotated_secret_signs_the_next_round(setup):
 
     assert signed_by(old) == [True, True, False, False]
     assert signed_by(new) == [False, False, True, True]
+
+
+def test_a_worker_loop_sends_on_its_own_threads_and_ends_them(setup):
+    app, sender, receiver, url = setup
+    _destination(app, sender, url)
+    for n in range(3):
+        send(app, sender, f"evt_{n}", "order.paid", AMOUNT, expect=ACCEPTED)
+    assert _run(app, 8) == 3
+    assert {r.headers["x-ledger-attempt"] for r in receiver.requests} == {"1"}
+    assert len(receiver.requests) == 3
+    assert [t.name for t in threading.enumerate() if t.name.startswith("ledger-send")] == []
