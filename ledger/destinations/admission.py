@@ -15,6 +15,7 @@ transaction, before the HTTP call and without holding any lock across it (STYLE 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, func, or_, select, update
 
 from ledger.db.schema import destination_attempts, destinations
-from ledger.destinations.store import SENDING, DestinationState, open_attempt
+from ledger.destinations.store import SENDING, DestinationState, open_attempts
 
 # How long a work item waits when the destination has no free request slot: short, as a slot
 # frees when any request ends.
@@ -80,29 +81,68 @@ def admit(conn: Connection, destination_id: int, *, now: datetime,
     open (in flight) until answered. Refused, it should go back to the queue until
     `not_before` without spending an attempt.
     """
-    row = _locked(conn, destination_id)
-    if row.state != DestinationState.ACTIVE.value:
-        return Admission(admitted=False, reason="paused")
-    if row.blocked_until is not None and row.blocked_until > now:
-        return Admission(admitted=False, reason="backoff", not_before=row.blocked_until)
-    if in_flight(conn, row, now=now) >= row.max_in_flight:
-        return Admission(admitted=False, reason="in_flight",
-                         not_before=now + timedelta(seconds=IN_FLIGHT_WAIT_SECONDS))
-    # Without a rate there is no slot to keep. (Moving one to `now` would refuse a worker
-    # whose `now`, read before it waited for this row's lock, is a moment earlier.)
-    if row.rate_per_second:
-        if row.next_send_at is not None and row.next_send_at > now:
-            return Admission(admitted=False, reason="rate", not_before=row.next_send_at)
-        # Paced from the later of now and the last slot: an idle destination gets no burst
-        # credit, and a backlog drains at exactly the rate.
-        start = max(now, row.next_send_at or now)
-        conn.execute(update(destinations).where(destinations.c.id == destination_id)
-                     .values(next_send_at=start + timedelta(seconds=1.0 / row.rate_per_second)))
-    if job is None:
-        return Admission(admitted=True)
-    opened = open_attempt(conn, destination_id, scope_id=job[0], event_id=job[1],
-                          number=job[2], started_at=now)
-    return Admission(admitted=True, attempt_id=opened)
+    if job is None:  # the decision alone: no request is opened
+        gate = _Gate(conn, _locked(conn, destination_id), now)
+        refused = gate.take()
+        gate.keep_rate()
+        return refused or Admission(admitted=True)
+    return admit_all(conn, destination_id, [job], now=now)[0]
+
+
+def admit_all(conn: Connection, destination_id: int, jobs: Sequence[tuple[int, str, int]], *,
+              now: datetime) -> list[Admission]:
+    """Decide for several work items of one destination at once, as `admit` would one by one.
+
+    One lock of the destination's row, one count of its requests in flight, one move of
+    its rate slot and one insert of the admitted requests: each item sees the requests
+    and slots the items before it took.
+    """
+    gate = _Gate(conn, _locked(conn, destination_id), now)
+    refusals = [gate.take() for _ in jobs]
+    gate.keep_rate()
+    admitted = [job for job, refused in zip(jobs, refusals, strict=True) if refused is None]
+    opened = iter(open_attempts(conn, destination_id, admitted, started_at=now))
+    return [refused or Admission(admitted=True, attempt_id=next(opened)) for refused in refusals]
+
+
+class _Gate:
+    """A destination's limits as its locked row and its requests in flight set them."""
+
+    def __init__(self, conn: Connection, row: Any, now: datetime) -> None:
+        self._conn, self._row, self._now = conn, row, now
+        self._in_flight: int | None = None  # counted when first needed
+        self._next_send_at = row.next_send_at
+
+    def take(self) -> Admission | None:
+        """Take a request slot (None), or return why not and until when."""
+        row, now = self._row, self._now
+        if row.state != DestinationState.ACTIVE.value:
+            return Admission(admitted=False, reason="paused")
+        if row.blocked_until is not None and row.blocked_until > now:
+            return Admission(admitted=False, reason="backoff", not_before=row.blocked_until)
+        if self._in_flight is None:
+            self._in_flight = in_flight(self._conn, row, now=now)
+        if self._in_flight >= row.max_in_flight:
+            return Admission(admitted=False, reason="in_flight",
+                             not_before=now + timedelta(seconds=IN_FLIGHT_WAIT_SECONDS))
+        # Without a rate there is no slot to keep. (Moving one to `now` would refuse a
+        # worker whose `now`, read before it waited for this row's lock, is a moment earlier.)
+        if row.rate_per_second:
+            if self._next_send_at is not None and self._next_send_at > now:
+                return Admission(admitted=False, reason="rate", not_before=self._next_send_at)
+            # Paced from the later of now and the last slot: an idle destination gets no
+            # burst credit, and a backlog drains at exactly the rate.
+            start = max(now, self._next_send_at or now)
+            self._next_send_at = start + timedelta(seconds=1.0 / row.rate_per_second)
+        self._in_flight += 1
+        return None
+
+    def keep_rate(self) -> None:
+        """Write the rate slot the admissions took (none taken: nothing written)."""
+        if self._next_send_at != self._row.next_send_at:
+            self._conn.execute(update(destinations)
+                               .where(destinations.c.id == self._row.id)
+                               .values(next_send_at=self._next_send_at))
 
 
 def note_outcome(conn: Connection, destination_id: int, *, ok: bool, now: datetime,

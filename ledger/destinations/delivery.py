@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine
 
 from ledger.access.secrets_box import SecretBox
 from ledger.clock import Clock
-from ledger.destinations.admission import Admission, admit, note_outcome
+from ledger.destinations.admission import Admission, admit_all, note_outcome
 from ledger.destinations.forward import (
     Forwarder,
     ForwardEvent,
@@ -147,18 +147,18 @@ class DestinationDelivery:
     def admit_round(self, jobs: Sequence[DeliveryJob]) -> None:
         """Admit a round's jobs in one transaction; each job's `prepare` then only sends.
 
-        The same checks as one job's admission, in destination order (two workers' rounds
-        lock their destinations' rows in one order): each admission sees the attempts the
-        ones before it opened (in flight) and the rate slots they took. A round whose
-        admission fails (the database) leaves every job to admit itself in `prepare`.
+        The jobs of one destination are admitted together (`admit_all`: each sees the
+        requests and rate slots of the ones before it), destinations in id order (two
+        workers' rounds lock their rows in one order), and each destination's secrets are
+        read once. A round whose admission fails (the database) leaves every job to admit
+        itself in `prepare`.
         """
         now = self._clock.now()
         admitted: dict[tuple[int, str, int], _Admitted] = {}
-        secrets: dict[int, list[str]] = {}  # read once per destination in the round
         try:
             with self._engine.begin() as conn:
-                for job, destination in self._destinations(conn, jobs):
-                    admitted[_key(job)] = self._admit(conn, job, destination, now, secrets)
+                for destination, group in self._by_destination(conn, jobs):
+                    admitted.update(self._admit_group(conn, destination, group, now))
         except Exception:  # the database: each prepare admits its job alone
             return
         self._admitted.update(admitted)
@@ -171,8 +171,7 @@ class DestinationDelivery:
             now = self._clock.now()
             with self._engine.begin() as conn:
                 destination = destination_for(conn, job.scope_id, job.event_type)
-                found = (self._admit(conn, job, destination, now) if destination is not None
-                         else _Admitted(now=now))
+                found = self._admit_group(conn, destination, [job], now)[_key(job)]
         destination, admission = found.destination, found.admission
         if destination is None or admission is None or not admission.admitted:
             return Prepared(destination=destination, admission=admission)
@@ -188,34 +187,41 @@ class DestinationDelivery:
         return Prepared(destination=destination, admission=admission, result=result)
 
     @staticmethod
-    def _destinations(conn: Connection, jobs: Sequence[DeliveryJob]
-                      ) -> list[tuple[DeliveryJob, Destination | None]]:
-        """Return each job with the destination that takes it, in destination order."""
+    def _by_destination(conn: Connection, jobs: Sequence[DeliveryJob]
+                        ) -> list[tuple[Destination | None, list[DeliveryJob]]]:
+        """Return the jobs grouped by the destination that takes them, in destination order."""
         found: dict[tuple[int, str], Destination | None] = {}
-        pairs = []
+        groups: dict[int, tuple[Destination | None, list[DeliveryJob]]] = {}
         for job in jobs:
             route = (job.scope_id, job.event_type)
             if route not in found:
                 found[route] = destination_for(conn, job.scope_id, job.event_type)
-            pairs.append((job, found[route]))
-        return sorted(pairs, key=lambda pair: pair[1].id if pair[1] is not None else 0)
+            destination = found[route]
+            key = destination.id if destination is not None else 0
+            groups.setdefault(key, (destination, []))[1].append(job)
+        return [groups[key] for key in sorted(groups)]
 
-    def _admit(self, conn: Connection, job: DeliveryJob, destination: Destination | None,
-               now: datetime, secrets: dict[int, list[str]] | None = None) -> _Admitted:
-        """Admit one job in `conn`'s transaction; read its secrets (unless `secrets` has the
-        destination's) and its request if admitted."""
+    def _admit_group(self, conn: Connection, destination: Destination | None,
+                     jobs: Sequence[DeliveryJob], now: datetime
+                     ) -> dict[tuple[int, str, int], _Admitted]:
+        """Admit one destination's jobs in `conn`'s transaction; read the admitted ones'
+        secrets (once) and requests."""
         if destination is None:
-            return _Admitted(now=now)
-        admission = admit(conn, destination.id, now=now,
-                          job=(job.scope_id, job.event_id, job.attempt))
-        if not admission.admitted:
-            return _Admitted(now=now, destination=destination, admission=admission)
-        known = secrets if secrets is not None else {}
-        if destination.id not in known:
-            known[destination.id] = live_secrets(conn, self._decrypt, destination.id, now=now)
-        return _Admitted(now=now, destination=destination, admission=admission,
-                         secrets=known[destination.id],
-                         request=stored_request(conn, job.scope_id, job.event_id, job.payload))
+            return {_key(job): _Admitted(now=now) for job in jobs}
+        admissions = admit_all(conn, destination.id, [_key(job) for job in jobs], now=now)
+        secrets: list[str] | None = None
+        found = {}
+        for job, admission in zip(jobs, admissions, strict=True):
+            if not admission.admitted:
+                found[_key(job)] = _Admitted(now=now, destination=destination,
+                                             admission=admission)
+                continue
+            if secrets is None:
+                secrets = live_secrets(conn, self._decrypt, destination.id, now=now)
+            found[_key(job)] = _Admitted(
+                now=now, destination=destination, admission=admission, secrets=secrets,
+                request=stored_request(conn, job.scope_id, job.event_id, job.payload))
+        return found
 
     def _record(self, destination: Destination, admission: Admission,
                 result: ForwardResult) -> None:

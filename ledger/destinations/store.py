@@ -281,6 +281,9 @@ def set_destination_state(conn: Connection, actor: audit.Actor, public_id: str,
 # Built once, as every forwarded event opens and answers one (the values come with each
 # execution; the attempt's id is bound as `attempt`, apart from the columns set).
 _OPEN_ATTEMPT = insert(destination_attempts).returning(destination_attempts.c.id)
+# Several at once, their ids returned in the order of the rows given.
+_OPEN_ATTEMPTS = insert(destination_attempts).returning(destination_attempts.c.id,
+                                                         sort_by_parameter_order=True)
 _ANSWER_ATTEMPT = update(destination_attempts).where(
     destination_attempts.c.id == bindparam("attempt"))
 
@@ -292,6 +295,22 @@ def open_attempt(conn: Connection, destination_id: int, *, scope_id: int, event_
         "destination_id": destination_id, "scope_id": scope_id, "event_id": event_id,
         "number": number, "started_at": started_at, "latency_ms": 0.0, "outcome": SENDING,
     }).scalar_one())
+
+
+def open_attempts(conn: Connection, destination_id: int, jobs: Sequence[tuple[int, str, int]],
+                  *, started_at: datetime) -> list[int]:
+    """Open a `sending` attempt for each (scope id, event id, number): their ids, in order."""
+    if not jobs:
+        return []
+    if len(jobs) == 1:
+        (scope_id, event_id, number), = jobs
+        return [open_attempt(conn, destination_id, scope_id=scope_id, event_id=event_id,
+                             number=number, started_at=started_at)]
+    rows = conn.execute(_OPEN_ATTEMPTS, [
+        {"destination_id": destination_id, "scope_id": scope_id, "event_id": event_id,
+         "number": number, "started_at": started_at, "latency_ms": 0.0, "outcome": SENDING}
+        for scope_id, event_id, number in jobs]).all()
+    return [int(row.id) for row in rows]
 
 
 def answer_attempt(conn: Connection, attempt_id: int, *, latency_ms: float,

@@ -10,7 +10,7 @@ from ledger.access import audit
 from ledger.access.integrations import get_integration
 from ledger.db.schema import destination_attempts, destinations, jobs
 from ledger.destinations.addresses import AddressPolicy
-from ledger.destinations.admission import IN_FLIGHT_SLACK_SECONDS, admit, note_outcome
+from ledger.destinations.admission import IN_FLIGHT_SLACK_SECONDS, admit, admit_all, note_outcome
 from ledger.destinations.store import (
     DestinationSettings,
     DestinationState,
@@ -134,3 +134,34 @@ def test_the_purge_drops_answers_older_than_the_cut(app):
         assert purge_attempts(conn, before=now - timedelta(seconds=10)) == 2
         left = conn.execute(select(destination_attempts.c.number)).scalars().all()
     assert left == [3]
+
+
+def _admit_all(app, dst_id: int, items: list[tuple[int, str, int]], now: datetime):  # type: ignore[no-untyped-def]
+    """admit_all in a transaction; return its decisions and the attempts now open."""
+    with app.extensions["ledger"].engine.begin() as conn:
+        decided = admit_all(conn, dst_id, items, now=now)
+        opened = conn.execute(select(destination_attempts.c.id, destination_attempts.c.event_id)
+                              .order_by(destination_attempts.c.id)).all()
+    return decided, [tuple(row) for row in opened]
+
+
+def test_items_admitted_at_once_count_each_others_requests_in_flight(app):
+    sender, dst = _destination(app, max_in_flight=2)
+    items = [(sender.scope_id, f"evt_{n}", 1) for n in range(3)]
+    decided, opened = _admit_all(app, dst.id, items, app.extensions["ledger"].clock.now())
+    assert [(d.admitted, d.reason) for d in decided] == [
+        (True, None), (True, None), (False, "in_flight")]
+    assert [(d.attempt_id, f"evt_{n}") for n, d in enumerate(decided[:2])] == opened
+
+
+def test_items_admitted_at_once_take_the_rate_slots_one_by_one(app):
+    sender, dst = _destination(app, rate_per_second=2.0)
+    now = app.extensions["ledger"].clock.now()
+    items = [(sender.scope_id, f"evt_{n}", 1) for n in range(3)]
+    decided, opened = _admit_all(app, dst.id, items, now)
+    slot = now + timedelta(seconds=0.5)  # one slot taken: the next is one interval on
+    assert [(d.admitted, d.reason, d.not_before) for d in decided] == [
+        (True, None, None), (False, "rate", slot), (False, "rate", slot)]
+    assert [event for _, event in opened] == ["evt_0"]
+    with app.extensions["ledger"].engine.connect() as conn:
+        assert conn.execute(select(destinations.c.next_send_at)).scalar_one() == slot
