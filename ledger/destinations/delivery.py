@@ -1,9 +1,10 @@
 """A destination run as a handler: `prepare` sends, `apply` turns the answer into an outcome.
 
 The worker calls `prepare` after its claim, outside the completion transaction: it finds
-the event's destination, asks `admit` (pause, backoff, in flight, rate) in one short
-transaction, makes the HTTP call with no transaction open (STYLE rule 7), then records
-the answer and moves the shared backoff in a second short transaction. The answer is
+the event's destination, asks `admit_all` (pause, backoff, in flight, rate) in one short
+transaction (for a round of several events, `admit_round` has done that for all of them in
+one), makes the HTTP call with no transaction open (STYLE rule 7), then records the answer
+and moves the shared backoff in a second short transaction. The answer is
 recorded there, not in `apply`, because a raising `apply` rolls back everything written
 through its connection, and the request did happen whatever the worker does next.
 
@@ -21,6 +22,7 @@ from datetime import datetime
 from functools import lru_cache
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy import exc as sa_exc
 
 from ledger.access.secrets_box import SecretBox
 from ledger.clock import Clock
@@ -159,7 +161,7 @@ class DestinationDelivery:
             with self._engine.begin() as conn:
                 for destination, group in self._by_destination(conn, jobs):
                     admitted.update(self._admit_group(conn, destination, group, now))
-        except Exception:  # the database: each prepare admits its job alone
+        except sa_exc.SQLAlchemyError:  # the database: each prepare admits its job alone
             return
         self._admitted.update(admitted)
 
