@@ -65,7 +65,7 @@ def _matches(profile: SenderProfile, body: str, digest: str) -> bytes | None:
     """Return the body as accepted if its dedup digest is `digest` (a textarea sends CRLF).
 
     The digest is the intake's: of what the sender's signature covers (Twilio's sorted
-    form fields), so a signature-equivalent body matches as it was a duplicate there.
+    form fields), so a signature-equivalent body matches, as it would be a duplicate there.
     """
     for candidate in (body, body.replace("\r\n", "\n")):
         raw = candidate.encode()
