@@ -274,17 +274,18 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# The shapes the sweep tries against the defaults on PostgreSQL: fewer processes, fewer
-# threads (as many as the pool, and fewer), a pool as large as the threads, and workers
-# recycled ten times less often (gunicorn.conf.py's max_requests).
+# The shapes the sweep tries against the defaults on PostgreSQL: fewer and more processes,
+# fewer and more threads (as many as the pool, and more than it), a pool smaller than the
+# threads, and workers recycled ten times less often (gunicorn.conf.py's max_requests).
 SWEEP = {"2 processes": {"WEB_CONCURRENCY": "2"},
          "3 processes": {"WEB_CONCURRENCY": "3"},
          "threads 5 (= pool)": {"LEDGER_WEB_THREADS": "5"},
          "threads 1": {"LEDGER_WEB_THREADS": "1"},
          "threads 2": {"LEDGER_WEB_THREADS": "2"},
-         "threads 4": {"LEDGER_WEB_THREADS": "4"},
-         "threads 4, pool 4": {"LEDGER_WEB_THREADS": "4", "LEDGER_DB_POOL_SIZE": "4"},
-         "pool 16 (= threads)": {"LEDGER_DB_POOL_SIZE": "16"},
+         "threads 8": {"LEDGER_WEB_THREADS": "8"},
+         "threads 16": {"LEDGER_WEB_THREADS": "16"},
+         "threads 16 + pool 16": {"LEDGER_WEB_THREADS": "16", "LEDGER_DB_POOL_SIZE": "16"},
+         "pool 4 (< threads)": {"LEDGER_DB_POOL_SIZE": "4"},
          "6 processes": {"WEB_CONCURRENCY": "6"},
          "recycled every 50000": {"GUNICORN_CMD_ARGS": "--max-requests 50000"},
          "no keep-alive": {"GUNICORN_CMD_ARGS": "--keep-alive 0"},

@@ -301,9 +301,10 @@ DECLARED: tuple[Setting, ...] = (
             meaning="gunicorn processes: the intake is bound by their CPU, so size them with "
                     "the cores (2 per core) and keep the threads and the pool per process"),
     Setting(name="LEDGER_WEB_THREADS", attribute="threads", owner="web", section=_WEB,
-            parser=Integer(1), default=16,
-            meaning="threads per gunicorn process: a slow sender holds one until its body "
-                    "deadline; at most `LEDGER_DB_POOL_SIZE` of them use the database at once"),
+            parser=Integer(1), default=4,
+            meaning="threads per gunicorn process, each serving one request once the event "
+                    "loop has read it (a body over 1 MiB is read by its thread, within the body "
+                    "deadline); at most `LEDGER_DB_POOL_SIZE` of them use the database at once"),
     Setting(name="LEDGER_WEB_PRELOAD", attribute="preload", owner="web", section=_WEB,
             parser=Boolean(), default=True,
             meaning="build the app once in the master and fork the processes from it"),

@@ -14,9 +14,12 @@ import json
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from ledger.config import WebServerSettings
+from ledger.web.buffering_worker import BUFFER_BODY_BYTES
 from tests.helpers import ledger_counts, make_sender, signed_headers
 from tests.servers import gunicorn_server, thread_server
 
@@ -28,7 +31,8 @@ DECLARED = 1000  # bytes announced by each slow sender, never all sent
 class SlowSender:
     """A socket that sent its headers and trickles its body; a thread reads the answer."""
 
-    def __init__(self, base_url: str, path: str, headers: dict[str, str]) -> None:
+    def __init__(self, base_url: str, path: str, headers: dict[str, str], *,
+                 declared: int = DECLARED) -> None:
         host, port = base_url.removeprefix("http://").split(":")
         self.sock = socket.create_connection((host, int(port)), timeout=30)
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
@@ -36,7 +40,7 @@ class SlowSender:
         # can be before sendall returns here (a wait read as 0.9996 s for a 1 s deadline).
         self.started = time.monotonic()
         self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n{head}"
-                          f"Content-Length: {DECLARED}\r\n\r\n{{".encode())
+                          f"Content-Length: {declared}\r\n\r\n{{".encode())
         self.reply = b""
         self.answered_after: float | None = None
         self._reader = threading.Thread(target=self._read_reply, daemon=True)
@@ -108,6 +112,51 @@ def test_slow_senders_get_408_while_the_service_keeps_answering(app, test_env):
     waited = [s.answered_after for s in slow]
     assert all(w is not None and DEADLINE <= w < DEADLINE + 8 for w in waited), waited
     assert ledger_counts(app)["receipts"] == 1  # only the fast delivery
+
+
+def test_slow_large_bodies_free_their_threads_at_the_deadline(app, test_env):
+    """A body over the event loop's 1 MiB buffer is read by its thread: one process of the
+    default threads, all but one held by senders trickling such bodies, still answers others,
+    and each of those threads is free again at the body deadline."""
+    sender = make_sender(app)
+    threads = WebServerSettings.from_env({}).threads
+    env = {**test_env, "LEDGER_BODY_READ_TIMEOUT_SECONDS": str(DEADLINE),
+           "LEDGER_MAX_BODY_BYTES": str(4 * BUFFER_BODY_BYTES)}
+    path = f"/hooks/{sender.public_id}"
+    with gunicorn_server(env, workers=1) as (base_url, _process):
+        slow = [SlowSender(base_url, path, signed_headers(sender, b"{}", f"evt_large{i}"),
+                           declared=2 * BUFFER_BODY_BYTES) for i in range(threads - 1)]
+        stop = threading.Event()
+        trickler = threading.Thread(target=_trickle_until, args=(slow, stop), daemon=True)
+        trickler.start()
+        try:
+            time.sleep(0.3)  # every slow request holds its thread by now
+            body = json.dumps({"id": "evt_fast", "type": "demo.credit",
+                               "data": {"amount": 1}}).encode()
+            started = time.monotonic()
+            delivery = requests.post(f"{base_url}{path}", data=body, timeout=10,
+                                     headers=signed_headers(sender, body, "evt_fast"))
+            delivery_seconds = time.monotonic() - started
+            replies = [s.wait_reply() for s in slow]
+            # Afterwards the process answers as many deliveries at once as it has threads.
+            bodies = [json.dumps({"id": f"evt_after{i}", "type": "demo.credit",
+                                  "data": {"amount": 1}}).encode() for i in range(threads)]
+            with ThreadPoolExecutor(threads) as pool:
+                after = list(pool.map(lambda b: requests.post(
+                    f"{base_url}{path}", data=b, timeout=10, headers=signed_headers(
+                        sender, b, json.loads(b)["id"])).status_code, bodies))
+        finally:
+            stop.set()
+            trickler.join(timeout=5)
+            for s in slow:
+                s.sock.close()
+    assert delivery.status_code == 202 and delivery_seconds < DEADLINE, delivery_seconds
+    assert all(r.split("\r\n", 1)[0].split()[1:2] == ["408"] for r in replies), \
+        sorted({r[:40] for r in replies})
+    waited = [s.answered_after for s in slow]
+    assert all(w is not None and DEADLINE <= w < DEADLINE + 8 for w in waited), waited
+    assert after == [202] * threads
+    assert ledger_counts(app)["receipts"] == 1 + threads  # no slow body was recorded
 
 
 def test_a_slow_login_form_gets_408_too(test_env):
