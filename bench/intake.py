@@ -275,8 +275,8 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
 
 
 # The shapes the sweep tries against the defaults on PostgreSQL: fewer and more processes,
-# fewer and more threads (as many as the pool, and more than it), a pool smaller than the
-# threads, and workers recycled ten times less often (gunicorn.conf.py's max_requests).
+# fewer and more threads (as many as the pool, and more than it), a pool no larger than the
+# threads, and workers recycled ten times as often as gunicorn.conf.py's max_requests.
 SWEEP = {"2 processes": {"WEB_CONCURRENCY": "2"},
          "3 processes": {"WEB_CONCURRENCY": "3"},
          "threads 5 (= pool)": {"LEDGER_WEB_THREADS": "5"},
@@ -285,9 +285,9 @@ SWEEP = {"2 processes": {"WEB_CONCURRENCY": "2"},
          "threads 8": {"LEDGER_WEB_THREADS": "8"},
          "threads 16": {"LEDGER_WEB_THREADS": "16"},
          "threads 16 + pool 16": {"LEDGER_WEB_THREADS": "16", "LEDGER_DB_POOL_SIZE": "16"},
-         "pool 4 (< threads)": {"LEDGER_DB_POOL_SIZE": "4"},
+         "pool 4 (= threads)": {"LEDGER_DB_POOL_SIZE": "4"},
          "6 processes": {"WEB_CONCURRENCY": "6"},
-         "recycled every 50000": {"GUNICORN_CMD_ARGS": "--max-requests 50000"},
+         "recycled every 5000": {"GUNICORN_CMD_ARGS": "--max-requests 5000"},
          "no keep-alive": {"GUNICORN_CMD_ARGS": "--keep-alive 0"},
          # gunicorn's own gthread: each request head read by a thread, not the event loop
          "plain gthread": {"GUNICORN_CMD_ARGS": "--worker-class gthread"}}

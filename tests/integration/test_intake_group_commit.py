@@ -33,8 +33,8 @@ def _event(scope_id: int, event_id: str) -> NewEvent:
 
 @pytest.mark.slow
 def test_concurrent_new_and_repeated_deliveries_through_four_threaded_workers(app, test_env):
-    """gunicorn.conf.py's shape (4 processes, the default threads each): new ids and repeats of them,
-    sent together, end with one receipt and one job each and a 202 for every request."""
+    """gunicorn.conf.py's shape (4 processes, the default threads each): new ids and repeats
+    of them, sent together, end with one receipt and one job each and a 202 for every request."""
     sender = make_sender(app)
     app.extensions["ledger"].close()
     events = [f"evt_group_{n}" for n in range(96)]
