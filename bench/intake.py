@@ -7,10 +7,11 @@ shared machine hits both. Accepted/s counts committed receipts, not responses.
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import urllib.request
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager, ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -25,7 +26,7 @@ from bench import env as benv
 from bench.loadgen import WrkResult, presign, run_wrk
 from bench.schemas import create_thin_pg, create_thin_sqlite
 from ledger.access.secrets_box import load_box
-from ledger.config import WebServerSettings
+from ledger.config import WEB_THREADS, WebServerSettings
 from ledger.services import ledger_engine
 
 THREADS = 2
@@ -215,10 +216,10 @@ def measure_pg(e: benv.BenchEnv, seconds: float,
                overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """The ledger as shipped vs the thin intake as written (`gunicorn -w N`), the thin intake
     in the ledger's shape and the gunicorn floor, on PostgreSQL; then duplicates/s."""
-    web = WebServerSettings.from_env(overrides or {})
-    shape = benv.ServerShape(workers=web.workers, threads=web.threads)
     urls = {"ours": e.migrated_pg("intake")} | {
         name: e.pg_url(name) for name in ("thin", "thin_shaped", "floor")}
+    web = WebServerSettings.from_env({"DATABASE_URL": urls["ours"]} | (overrides or {}))
+    shape = benv.ServerShape(workers=web.workers, threads=web.threads)
     for name in ("thin", "thin_shaped", "floor"):
         create_thin_pg(urls[name])
     path = f"/hooks/{ours_app(e, urls['ours'])}"
@@ -241,26 +242,38 @@ def measure_pg(e: benv.BenchEnv, seconds: float,
 
 
 def measure_sqlite(e: benv.BenchEnv, seconds: float) -> dict[str, Any]:
-    """The ledger as shipped on its SQLite default vs the thin intake as written on SQLite."""
+    """The ledger as shipped on its SQLite default vs the thin intake as written on SQLite,
+    and beside them the same ledger with PostgreSQL's default threads per process (a copy of
+    its database): what SQLite's own default of threads is measured against."""
     ours_url = e.sqlite_url("intake")
     thin_path = e.tmp / "thin.sqlite3"
     create_thin_sqlite(str(thin_path))
     public_id = ours_app(e, ours_url)
+    fewer_url = e.sqlite_url("intake_fewer_threads")
+    with closing(sqlite3.connect(make_url(ours_url).database or "")) as source, \
+            closing(sqlite3.connect(make_url(fewer_url).database or "")) as copy:
+        source.backup(copy)
     log = e.tmp / "intake-sqlite.log"
-    workers = WebServerSettings.from_env({}).workers
+    workers = WebServerSettings.from_env({"DATABASE_URL": ours_url}).workers
+    fewer = {"LEDGER_WEB_THREADS": str(WEB_THREADS)}
     with benv.thin_as_written(thin_env(f"sqlite:///{thin_path}"), workers,
                               log=log) as (thin_base, thin_server), \
-            benv.shipped(e.app_env(ours_url), log=log) as (ours_base, ours_server):
-        thin = Target(thin_base, f"sqlite:///{thin_path}", f"/hooks/{public_id}",
-                      thin_server.pid)
-        ours = Target(ours_base, ours_url, f"/hooks/{public_id}", ours_server.pid,
-                      writer=True)
-        return summarize(abba(e, {"thin": thin, "ours": ours}, seconds, "sqlite"))
+            benv.shipped(e.app_env(ours_url), log=log) as (ours_base, ours_server), \
+            benv.shipped(e.app_env(fewer_url) | fewer, log=log) as (fewer_base, fewer_server):
+        path = f"/hooks/{public_id}"
+        sides = {"thin": Target(thin_base, f"sqlite:///{thin_path}", path, thin_server.pid),
+                 "ours": Target(ours_base, ours_url, path, ours_server.pid, writer=True),
+                 "fewer_threads": Target(fewer_base, fewer_url, path, fewer_server.pid,
+                                         writer=True)}
+        return summarize(abba(e, sides, seconds, "sqlite")) | {
+            "threads": WebServerSettings.from_env({"DATABASE_URL": ours_url}).threads,
+            "fewer_threads": WEB_THREADS}
 
 
 def summarize(runs: dict[str, Any]) -> dict[str, Any]:
     """Average the two runs of each app."""
-    sides = [name for name in ("thin", "ours", "thin_shaped", "floor") if name in runs]
+    sides = [name for name in ("thin", "ours", "thin_shaped", "floor", "fewer_threads")
+             if name in runs]
     out: dict[str, Any] = {"runs": {k: [r.to_json() for r in runs[k]] for k in sides}}
     for name in sides:
         out[f"{name}_accepted_per_s"] = accepted_per_s(runs[name])
@@ -343,9 +356,9 @@ def measure_async(e: benv.BenchEnv, seconds: float, rounds: int = 3) -> dict[str
     on PostgreSQL, in the same run: every side in turn then in reverse, `rounds` times;
     then duplicates/s of the async intake and of the shipped one, each interleaved with
     new events."""
-    web = WebServerSettings.from_env({})
-    shape = benv.ServerShape(workers=web.workers, threads=web.threads)
     ours_url = e.migrated_pg("async_ours")
+    web = WebServerSettings.from_env({"DATABASE_URL": ours_url})
+    shape = benv.ServerShape(workers=web.workers, threads=web.threads)
     path = f"/hooks/{ours_app(e, ours_url)}"
     # The async side gets a copy of the shipped side's ledger: the same integration.
     urls = {"async": e.pg_url("async_async", template=str(make_url(ours_url).database)),
@@ -408,7 +421,7 @@ def measure_memory(e: benv.BenchEnv, requests_per_process: int = MEMORY_REQUESTS
     the RSS again. The same processes must still be running at the end."""
     url = e.migrated_pg("memory")
     public_id = ours_app(e, url)
-    web = WebServerSettings.from_env({})
+    web = WebServerSettings.from_env({"DATABASE_URL": url})
     env = e.app_env(url) | {"GUNICORN_CMD_ARGS": "--max-requests 0"}
     with benv.shipped(env, log=e.tmp / "memory.log") as (base, process):
         target = Target(base, url, f"/hooks/{public_id}", process.pid)

@@ -159,7 +159,11 @@ def sqlite_figures(r: dict[str, Any]) -> list[Figure]:
                      r["thin_accepted_per_s"], 1.5,
                      f"the one writer busy {writer.get('busy_share', 0):.0%} of the load time,"
                      f" {writer.get('claims_per_commit', 0):.1f} claims per commit, each turn"
-                     f" held {writer.get('hold_ms', 0):.2f} ms")]
+                     f" held {writer.get('hold_ms', 0):.2f} ms"),
+            shown(f"accepted/s on SQLite, {r['fewer_threads']} threads per process (PostgreSQL's"
+                  f" default) vs {r['threads']} (SQLite's)", r["fewer_threads_accepted_per_s"],
+                  "/s", f"{r['threads']} threads, same run", r["ours_accepted_per_s"],
+                  f"p99 {r['fewer_threads_p99_ms']:.0f} vs {r['ours_p99_ms']:.0f} ms")]
 
 
 def worker_figures(r: dict[str, Any]) -> list[Figure]:

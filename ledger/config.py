@@ -73,6 +73,9 @@ DEFAULT_DUTY_CYCLE = 0.5
 DEFAULT_WORKER_BATCH = 8  # SQLite's, and any database but PostgreSQL
 DEFAULT_WORKER_BATCH_POSTGRESQL = 16
 MAX_WORKER_BATCH = 64
+# Threads per gunicorn process when LEDGER_WEB_THREADS is unset (`_web_threads`).
+WEB_THREADS = 4  # PostgreSQL, and any database but SQLite
+WEB_THREADS_SQLITE = 16
 
 ENVIRONMENTS = ("development", "production")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -116,6 +119,15 @@ def _web_processes(_env: Mapping[str, str]) -> int:
     """Return WEB_CONCURRENCY's default: two processes per core, at least two."""
     # CPU, not the database, bounds a Python intake: a few processes per core.
     return max(2, multiprocessing.cpu_count() * 2)
+
+
+def _web_threads(env: Mapping[str, str]) -> int:
+    """Return LEDGER_WEB_THREADS' default for the database: 4 on PostgreSQL, 16 on SQLite."""
+    # PostgreSQL: a process's threads share one interpreter lock, and past 4 they only
+    # lengthen the tail. SQLite: the threads wait on its one writer, and more of them at
+    # once fill each group commit (docs/explanation/performance.md, the sizing section).
+    url = env.get("DATABASE_URL") or _sqlite_in_var(env)
+    return WEB_THREADS_SQLITE if url.startswith("sqlite") else WEB_THREADS
 
 
 _DB, _KEYS, _INTAKE, _WORK = "Database", "Keys and secrets", "Intake", "Processing"
@@ -301,7 +313,8 @@ DECLARED: tuple[Setting, ...] = (
             meaning="gunicorn processes: the intake is bound by their CPU, so size them with "
                     "the cores (2 per core) and keep the threads and the pool per process"),
     Setting(name="LEDGER_WEB_THREADS", attribute="threads", owner="web", section=_WEB,
-            parser=Integer(1), default=4,
+            parser=Integer(1), default_from=_web_threads,
+            shown_default=f"{WEB_THREADS} on PostgreSQL, {WEB_THREADS_SQLITE} on SQLite",
             meaning="threads per gunicorn process, each serving one request once the event "
                     "loop has read it (a body over 1 MiB is read by its thread, within the body "
                     "deadline); at most `LEDGER_DB_POOL_SIZE` of them use the database at once"),

@@ -33,10 +33,11 @@ workers = _web.workers
 # gthread, but the event loop reads each request's head and small body before a thread
 # takes it: slow senders hold buffers, not threads (web/buffering_worker.py).
 worker_class = "ledger.web.buffering_worker.BufferingThreadWorker"
-# Threads share one interpreter lock, so more of them only lengthen the tail: 4 served as
-# many deliveries per second as 16 with a shorter p99 (docs/explanation/performance.md).
-# The default pool (5) is larger; with more threads than connections, at most the pool's
-# size of them use the database at once and the others wait for a connection up to
+# LEDGER_WEB_THREADS, by default 4 on PostgreSQL (a process's threads share one interpreter
+# lock: 16 answered no more deliveries, with a longer tail) and 16 on SQLite (its threads
+# wait on the one writer, and more of them fill each group commit); see
+# docs/explanation/performance.md. With more threads than LEDGER_DB_POOL_SIZE, at most the
+# pool's size of them use the database at once and the others wait for a connection up to
 # LEDGER_DB_POOL_TIMEOUT_MS, then answer 503.
 threads = _web.threads
 # A request is bounded by the pool timeout (2 s) and statement_timeout (5 s);

@@ -109,3 +109,20 @@ def test_a_duplicate_in_a_shared_transaction_gets_the_recorded_outcome(app):
         [_event(3, "twice"), _event(3, "twice")])
     assert answers[0] is True
     assert answers[1][0] == 0 and bytes(answers[1][1]).startswith(b"twice")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_batch_answers_each_claim_in_its_place(app):
+    """New ids, an id claimed before the batch, one id claimed twice in it and the same id
+    in another scope: each claim gets its own answer, and each new claim one work item."""
+    engine = app.extensions["ledger"].engine
+    claim = DriverClaim(engine)
+    assert claim.claim(_event(5, "earlier"))[0] is True
+    answers = claim._write_sqlite_group([_event(5, "a"), _event(5, "earlier"), _event(6, "a"),
+                                         _event(5, "a"), _event(5, "b")])
+    assert [answers[0], answers[2], answers[4]] == [True, True, True]
+    assert answers[1][0] == 0 and bytes(answers[1][1]).startswith(b"earlier")
+    assert answers[3][0] == 0 and bytes(answers[3][1]).startswith(b"a")
+    with engine.connect() as conn:
+        work = conn.execute(select(jobs.c.scope_id, jobs.c.event_id)).all()
+    assert sorted(work) == [(5, "a"), (5, "b"), (5, "earlier"), (6, "a")]

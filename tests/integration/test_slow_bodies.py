@@ -119,7 +119,7 @@ def test_slow_large_bodies_free_their_threads_at_the_deadline(app, test_env):
     default threads, all but one held by senders trickling such bodies, still answers others,
     and each of those threads is free again at the body deadline."""
     sender = make_sender(app)
-    threads = WebServerSettings.from_env({}).threads
+    threads = WebServerSettings.from_env(test_env).threads
     env = {**test_env, "LEDGER_BODY_READ_TIMEOUT_SECONDS": str(DEADLINE),
            "LEDGER_MAX_BODY_BYTES": str(4 * BUFFER_BODY_BYTES)}
     path = f"/hooks/{sender.public_id}"

@@ -312,7 +312,9 @@ def test_the_web_server_settings_read_gunicorns_variables() -> None:
         "0.0.0.0:8080", 3, 8, False, "-")
     default = WebServerSettings.from_env({})
     assert (default.bind, default.threads, default.preload, default.access_log) == (
-        "127.0.0.1:8000", 4, True, None)
+        "127.0.0.1:8000", 16, True, None)  # the embedded SQLite ledger
+    shared = WebServerSettings.from_env({"DATABASE_URL": "postgresql+psycopg://db/ledger"})
+    assert shared.threads == 4
     assert default.workers >= 2
     assert WebServerSettings.from_env({"LEDGER_BIND": "unix:/run/ledger.sock"}).bind == (
         "unix:/run/ledger.sock")
