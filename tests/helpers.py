@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 from flask import Flask
@@ -131,3 +135,33 @@ def migrate_to(engine: Any, revision: str) -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+
+
+class Trickling(Protocol):
+    """A slow client: its socket, and one more byte of its request each time it is asked."""
+
+    sock: socket.socket
+
+    def trickle(self) -> None: ...
+
+
+@contextlib.contextmanager
+def trickling(clients: Sequence[Trickling], every: float) -> Iterator[None]:
+    """Have every client send one more byte each `every` seconds while the block runs;
+    close their sockets afterwards."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every):
+            for client in clients:
+                client.trickle()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for client in clients:
+            client.sock.close()

@@ -20,7 +20,7 @@ import requests
 
 from ledger.config import WebServerSettings
 from ledger.web.buffering_worker import BUFFER_BODY_BYTES
-from tests.helpers import ledger_counts, make_sender, signed_headers
+from tests.helpers import ledger_counts, make_sender, signed_headers, trickling
 from tests.servers import gunicorn_server, thread_server
 
 SLOW_SENDERS = 30
@@ -72,10 +72,13 @@ class SlowSender:
         return self.reply.decode(errors="replace")
 
 
-def _trickle_until(senders: list[SlowSender], stop: threading.Event) -> None:
-    while not stop.wait(0.2):
-        for sender in senders:
-            sender.trickle()
+def _deliver(base_url: str, path: str, sender, event_id: str):  # type: ignore[no-untyped-def]
+    """POST one signed new event; return the answer and how long it took."""
+    body = json.dumps({"id": event_id, "type": "demo.credit", "data": {"amount": 1}}).encode()
+    started = time.monotonic()
+    answer = requests.post(f"{base_url}{path}", data=body, timeout=10,
+                           headers=signed_headers(sender, body, event_id))
+    return answer, time.monotonic() - started
 
 
 def test_slow_senders_get_408_while_the_service_keeps_answering(app, test_env):
@@ -85,26 +88,13 @@ def test_slow_senders_get_408_while_the_service_keeps_answering(app, test_env):
     with gunicorn_server(env, workers=2) as (base_url, _process):
         slow = [SlowSender(base_url, path, signed_headers(sender, b"{}", f"evt_slow{i}"))
                 for i in range(SLOW_SENDERS)]
-        stop = threading.Event()
-        trickler = threading.Thread(target=_trickle_until, args=(slow, stop), daemon=True)
-        trickler.start()
-        try:
+        with trickling(slow, every=0.2):
             time.sleep(0.3)  # every slow request is in the server by now
             started = time.monotonic()
             health = requests.get(f"{base_url}/healthz", timeout=10)
             health_seconds = time.monotonic() - started
-            body = json.dumps({"id": "evt_fast", "type": "demo.credit",
-                               "data": {"amount": 1}}).encode()
-            started = time.monotonic()
-            delivery = requests.post(f"{base_url}{path}", data=body, timeout=10,
-                                     headers=signed_headers(sender, body, "evt_fast"))
-            delivery_seconds = time.monotonic() - started
+            delivery, delivery_seconds = _deliver(base_url, path, sender, "evt_fast")
             replies = [s.wait_reply() for s in slow]
-        finally:
-            stop.set()
-            trickler.join(timeout=5)
-            for s in slow:
-                s.sock.close()
     assert health.status_code == 200 and health_seconds < 2.5, health_seconds
     assert delivery.status_code == 202 and delivery_seconds < 2.5, delivery_seconds
     assert all(r.startswith("HTTP/1.1 408") and '"request_timeout"' in r for r in replies), \
@@ -126,30 +116,15 @@ def test_slow_large_bodies_free_their_threads_at_the_deadline(app, test_env):
     with gunicorn_server(env, workers=1) as (base_url, _process):
         slow = [SlowSender(base_url, path, signed_headers(sender, b"{}", f"evt_large{i}"),
                            declared=2 * BUFFER_BODY_BYTES) for i in range(threads - 1)]
-        stop = threading.Event()
-        trickler = threading.Thread(target=_trickle_until, args=(slow, stop), daemon=True)
-        trickler.start()
-        try:
+        with trickling(slow, every=0.2):
             time.sleep(0.3)  # every slow request holds its thread by now
-            body = json.dumps({"id": "evt_fast", "type": "demo.credit",
-                               "data": {"amount": 1}}).encode()
-            started = time.monotonic()
-            delivery = requests.post(f"{base_url}{path}", data=body, timeout=10,
-                                     headers=signed_headers(sender, body, "evt_fast"))
-            delivery_seconds = time.monotonic() - started
+            delivery, delivery_seconds = _deliver(base_url, path, sender, "evt_fast")
             replies = [s.wait_reply() for s in slow]
             # Afterwards the process answers as many deliveries at once as it has threads.
-            bodies = [json.dumps({"id": f"evt_after{i}", "type": "demo.credit",
-                                  "data": {"amount": 1}}).encode() for i in range(threads)]
             with ThreadPoolExecutor(threads) as pool:
-                after = list(pool.map(lambda b: requests.post(
-                    f"{base_url}{path}", data=b, timeout=10, headers=signed_headers(
-                        sender, b, json.loads(b)["id"])).status_code, bodies))
-        finally:
-            stop.set()
-            trickler.join(timeout=5)
-            for s in slow:
-                s.sock.close()
+                after = [answer.status_code for answer, _ in pool.map(
+                    lambda i: _deliver(base_url, path, sender, f"evt_after{i}"),
+                    range(threads))]
     assert delivery.status_code == 202 and delivery_seconds < DEADLINE, delivery_seconds
     assert all(r.split("\r\n", 1)[0].split()[1:2] == ["408"] for r in replies), \
         sorted({r[:40] for r in replies})
@@ -168,15 +143,8 @@ def test_a_slow_login_form_gets_408_too(test_env):
         with thread_server(app) as base_url:
             slow = SlowSender(base_url, "/login",
                               {"Content-Type": "application/x-www-form-urlencoded"})
-            stop = threading.Event()
-            trickler = threading.Thread(target=_trickle_until, args=([slow], stop),
-                                        daemon=True)
-            trickler.start()
-            try:
+            with trickling([slow], every=0.2):
                 reply = slow.wait_reply()
-            finally:
-                stop.set()
-                trickler.join(timeout=5)
     finally:
         app.extensions["ledger"].close()
     assert reply.split("\r\n", 1)[0].split()[1] == "408", reply[:80]

@@ -7,11 +7,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
 
 import requests
 
-from tests.helpers import ledger_counts, make_sender, signed_headers
+from tests.helpers import ledger_counts, make_sender, signed_headers, trickling
 from tests.servers import gunicorn_server, thread_server
 
 SLOW_HEADERS = 60
@@ -55,26 +54,6 @@ def _slow_clients(base_url: str, path: str, headers: dict[str, str]) -> list[Tri
     return slow_head + slow_body
 
 
-@contextlib.contextmanager
-def _trickling(clients: list[Trickler]) -> Iterator[None]:
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(0.5):
-            for client in clients:
-                client.trickle()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-        for client in clients:
-            client.sock.close()
-
-
 def _answers_meanwhile(base_url: str, sender, path: str) -> None:  # type: ignore[no-untyped-def]
     """/healthz and a signed delivery answer within ANSWER_WITHIN, three times over."""
     body = b'{"id": "evt_fast_%d", "type": "demo.credit", "data": {"amount": 1}}'
@@ -90,7 +69,7 @@ def _answers_meanwhile(base_url: str, sender, path: str) -> None:  # type: ignor
 def served_while_slow_clients_get_408(base_url: str, sender, path: str) -> None:  # type: ignore[no-untyped-def]
     """Hold the slow clients open while others are answered; the deadline ends each with 408."""
     clients = _slow_clients(base_url, path, signed_headers(sender, b"{}", "evt_slow"))
-    with _trickling(clients):
+    with trickling(clients, every=0.5):
         _answers_meanwhile(base_url, sender, path)
         for client in clients:  # the deadline closes every one of them
             assert client.closed.wait(timeout=DEADLINE + 15)
@@ -119,7 +98,7 @@ def test_the_development_server_keeps_answering_too(test_env) -> None:  # type: 
         path = f"/hooks/{sender.public_id}"
         with thread_server(app) as base_url:
             clients = _slow_clients(base_url, path, signed_headers(sender, b"{}", "evt_s"))
-            with _trickling(clients):
+            with trickling(clients, every=0.5):
                 _answers_meanwhile(base_url, sender, path)
         assert ledger_counts(app)["receipts"] == 3
     finally:
