@@ -58,6 +58,15 @@ def _lines(log: Path) -> Counter:
     return Counter(line.split()[0] for line in text.splitlines())
 
 
+def _inside_slow(log: Path) -> set[int]:
+    """Return the pids that started a slow run and have not ended it."""
+    inside: Counter = Counter()
+    for line in (log.read_text() if log.exists() else "").splitlines():
+        word, pid = line.split()
+        inside[int(pid)] += {"slow-start": 1, "slow-end": -1}.get(word, 0)
+    return {pid for pid, open_runs in inside.items() if open_runs > 0}
+
+
 def test_three_schedulers_run_each_period_once_and_survive_a_killed_holder(test_env, tmp_path):
     """PostgreSQL: the advisory xact lock + runs row; SQLite: the write lock + runs row."""
     # A lease of 2 s, shorter than a slow run: live holders must renew it to keep it.
@@ -70,9 +79,13 @@ def test_three_schedulers_run_each_period_once_and_survive_a_killed_holder(test_
     try:
         _wait_for(lambda: _lines(log)["ready"] == 3, 30, "three schedulers to start")
         _wait_for(lambda: len(_runs(engine, "tick")) >= 5, 30, "five periods of tick")
-        # kill -9 whoever is inside a slow run right now
+        # kill -9 whoever is inside a slow run right now: its run claimed and executing (a
+        # holder killed between its claim and the job's first line would leave a claimed
+        # run that never executed, which the count below would read as a lost execution)
         running = _wait_for(lambda: [r for r in _runs(engine, "slow")
-                                     if r.outcome == "running"], 15, "a slow run in progress")
+                                     if r.outcome == "running"
+                                     and int(r.instance.split(":")[1]) in _inside_slow(log)],
+                            15, "a slow run in progress")
         victim = running[-1]
         pid = int(victim.instance.split(":")[1])
         assert pid in {p.pid for p in procs}
