@@ -254,9 +254,9 @@ def measure_sqlite(e: benv.BenchEnv, seconds: float) -> dict[str, Any]:
             closing(sqlite3.connect(make_url(fewer_url).database or "")) as copy:
         source.backup(copy)
     log = e.tmp / "intake-sqlite.log"
-    workers = WebServerSettings.from_env({"DATABASE_URL": ours_url}).workers
+    web = WebServerSettings.from_env({"DATABASE_URL": ours_url})
     fewer = {"LEDGER_WEB_THREADS": str(WEB_THREADS)}
-    with benv.thin_as_written(thin_env(f"sqlite:///{thin_path}"), workers,
+    with benv.thin_as_written(thin_env(f"sqlite:///{thin_path}"), web.workers,
                               log=log) as (thin_base, thin_server), \
             benv.shipped(e.app_env(ours_url), log=log) as (ours_base, ours_server), \
             benv.shipped(e.app_env(fewer_url) | fewer, log=log) as (fewer_base, fewer_server):
@@ -266,8 +266,7 @@ def measure_sqlite(e: benv.BenchEnv, seconds: float) -> dict[str, Any]:
                  "fewer_threads": Target(fewer_base, fewer_url, path, fewer_server.pid,
                                          writer=True)}
         return summarize(abba(e, sides, seconds, "sqlite")) | {
-            "threads": WebServerSettings.from_env({"DATABASE_URL": ours_url}).threads,
-            "fewer_threads": WEB_THREADS}
+            "threads": web.threads, "fewer_threads": WEB_THREADS}
 
 
 def summarize(runs: dict[str, Any]) -> dict[str, Any]:

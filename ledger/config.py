@@ -126,8 +126,7 @@ def _web_threads(env: Mapping[str, str]) -> int:
     # PostgreSQL: a process's threads share one interpreter lock, and past 4 they only
     # lengthen the tail. SQLite: the threads wait on its one writer, and more of them at
     # once fill each group commit (docs/explanation/performance.md, the sizing section).
-    url = env.get("DATABASE_URL") or _sqlite_in_var(env)
-    return WEB_THREADS_SQLITE if url.startswith("sqlite") else WEB_THREADS
+    return WEB_THREADS_SQLITE if database_url_from_env(env).startswith("sqlite") else WEB_THREADS
 
 
 _DB, _KEYS, _INTAKE, _WORK = "Database", "Keys and secrets", "Intake", "Processing"
