@@ -117,11 +117,24 @@ def _sqlite_writable(url: str) -> bool:
             fcntl.flock(turn, fcntl.LOCK_UN)
 
 
+def _stopped(pid: int) -> bool:
+    """Tell whether the kernel has stopped the process (state T in /proc/<pid>/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
 def _freeze(process: subprocess.Popen[bytes], url: str) -> None:
-    """SIGSTOP the worker outside any transaction (a stopped SQLite writer blocks all)."""
+    """SIGSTOP the worker outside any transaction (a stopped SQLite writer blocks all).
+
+    The check waits until the worker is stopped: a signal sent is not yet a process stopped,
+    and a worker still running could take its writer turn just after the check saw it free.
+    """
     deadline = time.monotonic() + WAIT
     while True:
         process.send_signal(signal.SIGSTOP)
+        while not _stopped(process.pid):
+            assert time.monotonic() < deadline, "the worker never stopped"
+            time.sleep(0.005)
         if not url.startswith("sqlite") or _sqlite_writable(url):
             return
         process.send_signal(signal.SIGCONT)  # caught mid-transaction: let it finish

@@ -58,6 +58,17 @@ def _lines(log: Path) -> Counter:
     return Counter(line.split()[0] for line in text.splitlines())
 
 
+def _pid(run) -> int:  # type: ignore[no-untyped-def]
+    """Return the pid of the scheduler instance that claimed `run` (host:pid:token)."""
+    return int(run.instance.split(":")[1])
+
+
+def _holders_inside_slow(engine, log: Path) -> list:  # type: ignore[no-untyped-def]
+    """Return the running slow runs whose holder has started the job and not ended it."""
+    inside = _inside_slow(log)
+    return [r for r in _runs(engine, "slow") if r.outcome == "running" and _pid(r) in inside]
+
+
 def _inside_slow(log: Path) -> set[int]:
     """Return the pids that started a slow run and have not ended it."""
     inside: Counter = Counter()
@@ -82,12 +93,10 @@ def test_three_schedulers_run_each_period_once_and_survive_a_killed_holder(test_
         # kill -9 whoever is inside a slow run right now: its run claimed and executing (a
         # holder killed between its claim and the job's first line would leave a claimed
         # run that never executed, which the count below would read as a lost execution)
-        running = _wait_for(lambda: [r for r in _runs(engine, "slow")
-                                     if r.outcome == "running"
-                                     and int(r.instance.split(":")[1]) in _inside_slow(log)],
-                            15, "a slow run in progress")
+        running = _wait_for(lambda: _holders_inside_slow(engine, log), 15,
+                            "a slow run in progress")
         victim = running[-1]
-        pid = int(victim.instance.split(":")[1])
+        pid = _pid(victim)
         assert pid in {p.pid for p in procs}
         os.kill(pid, signal.SIGKILL)
         killed_at = datetime.now(UTC)
