@@ -18,6 +18,12 @@ database free.
   by a watchdog thread, and the writers behind it meet SQLite's busy timeout as
   they would with no turns at all, so a stuck transaction still ends in "database
   is locked" errors after `busy_timeout`, never in a wait without end.
+- A holder whose whole process does not run (stopped by SIGSTOP or a terminal's
+  Ctrl-Z, frozen by a container pause) cannot run its watchdog either. So no thread
+  waits in the kernel's line itself: this process's line thread (`_Line`) waits there
+  for it, and a writer that is not let in within `max_wait` goes on without its turn,
+  to SQLite's busy timeout. While that wait stays stuck, the process's next writers go
+  on at once, without waiting again (`ledger_sqlite_writer_turns_skipped_total`).
 - The lock goes with its process: a killed writer never leaves it held. The file
   holds no data and is safe to delete while nothing runs.
 - Each turn reports how long it waited and how long it was held
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import queue
 import sqlite3
 import threading
 import time
@@ -36,9 +43,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from ledger.metrics import SQLITE_WRITER_HELD, SQLITE_WRITER_WAIT
+from ledger.metrics import SQLITE_WRITER_HELD, SQLITE_WRITER_SKIPPED, SQLITE_WRITER_WAIT
 
 MAX_HOLD_SECONDS = 1.0  # a turn held longer is released by the watchdog
+# A writer waits this long for its turn, then goes on without it: a live holder's watchdog
+# lets the line move within MAX_HOLD_SECONDS + WATCH_EVERY, so a longer wait means a holder
+# whose process does not run.
+MAX_WAIT_SECONDS = 2.0
 WATCH_EVERY = 0.25  # seconds between two looks of the watchdog
 
 
@@ -72,13 +83,19 @@ class WriterTurns:
     open file of its own, so no two threads or processes (forked or not) share one.
     """
 
-    def __init__(self, path: str, max_hold: float = MAX_HOLD_SECONDS) -> None:
+    def __init__(self, path: str, max_hold: float = MAX_HOLD_SECONDS,
+                 max_wait: float = MAX_WAIT_SECONDS) -> None:
         self.path = path
         self.max_hold = max_hold
+        self.max_wait = max_wait
         self._local = threading.local()
 
     def acquire(self) -> _Holder:
-        """Wait for this thread's turn (or count one more if it holds it); return the holder."""
+        """Wait for this thread's turn (or count one more if it holds it); return the holder.
+
+        A writer not let in within `max_wait` goes on without its turn: the holder holds no
+        file, and the transaction meets SQLite's own lock and busy timeout.
+        """
         holder: _Holder | None = getattr(self._local, "holder", None)
         if holder is None or holder.pid != os.getpid():  # new thread, or a forked child
             holder = self._local.holder = _Holder()
@@ -86,11 +103,17 @@ class WriterTurns:
             asked = time.monotonic()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                granted = time.monotonic()
+            except BlockingIOError:
+                granted = _line().wait(fd, self.max_wait)
+                if not granted:  # the line thread has fd now
+                    SQLITE_WRITER_SKIPPED.inc()
+                    holder.count += 1
+                    return holder
             except BaseException:
                 os.close(fd)
                 raise
-            granted = time.monotonic()
             with _GUARD:
                 _watch_this_process()
                 holder.fd, holder.deadline = fd, granted + self.max_hold
@@ -122,6 +145,94 @@ class WriterTurns:
             yield
         finally:
             self.release(holder)
+
+
+class _Ask:
+    """One writer's ask for its turn, waited for by the line thread."""
+
+    __slots__ = ("answered", "fd", "gone", "granted", "guard")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.guard = threading.Lock()
+        self.answered = threading.Lock()  # held until the line thread answers
+        self.answered.acquire()
+        self.granted = 0.0  # when the kernel let this ask in (monotonic), 0 if not (yet)
+        self.gone = False  # the writer stopped waiting: the line thread closes fd
+
+
+class _Line:
+    """The thread of this process that waits in the kernel's line for its writers' turns.
+
+    A thread blocked in `flock` cannot stop waiting; this one can be left waiting. It
+    takes the asks one by one, as the threads of a process queue like processes do.
+    """
+
+    def __init__(self) -> None:
+        self._asks: queue.SimpleQueue[_Ask] = queue.SimpleQueue()
+        self._current: _Ask | None = None  # the ask waiting in the kernel's line now
+        threading.Thread(target=self._run, daemon=True, name="ledger-writer-line").start()
+
+    def wait(self, fd: int, timeout: float) -> float:
+        """Wait up to `timeout` for the turn on `fd`; return when the kernel let it in.
+
+        0.0: not let in, and `fd` is the line thread's to close.
+        """
+        current = self._current
+        if current is not None and current.gone:  # stuck behind a holder that does not run
+            os.close(fd)
+            return 0.0
+        ask = _Ask(fd)
+        self._asks.put(ask)
+        try:
+            ask.answered.acquire(timeout=timeout)
+        except BaseException:  # interrupted: a turn let in meanwhile is given back
+            with ask.guard:
+                ask.gone = True
+                granted = ask.granted
+            if granted:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+            raise
+        with ask.guard:
+            ask.gone = not ask.granted
+            return ask.granted
+
+    def _run(self) -> None:
+        while True:
+            ask = self._current = self._asks.get()
+            try:
+                fcntl.flock(ask.fd, fcntl.LOCK_EX)
+            except OSError:  # the writer goes on without the turn
+                with ask.guard:
+                    ask.gone = True
+                os.close(ask.fd)
+                ask.answered.release()
+                continue
+            finally:
+                self._current = None
+            granted = time.monotonic()
+            with ask.guard:
+                if not ask.gone:
+                    ask.granted = granted
+            if ask.granted:
+                ask.answered.release()
+            else:
+                fcntl.flock(ask.fd, fcntl.LOCK_UN)
+                os.close(ask.fd)
+
+
+_LINE: _Line | None = None
+_LINE_PID = 0
+
+
+def _line() -> _Line:
+    """Return this process's line thread, started on first use (and again after a fork)."""
+    global _LINE, _LINE_PID
+    with _GUARD:
+        if _LINE is None or os.getpid() != _LINE_PID:
+            _LINE, _LINE_PID = _Line(), os.getpid()
+        return _LINE
 
 
 def _watch_this_process() -> None:

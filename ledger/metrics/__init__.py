@@ -62,6 +62,11 @@ SQLITE_WRITER_HELD = Histogram(
     "SQLite: time a writer turn was held (its transaction, commit included)",
     buckets=_TURN_BUCKETS,
 )
+SQLITE_WRITER_SKIPPED = Counter(
+    "ledger_sqlite_writer_turns_skipped_total",
+    "SQLite: write transactions that went on without their turn, a holder's process not"
+    " running (stopped, frozen)",
+)
 SQLITE_CLAIMS_PER_COMMIT = Histogram(
     "ledger_sqlite_claims_per_commit",
     "SQLite: intake claims written by one transaction (group commit)",

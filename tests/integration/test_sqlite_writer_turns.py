@@ -6,9 +6,13 @@ SQLite only: PostgreSQL has row locks and many writers, and its transactions tak
 from __future__ import annotations
 
 import fcntl
+import multiprocessing
 import os
 import shutil
+import signal
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from ledger.db.writer_turns import turns_path
+from ledger.db.writer_turns import MAX_WAIT_SECONDS, WriterTurns, turns_path
 from tests.helpers import deliver, make_sender
 
 
@@ -96,3 +100,77 @@ def test_a_delivery_gets_in_between_the_transactions_of_a_busy_writer(sqlite_app
         writer.join(10)
     assert response.status_code == 202
     assert passed <= 10, f"the claim waited out {passed} of the writer's transactions"
+
+
+def _take_turn_and_stop(database: str, also_lock: bool, holding: Any) -> None:
+    """Take the writer turn (and SQLite's write lock), then stop as Ctrl-Z stops a process."""
+    WriterTurns(turns_path(database)).acquire()
+    if also_lock:
+        connection = sqlite3.connect(database, isolation_level=None)
+        connection.execute("BEGIN IMMEDIATE")
+    holding.set()
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(3600)
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.fixture
+def stopped_writer(sqlite_app: Any) -> Iterator[Any]:
+    """Start a process of the same ledger that takes its turn and is then stopped."""
+    database = str(sqlite_app.extensions["ledger"].engine.url.database)
+    fork = multiprocessing.get_context("fork")
+    started: list[Any] = []
+
+    def start(also_lock: bool) -> Any:
+        holding = fork.Event()
+        child = fork.Process(target=_take_turn_and_stop, args=(database, also_lock, holding))
+        child.start()
+        started.append(child)
+        assert holding.wait(10)
+        deadline = time.monotonic() + 10
+        while not _stopped(child.pid):
+            assert time.monotonic() < deadline, "the writer did not stop"
+            time.sleep(0.01)
+        return child
+
+    yield start
+    for child in started:
+        child.kill()
+        child.join(10)
+
+
+def test_a_stopped_process_holding_the_turn_delays_a_delivery_by_the_bound_only(
+        sqlite_app, stopped_writer):
+    # Stopped between its turn and its transaction (a worker suspended by Ctrl-Z): its own
+    # watchdog cannot run, and SQLite's lock is free. Deliveries are still answered.
+    sender, client = make_sender(sqlite_app), sqlite_app.test_client()
+    assert deliver(client, sender, "evt_before_the_stop").status_code == 202
+    stopped_writer(also_lock=False)
+    asked = time.monotonic()
+    assert deliver(client, sender, "evt_during_the_stop").status_code == 202
+    assert time.monotonic() - asked < MAX_WAIT_SECONDS + 3
+    asked = time.monotonic()
+    assert deliver(client, sender, "evt_again_during_the_stop").status_code == 202
+    assert time.monotonic() - asked < 1  # the process no longer waits for the stuck line
+    assert deliver(client, sender, "evt_during_the_stop").get_json()["status"] == "duplicate"
+
+
+def test_a_stopped_process_inside_its_transaction_gets_deliveries_answered_503(
+        sqlite_app, stopped_writer):
+    # Stopped inside its transaction: SQLite's lock is held too, so nothing can be written
+    # until it runs again. The sender gets a 503 to retry within the busy timeout's bound,
+    # and the retry is accepted once the process is gone.
+    sender, client = make_sender(sqlite_app), sqlite_app.test_client()
+    assert deliver(client, sender, "evt_before_the_stop").status_code == 202
+    child = stopped_writer(also_lock=True)
+    asked = time.monotonic()
+    assert deliver(client, sender, "evt_during_the_stop").status_code == 503
+    assert time.monotonic() - asked < MAX_WAIT_SECONDS + 10 + 3  # the turn, then busy_timeout
+    child.kill()
+    child.join(10)
+    retried = deliver(client, sender, "evt_during_the_stop")
+    assert retried.status_code == 202
+    assert retried.get_json()["status"] == "accepted"  # the 503 had written nothing

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -195,3 +196,79 @@ def test_each_turn_reports_its_wait_and_its_hold_once(lock_path: Path):
     assert wait[0] - wait_before[0] == 2
     assert held[1] - held_before[1] >= 0.2  # the first turn lasted the sleep
     assert 0.15 <= wait[1] - wait_before[1] < 5  # the second thread waited for it
+
+
+def _hold_then_stop(path: str, holding: Any) -> None:
+    turns = WriterTurns(path)  # the default bound: its watchdog would release it in a second
+    turns.acquire()
+    holding.set()  # written at once (a queue's feeder thread would stop with the process)
+    os.kill(os.getpid(), signal.SIGSTOP)  # Ctrl-Z, a container pause: no watchdog runs
+    time.sleep(3600)
+
+
+def _skipped() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("ledger_sqlite_writer_turns_skipped_total") or 0.0
+
+
+def _wait_stopped(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the holder did not stop"
+        time.sleep(0.01)
+
+
+def test_a_holder_whose_process_is_stopped_holds_the_others_only_until_their_bound(
+        lock_path: Path):
+    fork = multiprocessing.get_context("fork")
+    holding = fork.Event()
+    child = fork.Process(target=_hold_then_stop, args=(str(lock_path), holding))
+    child.start()
+    try:
+        assert holding.wait(10)
+        _wait_stopped(child.pid)
+        turns = WriterTurns(str(lock_path), max_wait=0.5)
+        skipped = _skipped()
+        asked = time.monotonic()
+        first = turns.acquire()  # waits its bound, then goes on without a turn
+        waited = time.monotonic() - asked
+        turns.release(first)
+        assert 0.4 <= waited < 3
+        assert _taken(lock_path)  # still the stopped process's
+        asked = time.monotonic()
+        with turns.held():  # the line is stuck: the next writer does not wait again
+            assert time.monotonic() - asked < 0.3
+        assert _skipped() - skipped == 2
+
+        os.kill(child.pid, signal.SIGCONT)  # its watchdog runs again and lets the line move
+        deadline = time.monotonic() + 10
+        while _taken(lock_path):
+            assert time.monotonic() < deadline, "the continued holder kept its turn"
+            time.sleep(0.05)
+        with turns.held():  # a real turn again, as the writers behind it see
+            assert _taken(lock_path)
+        assert _skipped() - skipped == 2
+    finally:
+        child.kill()
+        child.join(10)
+    assert not _taken(lock_path)
+
+
+def test_a_writer_waiting_behind_a_live_holder_gets_its_turn_not_a_skip(lock_path: Path):
+    turns = WriterTurns(str(lock_path), max_wait=5)
+    skipped = _skipped()
+    got = threading.Event()
+
+    def second() -> None:
+        with turns.held():
+            assert _taken(lock_path)
+            got.set()
+
+    with turns.held():
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert not got.wait(0.3)
+    assert got.wait(5)
+    thread.join(5)
+    assert _skipped() == skipped
