@@ -10,7 +10,7 @@ from ledger.access.audit import keyed, load_audit_key
 from ledger.access.secrets_box import MasterKeyError, SecretBox, load_box
 from ledger.clock import Clock, SystemClock
 from ledger.config import Settings, SettingsError, log_hash_key
-from ledger.db.engine import make_engine
+from ledger.db.engine import make_engine, snapshot_engine
 from ledger.db.replica import ReplicaReads
 from ledger.intake.credential_view import CredentialView, ttl_for_bound
 from ledger.intake.delivery_log import DeliveryLog
@@ -41,6 +41,8 @@ class Services:
         self.engine.dispose()
         if self.reads.replica is not None:
             self.reads.replica.dispose()
+        if self.reads.local is not self.engine:
+            self.reads.local.dispose()
 
 
 def ledger_engine(settings: Settings, **overrides: object) -> Engine:
@@ -67,7 +69,9 @@ def build_services(settings: Settings, clock: Clock | None = None,
     heartbeat.attach(view)
     replica = (make_engine(settings.with_(database_url=settings.read_database_url))
                if settings.read_database_url else None)
-    reads = ReplicaReads(engine, replica, max_lag_seconds=settings.read_max_lag_seconds)
+    reads = ReplicaReads(engine, replica, max_lag_seconds=settings.read_max_lag_seconds,
+                         snapshot=snapshot_engine(
+                             engine.url.render_as_string(hide_password=False)))
     return Services(settings=settings, engine=engine, box=box, clock=clock, view=view,
                     reads=reads,
                     intake=Intake(engine, view, clock, max_json_depth=settings.max_json_depth),

@@ -172,6 +172,37 @@ def _sqlite_engine(url: str, settings: Settings, **overrides: Any) -> Engine:
     return engine
 
 
+def snapshot_engine(url: str) -> Engine | None:
+    """On a SQLite file, an engine for reads alone: each transaction a snapshot, no turn.
+
+    The ledger's engine begins every SQLite transaction with its writer turn and
+    `BEGIN IMMEDIATE`, so a page being read would hold the one writer, and the intake
+    with it, for as long as it takes. In WAL mode a reader needs neither: a deferred
+    `BEGIN` reads one snapshot while writers commit. `query_only` makes a write through
+    this engine an error instead of a lock upgrade. None on PostgreSQL and in memory.
+    """
+    if not url.startswith("sqlite"):
+        return None
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    engine = create_engine(url, connect_args={"timeout": 10, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # BEGIN is ours, as on the ledger's engine
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA busy_timeout=10000")
+        cursor.execute("PRAGMA query_only=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN")
+
+    return engine
+
+
 def alembic_config(url: str | None = None) -> Config:
     """Return an Alembic config that finds migrations through the installed package."""
     cfg = Config()

@@ -78,8 +78,11 @@ class ReplicaReads:
     """Runs read functions on the replica when it is fit to serve them, else on the primary."""
 
     def __init__(self, primary: Engine, replica: Engine | None, *,
-                 max_lag_seconds: float | None = None) -> None:
+                 max_lag_seconds: float | None = None, snapshot: Engine | None = None) -> None:
         self.primary, self.replica = primary, replica
+        # Where a read runs on the primary database: on SQLite an engine of snapshots that
+        # take no writer turn (ledger.db.engine.snapshot_engine), else the primary's own.
+        self.local = snapshot if snapshot is not None else primary
         self.max_lag_seconds = max_lag_seconds
         self._lock = threading.Lock()
         self._skip_until = 0.0  # monotonic: the replica failed; not tried again before
@@ -128,5 +131,5 @@ class ReplicaReads:
     def _on_primary(self, read: Callable[[Connection], T], note: str | None,
                     lag: float | None = None) -> tuple[T, ReadSource]:
         """Run `read` on the primary."""
-        with self.primary.connect() as conn:
+        with self.local.connect() as conn:
             return read(conn), ReadSource(replica=False, lag_seconds=lag, note=note)

@@ -37,7 +37,7 @@ def replica_read(read: Callable[[Connection], T]) -> T:
     """Run `read(conn)` where this request's reads belong; remember where for the answer."""
     svc = services()
     if svc.reads.replica is None:
-        with svc.engine.connect() as conn:
+        with svc.reads.local.connect() as conn:
             return read(conn)
     token = _token_operator()
     wrote_at = session.get(WROTE_AT) if token is None else token.token_wrote_at
@@ -56,7 +56,7 @@ def _token_operator() -> Operator | None:
 
 def primary_read(read: Callable[[Connection], T]) -> T:
     """Run `read(conn)` on the primary: the page shown right after an action."""
-    with services().engine.connect() as conn:
+    with services().reads.local.connect() as conn:
         return read(conn)
 
 

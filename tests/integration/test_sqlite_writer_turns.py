@@ -174,3 +174,49 @@ def test_a_stopped_process_inside_its_transaction_gets_deliveries_answered_503(
     retried = deliver(client, sender, "evt_during_the_stop")
     assert retried.status_code == 202
     assert retried.get_json()["status"] == "accepted"  # the 503 had written nothing
+
+
+def test_a_page_being_read_holds_up_no_delivery(sqlite_app):
+    # The dashboard's and the API's reads are snapshots (ledger.db.engine.snapshot_engine):
+    # they take no writer turn and no write lock, so a slow page does not stall the intake.
+    from ledger.web.read_source import replica_read
+
+    sender, client = make_sender(sqlite_app), sqlite_app.test_client()
+    assert deliver(client, sender, "evt_before_the_read").status_code == 202
+    reading, done, seen = threading.Event(), threading.Event(), []
+
+    def slow_page(conn: Any) -> None:
+        seen.append(conn.execute(text("SELECT count(*) FROM receipts")).scalar_one())
+        reading.set()
+        done.wait(10)
+        seen.append(conn.execute(text("SELECT count(*) FROM receipts")).scalar_one())
+
+    def read() -> None:
+        with sqlite_app.test_request_context("/api/v1/receipts"):
+            replica_read(slow_page)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        assert reading.wait(10)
+        assert not _taken(sqlite_app)
+        asked = time.monotonic()
+        assert deliver(client, sender, "evt_during_the_read").status_code == 202
+        assert time.monotonic() - asked < 1
+    finally:
+        done.set()
+        reader.join(10)
+    assert seen == [1, 1]  # one snapshot for the whole read
+    with sqlite_app.test_request_context("/api/v1/receipts"):
+        assert replica_read(lambda conn: conn.execute(
+            text("SELECT count(*) FROM receipts")).scalar_one()) == 2  # the new receipt
+
+
+def test_a_read_cannot_write(sqlite_app):
+    from sqlalchemy.exc import OperationalError
+
+    from ledger.web.read_source import replica_read
+
+    with sqlite_app.test_request_context("/api/v1/receipts"), \
+            pytest.raises(OperationalError, match="readonly"):
+        replica_read(lambda conn: conn.execute(text("DELETE FROM receipts")))
