@@ -69,9 +69,12 @@ def build_services(settings: Settings, clock: Clock | None = None,
     heartbeat.attach(view)
     replica = (make_engine(settings.with_(database_url=settings.read_database_url))
                if settings.read_database_url else None)
+    # SQLite: the reads run on snapshots that take no writer turn (its audit key too, for
+    # the chain's verification).
+    snapshot = snapshot_engine(engine.url.render_as_string(hide_password=False))
     reads = ReplicaReads(engine, replica, max_lag_seconds=settings.read_max_lag_seconds,
-                         snapshot=snapshot_engine(
-                             engine.url.render_as_string(hide_password=False)))
+                         snapshot=snapshot if snapshot is None
+                         else keyed(snapshot, load_audit_key(settings)))
     return Services(settings=settings, engine=engine, box=box, clock=clock, view=view,
                     reads=reads,
                     intake=Intake(engine, view, clock, max_json_depth=settings.max_json_depth),

@@ -247,7 +247,7 @@ def audit_verify() -> Response:
     """Verify a chunk of the hash chain: {"ok", "rows", "first_bad", "next"} (continue
     with `?after=<next>` while `next` is not null; `ok` is then null)."""
     after = audit_after(request.args)
-    with services().engine.connect() as conn:
+    with services().reads.local.connect() as conn:
         return jsonify(audit.verify_chunk(conn, after))
 
 

@@ -73,7 +73,7 @@ def requeue_all_preview() -> Response:
     svc = services()
     args, reason = _filter_args(), request.form.get("reason", "").strip()
     try:
-        with svc.engine.connect() as conn:
+        with svc.reads.local.connect() as conn:
             f = receipt_filter(conn, args)
             total, capped = (count_group(conn, f, args["group"], cap=COUNT_CAP)
                              if args.get("group") else count_failures(conn, f))
@@ -129,7 +129,7 @@ def requeue_all_step() -> Response:
 
 def _outcomes(batch: str) -> dict[str, int]:
     """Return what became of a batch's receipts so far."""
-    with services().engine.connect() as conn:
+    with services().reads.local.connect() as conn:
         return batch_outcomes(conn, batch)
 
 

@@ -64,7 +64,7 @@ def _rows(fetch: Fetch, first: Page) -> Iterator[tuple[dict[str, Any] | None, bo
         if page.next_cursor is None:
             yield None, False
             return
-        with services().engine.connect() as conn:
+        with services().reads.local.connect() as conn:
             page = fetch(conn, page.next_cursor)
 
 
@@ -124,7 +124,7 @@ def export_list(kind: str, fmt: str) -> Response:
         abort(404)
     svc = services()
     try:
-        with svc.engine.connect() as conn:
+        with svc.reads.local.connect() as conn:
             fetch = _fetcher(kind, conn, request.args)
             first = fetch(conn, None)
     except (BadFilter, BadCursor):

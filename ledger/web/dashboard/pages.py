@@ -243,7 +243,7 @@ def audit_verify() -> Response:
     except BadFilter as error:
         return render("partials/_audit_verify.html", result=None, error=str(error),
                       status=400)
-    with services().engine.connect() as conn:
+    with services().reads.local.connect() as conn:
         result = audit.verify_chunk(conn, after)
     return render("partials/_audit_verify.html", result=result, error=None)
 
