@@ -130,12 +130,14 @@ class WriterTurns:
                 _HELD.discard(holder)
                 fd, holder.fd = holder.fd, -1
             if fd >= 0:
+                # The turn came max_hold before its deadline; it ends at the unlock, after
+                # which the next writer's turn may already have begun.
+                held = time.monotonic() - holder.deadline + self.max_hold
                 # Unlock first: a child forked during the turn shares this open file,
                 # and closing ours alone would leave the lock held.
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
-                # The turn came max_hold before its deadline.
-                SQLITE_WRITER_HELD.observe(time.monotonic() - holder.deadline + self.max_hold)
+                SQLITE_WRITER_HELD.observe(held)
 
     @contextmanager
     def held(self) -> Iterator[None]:
