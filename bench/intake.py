@@ -215,12 +215,14 @@ def duplicates(e: benv.BenchEnv, ours: Target, runs: dict[str, Any], seconds: fl
 def measure_pg(e: benv.BenchEnv, seconds: float,
                overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """The ledger as shipped vs the thin intake as written (`gunicorn -w N`), the thin intake
-    in the ledger's shape and the gunicorn floor, on PostgreSQL; then duplicates/s."""
-    urls = {"ours": e.migrated_pg("intake")} | {
-        name: e.pg_url(name) for name in ("thin", "thin_shaped", "floor")}
+    in the ledger's shape and the gunicorn floor, in that shape and served sync as the thin
+    intake is, on PostgreSQL; then duplicates/s."""
+    baselines = ("thin", "thin_shaped", "floor", "floor_sync")
+    urls = {"ours": e.migrated_pg("intake")} | {name: e.pg_url(name) for name in baselines}
     web = WebServerSettings.from_env({"DATABASE_URL": urls["ours"]} | (overrides or {}))
     shape = benv.ServerShape(workers=web.workers, threads=web.threads)
-    for name in ("thin", "thin_shaped", "floor"):
+    sync = benv.ServerShape(workers=web.workers, worker_class="sync", threads=1)
+    for name in baselines:
         create_thin_pg(urls[name])
     path = f"/hooks/{ours_app(e, urls['ours'])}"
     log = e.tmp / "intake-pg.log"
@@ -230,7 +232,10 @@ def measure_pg(e: benv.BenchEnv, seconds: float,
             "ours": benv.shipped(e.app_env(urls["ours"]) | (overrides or {}), log=log),
             "thin_shaped": benv.thin_gunicorn(thin_env(urls["thin_shaped"]), shape, log=log),
             "floor": benv.gunicorn("bench.floor_intake:app", thin_env(urls["floor"]), shape,
-                                   cwd=benv.ROOT, log=log)}
+                                   cwd=benv.ROOT, log=log),
+            # The floor as the thin intake is served: what no ledger code could go below.
+            "floor_sync": benv.gunicorn("bench.floor_intake:app", thin_env(urls["floor_sync"]),
+                                        sync, cwd=benv.ROOT, log=log)}
         sides = {}
         for name, server in servers.items():
             base, process = stack.enter_context(server)
@@ -271,8 +276,8 @@ def measure_sqlite(e: benv.BenchEnv, seconds: float) -> dict[str, Any]:
 
 def summarize(runs: dict[str, Any]) -> dict[str, Any]:
     """Average the two runs of each app."""
-    sides = [name for name in ("thin", "ours", "thin_shaped", "floor", "fewer_threads")
-             if name in runs]
+    sides = [name for name in ("thin", "ours", "thin_shaped", "floor", "floor_sync",
+                               "fewer_threads") if name in runs]
     out: dict[str, Any] = {"runs": {k: [r.to_json() for r in runs[k]] for k in sides}}
     for name in sides:
         out[f"{name}_accepted_per_s"] = accepted_per_s(runs[name])
