@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import psycopg
 from alembic import command
@@ -122,17 +122,26 @@ def _private_file(database: str) -> None:
             continue
 
 
+# SQLite's busy timeout: how long a writer waits for the database's lock (seconds).
+SQLITE_BUSY_SECONDS = 10
+
+
+def sqlite_file(database: str | None) -> TypeGuard[str]:
+    """Tell whether a SQLite URL's database is a file of its own (not memory, not a URI)."""
+    return database is not None and database not in ("", ":memory:") and not database.startswith(
+        "file:")
+
+
 def _sqlite_engine(url: str, settings: Settings, **overrides: Any) -> Engine:
     """Create a SQLite engine in WAL mode whose transactions take the write lock up front."""
     if sqlite3.sqlite_version_info < MIN_SQLITE:
         raise UnsupportedDatabase(
             f"SQLite {sqlite3.sqlite_version} is too old for the ledger: it needs SQLite "
             f"{'.'.join(map(str, MIN_SQLITE))} or later (README, Limits)")
-    connect_args: dict[str, Any] = {"timeout": 10, "check_same_thread": False}
+    connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_SECONDS, "check_same_thread": False}
     database = make_url(url).database
-    if database and database != ":memory:" and not database.startswith("file:"):
+    if sqlite_file(database):
         _private_file(database)
-    if database and database != ":memory:" and not database.startswith("file:"):
         # Each transaction waits for its writer turn before BEGIN IMMEDIATE
         # (ledger.db.writer_turns): the kernel's queue, not the busy handler's sleeps.
         connect_args["factory"] = connection_factory(database)
@@ -150,7 +159,7 @@ def _sqlite_engine(url: str, settings: Settings, **overrides: Any) -> Engine:
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.execute("PRAGMA busy_timeout=10000")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_SECONDS * 1000}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
@@ -183,16 +192,16 @@ def snapshot_engine(url: str) -> Engine | None:
     """
     if not url.startswith("sqlite"):
         return None
-    database = make_url(url).database
-    if not database or database == ":memory:" or database.startswith("file:"):
+    if not sqlite_file(make_url(url).database):
         return None
-    engine = create_engine(url, connect_args={"timeout": 10, "check_same_thread": False})
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_SECONDS,
+                                              "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # BEGIN is ours, as on the ledger's engine
         cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA busy_timeout=10000")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_SECONDS * 1000}")
         cursor.execute("PRAGMA query_only=ON")
         cursor.close()
 

@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.db import citus
 from ledger.db.driver import DriverStatement, run_pooled, time_to_driver
-from ledger.db.engine import conflict_insert, driver_error
+from ledger.db.engine import conflict_insert, driver_error, sqlite_file
 from ledger.db.schema import (
     UTCDateTime,
     conflicts,
@@ -198,9 +198,7 @@ class DriverClaim:
         self._group: GroupCommit[NewEvent, Any] | None = None
         if not self._postgresql:
             database = engine.url.database
-            gate = (writer_turns(database).held
-                    if database and database != ":memory:" and not database.startswith("file:")
-                    else nullcontext)
+            gate = writer_turns(database).held if sqlite_file(database) else nullcontext
             self._group = GroupCommit(self._write_sqlite_group, group_limit, gate)
 
     @property
