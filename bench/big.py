@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 from bench import env as benv
 from bench import storage
 from bench.datagen import DataSpec, generate
+from bench.fastload import load_sampled_pages
 from bench.intake import CONNECTIONS, THREADS, ours_app, signed_files
 from bench.loadgen import LUA, wrk_binary
 from bench.report import percentile
@@ -49,9 +50,12 @@ def load(e: benv.BenchEnv, receipts: int, scopes: int) -> tuple[str, Any]:
     settings = e.settings(url).with_(statement_timeout_ms=600_000)
     engine = ledger_engine(settings)
     try:
+        end = datetime.now(UTC)
         made = generate(engine, load_box(settings.master_key, settings.var_dir),
-                        DataSpec(receipts=receipts, scopes=scopes, end=datetime.now(UTC)))
-        for table in ("attempts", "jobs", "conflicts", "audit_log"):
+                        DataSpec(receipts=receipts, scopes=scopes, end=end))
+        load_sampled_pages(engine, end)  # every page has an item to show
+        for table in ("attempts", "jobs", "conflicts", "conflict_bodies", "credentials",
+                      "requeue_members", "audit_log"):
             storage.vacuum(engine, table)
         refresh(engine, SystemClock(), full_series=True)
         with engine.begin() as conn:

@@ -335,22 +335,38 @@ def load_page_tables(engine: Engine, end: datetime) -> dict[str, int]:
         with engine.begin() as conn:
             conn.execute(text(DELIVERIES), {"lo": lo_at, "hi": lo_at + step})
         lo_at += step
-    steps = [(CONFLICTS, {"review": review}), (CONFLICT_DELIVERIES, {}),
-             (FORENSIC_BODIES, {"since": end - timedelta(days=1)}),
-             (REVOKE, {"revoked_at": end - timedelta(days=2)}), (REKEY, {}),
-             (REVOKED_REFUSALS, {}), (INSTANCES, {"now": end}), (REFRESHES, {"now": end}),
-             (RUNNING, {"now": end}), (REQUEUES, {"at": end}), (DESTINATIONS, {"since": start}),
-             (DESTINATION_ATTEMPTS, {}),
-             ("UPDATE credentials SET label = 'Stripe dashboard' WHERE label IS NULL", {})]
-    for sql, params in steps:
-        with engine.begin() as conn:
-            conn.execute(text(sql), params)
+    _run_steps(engine, [
+        (CONFLICTS, {"review": review}), (CONFLICT_DELIVERIES, {}),
+        (FORENSIC_BODIES, {"since": end - timedelta(days=1)}),
+        (REVOKE, {"revoked_at": end - timedelta(days=2)}), (REKEY, {}),
+        (REVOKED_REFUSALS, {}), (INSTANCES, {"now": end}), (REFRESHES, {"now": end}),
+        (RUNNING, {"now": end}), (REQUEUES, {"at": end}), (DESTINATIONS, {"since": start}),
+        (DESTINATION_ATTEMPTS, {}),
+        ("UPDATE credentials SET label = 'Stripe dashboard' WHERE label IS NULL", {})])
     _audit_rows(engine, end)
     with engine.connect() as conn:
         return {t: int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one())
                 for t in ("audit_log", "deliveries", "conflicts", "conflict_bodies",
                           "revocation_refreshes", "instances", "requeue_members",
                           "destinations", "destination_attempts")}
+
+
+def load_sampled_pages(engine: Engine, end: datetime) -> None:
+    """Fill what the pages that show one item need a sample of, beside bench.datagen's ledger
+    (which has none of them): a conflict with its kept body, revoked keys, bulk requeues and
+    a drill run, in the proportions above."""
+    _run_steps(engine, [(CONFLICTS, {"review": end - timedelta(days=14)}),
+                        (FORENSIC_BODIES, {"since": end - timedelta(days=1)}),
+                        (REVOKE, {"revoked_at": end - timedelta(days=2)}),
+                        (REQUEUES, {"at": end})])
+    _audit_rows(engine, end)
+
+
+def _run_steps(engine: Engine, steps: list[tuple[str, dict[str, object]]]) -> None:
+    """Run each statement with its parameters, a transaction each."""
+    for sql, params in steps:
+        with engine.begin() as conn:
+            conn.execute(text(sql), params)
 
 
 def _audit_rows(engine: Engine, end: datetime) -> None:
