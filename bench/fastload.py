@@ -328,22 +328,18 @@ REQUEUE_BATCH = "0cf372b6aa6561e8"  # md5('batch0')[:16]: the 20,000-receipt bul
 def load_page_tables(engine: Engine, end: datetime) -> dict[str, int]:
     """Fill the tables the newer pages read (see above); return each table's row count."""
     start = end - SPAN
-    review = end - timedelta(days=14)
     step = SPAN / 14
     lo_at = start
     while lo_at < end + timedelta(seconds=1):
         with engine.begin() as conn:
             conn.execute(text(DELIVERIES), {"lo": lo_at, "hi": lo_at + step})
         lo_at += step
+    load_sampled_pages(engine, end)  # conflicts, revoked keys, requeues and their audit rows
     _run_steps(engine, [
-        (CONFLICTS, {"review": review}), (CONFLICT_DELIVERIES, {}),
-        (FORENSIC_BODIES, {"since": end - timedelta(days=1)}),
-        (REVOKE, {"revoked_at": end - timedelta(days=2)}), (REKEY, {}),
-        (REVOKED_REFUSALS, {}), (INSTANCES, {"now": end}), (REFRESHES, {"now": end}),
-        (RUNNING, {"now": end}), (REQUEUES, {"at": end}), (DESTINATIONS, {"since": start}),
-        (DESTINATION_ATTEMPTS, {}),
+        (CONFLICT_DELIVERIES, {}), (REKEY, {}), (REVOKED_REFUSALS, {}),
+        (INSTANCES, {"now": end}), (REFRESHES, {"now": end}), (RUNNING, {"now": end}),
+        (DESTINATIONS, {"since": start}), (DESTINATION_ATTEMPTS, {}),
         ("UPDATE credentials SET label = 'Stripe dashboard' WHERE label IS NULL", {})])
-    _audit_rows(engine, end)
     with engine.connect() as conn:
         return {t: int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one())
                 for t in ("audit_log", "deliveries", "conflicts", "conflict_bodies",
