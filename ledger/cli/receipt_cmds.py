@@ -8,7 +8,6 @@ from ledger.access import audit
 from ledger.cli import ledger_cli
 from ledger.cli.common import emit, handles_ledger_errors, json_option, services
 from ledger.reads.receipts import get_receipt
-from ledger.worker.requeue import requeue_receipt
 
 
 @ledger_cli.group("receipt")
@@ -38,6 +37,8 @@ def receipt_show(scope: str, event_id: str, as_json: bool) -> None:
 @handles_ledger_errors
 def receipt_requeue(scope: str, event_id: str, reason: str, as_json: bool) -> None:
     """Queue a failed receipt again (its attempt history is kept)."""
+    from ledger.worker.requeue import requeue_receipt  # `receipt show` starts without it
+
     svc = services()
     with svc.engine.begin() as conn:
         requeue_receipt(conn, audit.Actor.cli(), scope=scope, event_id=event_id,

@@ -101,6 +101,25 @@ def test_receipt_show_prints_the_contract_shape(app, runner, client):
     assert unknown.exit_code == 1
 
 
+def test_a_receipt_lookup_starts_without_the_migration_tool_or_the_requeue_path(test_env,
+                                                                                 runner):
+    """`ledger receipt show` is what an on-call engineer types first: it loads what it reads."""
+    assert runner.invoke(args=["ledger", "db", "upgrade"]).exit_code == 0
+    script = ("import sys\n"
+              "from ledger.cli import main\n"
+              "try:\n"
+              "    main(['receipt', 'show', '--scope', 'acme/shop', '--event-id', 'evt_x',"
+              " '--json'])\n"
+              "except SystemExit as done:\n"
+              "    print('EXIT', done.code)\n"
+              "print('LOADED', sorted(m for m in ('alembic', 'ledger.worker.requeue')"
+              " if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, **test_env},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert "EXIT 1" in done.stdout, done.stdout + done.stderr  # no such scope: not found
+    assert "LOADED []" in done.stdout, done.stdout
+
+
 def test_console_script_works_from_any_directory_with_json_only_on_stdout(test_env, tmp_path):
     env = {**os.environ, **test_env}
     elsewhere = tmp_path / "elsewhere"
