@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any
 
 from gunicorn import util  # type: ignore[import-untyped]
+from gunicorn.http import wsgi as gunicorn_wsgi  # type: ignore[import-untyped]
 from gunicorn.http2 import negotiation  # type: ignore[import-untyped]
 from gunicorn.workers.gthread import TConn, ThreadWorker  # type: ignore[import-untyped]
 
@@ -67,6 +68,50 @@ def http_date(timestamp: float | None = None) -> str:
 # gunicorn's responses read util.http_date when they write their headers: this worker's
 # responses (and the master's) use the cached one.
 util.http_date = http_date
+
+# An answer's head and its first body part go out in one send, not two.
+GATHER_BYTES = 64 * 1024
+
+
+class _Gathered:
+    """Stands in for the socket while gunicorn writes an answer's head and first body part."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        """Keep what gunicorn would have sent."""
+        self.parts.append(bytes(data))
+
+
+_gunicorn_write = gunicorn_wsgi.Response.write
+
+
+def write_with_head(response: Any, data: Any) -> None:
+    """gunicorn's Response.write, whose first call sends the head and `data` together.
+
+    gunicorn sends the head, then each body part: a small answer took two sends, two
+    segments on the wire and two wake-ups of the client. Its own write runs unchanged
+    (the checks, the body rules of HEAD and 204, the framing) against a stand-in that
+    gathers the bytes, which then leave in one send.
+    """
+    if response.headers_sent or not isinstance(data, bytes) or len(data) > GATHER_BYTES:
+        _gunicorn_write(response, data)
+        return
+    sock, gathered = response.sock, _Gathered()
+    response.sock = gathered
+    try:
+        _gunicorn_write(response, data)
+    finally:  # what gunicorn wrote goes out even if its write then raised, as it would have
+        response.sock = sock
+        if gathered.parts:
+            sock.sendall(b"".join(gathered.parts))
+
+
+# The ledger's gunicorn (this worker class) answers through it.
+gunicorn_wsgi.Response.write = write_with_head
 
 
 class BufferedConn(TConn):
