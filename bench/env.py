@@ -6,16 +6,19 @@ LEDGER_BENCH_PG_URL (default 127.0.0.1:5432); nothing else is touched.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,3 +247,19 @@ def worker_pids(master_pid: int) -> list[int]:
     """Return the pids of a gunicorn master's workers."""
     children = Path(f"/proc/{master_pid}/task/{master_pid}/children")
     return [int(p) for p in children.read_text().split()] if children.exists() else []
+
+
+def run_alone(name: str, measure: Callable[[BenchEnv], dict[str, Any]]) -> None:
+    """Run a measure of its own (`python -m bench.<name>`) on a fresh bench environment,
+    dropping its databases afterwards; write its record and print its result."""
+    from bench import report
+
+    e = BenchEnv(tmp=Path(tempfile.mkdtemp(prefix="ledger-bench-")))
+    started = time.perf_counter()
+    try:
+        result = measure(e)
+    finally:
+        e.drop_all()
+        shutil.rmtree(e.tmp, ignore_errors=True)
+    report.write(name, [], result, round(time.perf_counter() - started, 1))
+    print(json.dumps(result, indent=2))

@@ -20,17 +20,13 @@ import io
 import json
 import os
 import pstats
-import shutil
-import tempfile
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from bench import env as benv
-from bench import report
 from bench.intake import ours_app
 
 # First match wins: a function's file path (or name) -> the part it belongs to.
@@ -91,13 +87,19 @@ def measure(e: benv.BenchEnv, requests: int) -> dict[str, Any]:
         spent = time.process_time() - started
     finally:
         app.extensions["ledger"].close()
-    parts: Counter[str] = Counter()
-    profiled: Any = pstats.Stats(profile)
-    for (path, _line, name), (_cc, _nc, own, _cum, _callers) in profiled.stats.items():
-        parts[_part(path, name)] += own
-    total = sum(parts.values())
     return {"requests": requests, "cpu_ms_per_delivery_profiled": 1000 * spent / requests,
-            "share": {part: round(own / total, 3) for part, own in parts.most_common()}}
+            "share": shares(pstats.Stats(profile), _part)}
+
+
+def shares(stats: pstats.Stats, part_of: Callable[[str, str], str],
+           top: int | None = None) -> dict[str, float]:
+    """Return each part's share of the profiled functions' own time, largest first."""
+    parts: Counter[str] = Counter()
+    profiled: Any = stats
+    for (path, _line, name), (_cc, _nc, own, _cum, _callers) in profiled.stats.items():
+        parts[part_of(path, name)] += own
+    total = sum(parts.values())
+    return {part: round(own / total, 3) for part, own in parts.most_common(top)}
 
 
 def main() -> None:
@@ -105,15 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000)
     args = parser.parse_args()
-    e = benv.BenchEnv(tmp=Path(tempfile.mkdtemp(prefix="ledger-bench-")))
-    started = time.perf_counter()
-    try:
-        result = measure(e, args.requests)
-    finally:
-        e.drop_all()
-        shutil.rmtree(e.tmp, ignore_errors=True)
-    report.write("intake_profile", [], result, round(time.perf_counter() - started, 1))
-    print(json.dumps(result, indent=2))
+    benv.run_alone("intake_profile", lambda e: measure(e, args.requests))
 
 
 if __name__ == "__main__":

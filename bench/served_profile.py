@@ -15,18 +15,12 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import pstats
-import shutil
-import tempfile
-import time
-from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from bench import env as benv
-from bench import report
 from bench.intake import Target, load_run, ours_app, signed_files
+from bench.intake_profile import shares
 
 # The gunicorn configuration of the profiled server: the shipped one, plus a profiler per
 # thread, each written out when the worker exits.
@@ -103,13 +97,8 @@ def measure(e: benv.BenchEnv, seconds: float) -> dict[str, Any]:
             stats.add(file)
     if stats is None:
         raise RuntimeError(f"the worker wrote no profile (see {e.tmp / 'served.log'})")
-    parts: Counter[str] = Counter()
-    raw: Any = stats
-    for (path, _line, name), (_cc, _nc, own, _cum, _callers) in raw.stats.items():
-        parts[part(path, name)] += own
-    total = sum(parts.values())
     return {"requests": run.wrk.requests, "accepted": run.accepted,
-            "share": {name: round(own / total, 3) for name, own in parts.most_common(40)}}
+            "share": shares(stats, part, top=40)}
 
 
 def main() -> None:
@@ -117,15 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15)
     args = parser.parse_args()
-    e = benv.BenchEnv(tmp=Path(tempfile.mkdtemp(prefix="ledger-bench-")))
-    started = time.perf_counter()
-    try:
-        result = measure(e, args.seconds)
-    finally:
-        e.drop_all()
-        shutil.rmtree(e.tmp, ignore_errors=True)
-    report.write("served_profile", [], result, round(time.perf_counter() - started, 1))
-    print(json.dumps(result, indent=2))
+    benv.run_alone("served_profile", lambda e: measure(e, args.seconds))
 
 
 if __name__ == "__main__":
