@@ -86,10 +86,11 @@ class Watchdog:
 
     def _run(self) -> None:
         # The thread wakes only at the oldest entry's deadline (or for the first entry
-        # after the queue ran empty), never per request: a body read in time is dropped
-        # from the queue when its deadline comes, not when it ends. Waking it to drop
-        # each finished entry at once cost a thread switch per delivery, since a body
-        # already buffered by the server is read before the thread gets to run.
+        # after the queue ran empty), never per request: a body read in time stays in the
+        # queue until the oldest deadline comes, and then every finished body at the head
+        # leaves together, whatever its own deadline. Waking at each entry's deadline,
+        # or when each body ends, cost a thread switch per delivery: a body already
+        # buffered by the server is read before the thread gets to run.
         while True:
             with self._lock:
                 if not self._queue:
@@ -100,14 +101,25 @@ class Watchdog:
                 if delay > 0:
                     self._wake.wait(delay)
                     continue
-                entry = self._queue.popleft()
-                if entry.done:
-                    continue
-                entry.expired = True
-                # Under the lock: after release() returns, the socket (which the
-                # server may reuse for the next request) is never shut here.
-                with suppress(OSError):
-                    entry.sock.shutdown(socket.SHUT_RD)
+                self._expire_head()
+
+    def _expire_head(self) -> None:
+        """Drop the finished bodies at the head; cut off the first unfinished one (lock held).
+
+        Called once the oldest deadline has passed; the unfinished entry at the head
+        is cut off only if its own deadline has passed too.
+        """
+        queue = self._queue
+        while queue and queue[0].done:
+            queue.popleft()
+        if not queue or queue[0].deadline > time.monotonic():
+            return
+        entry = queue.popleft()
+        entry.expired = True
+        # Under the lock: after release() returns, the socket (which the server may
+        # reuse for the next request) is never shut here.
+        with suppress(OSError):
+            entry.sock.shutdown(socket.SHUT_RD)
 
 
 class DeadlineInput:
