@@ -27,45 +27,40 @@ class CountingCondition(threading.Condition):
         return woken
 
 
-def test_bodies_read_in_time_wake_the_watchdog_once_not_per_request() -> None:
-    watchdog = Watchdog(seconds=30)
+def read_in_time(seconds: float, bodies: int, *,
+                 settle: float = 0.0) -> tuple[Watchdog, CountingCondition]:
+    """Read `bodies` bodies each at once, 1 ms apart, as buffered ones are; none is cut off."""
+    watchdog = Watchdog(seconds=seconds)
     counting = CountingCondition(watchdog._lock)
     watchdog._wake = counting
     left, right = socket.socketpair()
     try:
-        for _ in range(200):  # each body read at once, as a buffered one is
+        for _ in range(bodies):
             watchdog.release(watchdog.watch(left))
             time.sleep(0.001)  # the watchdog thread gets the interpreter between requests
-        assert counting.notified <= 1  # the old watchdog was woken 200 times here
+        time.sleep(settle)
         left.send(b"x")  # the socket was never shut for reading: the reads were in time
         assert right.recv(1) == b"x"
     finally:
         left.close()
         right.close()
+    return watchdog, counting
+
+
+def test_bodies_read_in_time_wake_the_watchdog_once_not_per_request() -> None:
+    _, counting = read_in_time(30, 200)
+    assert counting.notified <= 1  # the old watchdog was woken 200 times here
 
 
 def test_bodies_read_in_time_leave_together_when_the_oldest_deadline_passes() -> None:
     # Deadlines come every few milliseconds under load: the thread must not wake for each.
-    watchdog = Watchdog(seconds=0.05)
-    counting = CountingCondition(watchdog._lock)
-    watchdog._wake = counting
-    left, right = socket.socketpair()
-    try:
-        bodies = 300
-        for _ in range(bodies):  # each body read at once, as a buffered one is
-            watchdog.release(watchdog.watch(left))
-            time.sleep(0.001)
-        time.sleep(0.2)  # every deadline has passed
-        # About two wakes per deadline period (the drain, then the next first entry);
-        # waking at each body's own deadline was one wake per body.
-        assert counting.woken < bodies / 5
-        with watchdog._lock:
-            assert not watchdog._queue  # every finished body left the queue
-        left.send(b"x")  # never shut for reading: every read was in time
-        assert right.recv(1) == b"x"
-    finally:
-        left.close()
-        right.close()
+    bodies = 300
+    watchdog, counting = read_in_time(0.05, bodies, settle=0.2)  # every deadline passed
+    # About two wakes per deadline period (the drain, then the next first entry);
+    # waking at each body's own deadline was one wake per body.
+    assert counting.woken < bodies / 5
+    with watchdog._lock:
+        assert not watchdog._queue  # every finished body left the queue
 
 
 def test_a_body_past_its_deadline_is_still_cut_off() -> None:
