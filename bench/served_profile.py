@@ -8,7 +8,10 @@ events and profiles the worker's threads by their own CPU time (`time.thread_tim
 event loop that reads requests, and the threads that parse them, run the app and write the
 answers. Each function's own time is summed by where its code lives (gunicorn's modules,
 the ledger's, the driver, the socket calls). Profiling slows every call, so read the
-shares, not the absolute figures. Writes bench/results/served_profile.json.
+shares, not the absolute figures; and each profiled call reads the thread's CPU clock, a
+system call of its own, so a call that is cheap alone (a socket option, `os.getpid`) shows
+many times its cost: time a suspect alone before acting on its share. Writes
+bench/results/served_profile.json.
 """
 
 from __future__ import annotations
