@@ -38,6 +38,7 @@ class Services:
         if self.heartbeat is not None:
             self.heartbeat.stop()
         self.delivery_log.close()
+        self.intake.close()
         self.engine.dispose()
         if self.reads.replica is not None:
             self.reads.replica.dispose()

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 # (PostgreSQL 14); claims and failure groups use RETURNING (SQLite 3.35).
 MIN_POSTGRES = 140000  # server_version_num
 MIN_SQLITE = (3, 35, 0)
+# Connections older than this are replaced (the pool's, and the intake claim's own).
+RECYCLE_SECONDS = 1800
 
 
 def conflict_insert(conn: Connection, table: Table) -> Any:
@@ -54,7 +56,7 @@ def make_engine(settings: Settings, **overrides: Any) -> Engine:
         "max_overflow": 0,
         # A request that cannot get a connection quickly answers 503 instead of hanging.
         "pool_timeout": settings.pool_timeout_seconds,
-        "pool_recycle": 1800,
+        "pool_recycle": RECYCLE_SECONDS,
         "connect_args": connect_args,
     }
     kwargs.update(overrides)

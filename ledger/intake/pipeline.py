@@ -80,6 +80,10 @@ class Intake:
         self._view = view
         self._clock = clock
 
+    def close(self) -> None:
+        """Close the connections the intake's threads claim on (the process is stopping)."""
+        self._driver_claim.close()
+
     def lookup(self, public_id: str) -> IntegrationAuth | None:
         """Return the integration behind a public id (the web layer needs its body limit)."""
         with storage_guard():

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, LargeBinary, bindparam, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ledger.db import citus
-from ledger.db.driver import DriverStatement, run_pooled, time_to_driver
+from ledger.db.driver import DriverStatement, ThreadConnections, run_pooled, time_to_driver
 from ledger.db.engine import conflict_insert, driver_error, sqlite_file
 from ledger.db.schema import (
     UTCDateTime,
@@ -169,11 +169,11 @@ class DriverClaim:
     The claim is the intake's one hot statement, and SQLAlchemy's execution
     machinery (connection and result objects, execution options, type
     processing) cost more Python than the driver call itself. It runs through `ledger.db.driver`
-    on a pooled connection
-    (same pool, same connect-time settings and timeouts):
+    (the engine's connect-time settings and timeouts):
 
     - PostgreSQL: `_CLAIM_WITH_JOB`, one statement in autocommit (its own
-      transaction): receipt + work item, or the recorded receipt for a taken id.
+      transaction): receipt + work item, or the recorded receipt for a taken id,
+      on the thread's own connection (`ledger.db.driver.ThreadConnections`).
     - SQLite: BEGIN IMMEDIATE, insert the receipt, then the work item, or read the
       recorded receipt, COMMIT; the claims waiting in this process share that
       transaction, a savepoint each (`GroupCommit`, `group_limit` of them at
@@ -193,6 +193,9 @@ class DriverClaim:
         self._when = time_to_driver(dialect)
         self._prepared = _DRIVER_CLAIM.prepared(dialect) if self._postgresql else None
         self._distributed: bool | None = None  # read on the first claim: no I/O here
+        # PostgreSQL: as many web threads as the pool has connections claim on one of
+        # their own (opened on the first claim), not one checked out for every claim.
+        self._own = ThreadConnections(engine, limit=getattr(engine.pool, "size", lambda: 0)())
         # SQLite: the claims that reach this process together share one transaction
         # (ledger.intake.group_commit); a limit of 1 writes each claim alone.
         self._group: GroupCommit[NewEvent, Any] | None = None
@@ -229,8 +232,7 @@ class DriverClaim:
             row = run_pooled(self._engine, self._claim_distributed, event,
                              what=_DRIVER_CLAIM.what)
         else:
-            row = run_pooled(self._engine, self._claim_postgresql, event,
-                             what=_DRIVER_CLAIM.what)
+            row = self._own.run(self._claim_postgresql, event, what=_DRIVER_CLAIM.what)
         if row is True:
             return True, None
         if row is None:
@@ -238,18 +240,18 @@ class DriverClaim:
         return False, RecordedOutcome(state=ReceiptState.from_code(row[0]),
                                       body_sha256=bytes(row[1]), result_ref=row[2])
 
+    def close(self) -> None:
+        """Close the threads' own claim connections (the process is stopping)."""
+        self._own.close()
+
     def _claim_postgresql(self, conn: Any, event: NewEvent) -> Any:
         assert self._prepared is not None  # built for PostgreSQL in __init__
-        conn.autocommit = True
-        try:
-            row = self._prepared.fetch_one(conn, {
-                "scope_id": event.scope_id, "event_id": event.event_id,
-                "event_type": event.event_type, "accepted_at": event.accepted_at,
-                "body_sha256": event.body_sha256, "payload": event.payload,
-                "content_type": event.content_type, "raw_body": event.raw_body})
-        finally:
-            if not conn.closed:
-                conn.autocommit = False
+        # `conn` is the thread's own, in autocommit: the statement is its own transaction.
+        row = self._prepared.fetch_one(conn, {
+            "scope_id": event.scope_id, "event_id": event.event_id,
+            "event_type": event.event_type, "accepted_at": event.accepted_at,
+            "body_sha256": event.body_sha256, "payload": event.payload,
+            "content_type": event.content_type, "raw_body": event.raw_body})
         if row is None:
             return None
         return True if row[0] else row[1:]

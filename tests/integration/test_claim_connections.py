@@ -1,0 +1,135 @@
+"""The intake claim's connections of the threads' own (ledger.db.driver.ThreadConnections).
+
+PostgreSQL only: SQLite claims through its group commit, on the pool.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
+
+from ledger.config import Settings
+from ledger.db.driver import ThreadConnections
+from ledger.db.engine import make_engine
+from tests.conftest import TEST_MASTER_KEY
+
+
+@pytest.fixture
+def engine(pg_url: str, tmp_path: Path) -> Iterator[Engine]:
+    """An engine whose pool holds 2 connections."""
+    settings = Settings(database_url=pg_url, var_dir=tmp_path, master_key=TEST_MASTER_KEY,
+                        pool_size=2)
+    engine = make_engine(settings)
+    yield engine
+    engine.dispose()
+
+
+def backend(connection: Any) -> tuple[int, bool]:
+    """Return the server process serving `connection`, and whether it is in autocommit."""
+    return connection.execute("SELECT pg_backend_pid()").fetchone()[0], connection.autocommit
+
+
+def sessions(engine: Engine) -> int:
+    """Return how many other sessions are connected to the test database."""
+    with engine.connect() as conn:
+        return int(conn.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()")).scalar_one())
+
+
+def test_a_thread_keeps_one_connection_in_autocommit_outside_the_pool(engine: Engine) -> None:
+    own = ThreadConnections(engine, limit=2)
+    try:
+        first = own.run(backend, what="claim")
+        assert own.run(backend, what="claim") == first  # the same server process
+        assert first[1] is True  # each statement is its own transaction
+        assert len(own) == 1
+        assert engine.pool.checkedout() == 0  # the pool's connections stay free
+    finally:
+        own.close()
+
+
+def test_a_connection_the_server_closed_is_replaced_before_use(engine: Engine) -> None:
+    own = ThreadConnections(engine, limit=2)
+    try:
+        pid, _ = own.run(backend, what="claim")
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            conn.commit()
+        # No error for the claim: the closed connection is seen before it is used.
+        for _ in range(50):
+            again, _ = own.run(backend, what="claim")
+            if again != pid:
+                break
+        assert again != pid
+        assert len(own) == 1
+    finally:
+        own.close()
+
+
+def test_after_a_driver_error_the_next_statement_opens_another_connection(
+        engine: Engine) -> None:
+    own = ThreadConnections(engine, limit=2)
+    try:
+        pid, _ = own.run(backend, what="claim")
+        with pytest.raises(DBAPIError):  # raised as SQLAlchemy's, as the ledger handles it
+            own.run(lambda c: c.execute("SELECT 1 / 0").fetchone(), what="claim")
+        assert len(own) == 0
+        assert own.run(backend, what="claim")[0] != pid
+    finally:
+        own.close()
+
+
+def test_threads_beyond_the_limit_claim_on_a_pooled_connection(engine: Engine) -> None:
+    own = ThreadConnections(engine, limit=2)
+    started = threading.Barrier(3)
+    results: list[tuple[int, bool]] = []
+    failures: list[BaseException] = []
+
+    def held(connection: Any) -> tuple[int, bool]:
+        started.wait(timeout=10)  # all three threads hold a connection at once
+        return backend(connection)
+
+    def claim() -> None:
+        try:
+            results.append(own.run(held, what="claim"))
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=claim) for _ in range(3)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+        assert not failures
+        assert len({pid for pid, _ in results}) == 3
+        assert all(autocommit for _, autocommit in results)
+        assert len(own) == 2  # the third thread used the pool, and gave it back
+        assert engine.pool.checkedout() == 0
+        with engine.connect() as conn:  # the pooled connection left autocommit
+            assert conn.connection.driver_connection.autocommit is False
+    finally:
+        own.close()
+
+
+def test_close_ends_every_thread_connection(engine: Engine) -> None:
+    own = ThreadConnections(engine, limit=2)
+    before = sessions(engine)
+    threads = [threading.Thread(target=own.run, args=(backend,), kwargs={"what": "claim"})
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert len(own) == 2
+    assert sessions(engine) == before + 2
+    own.close()
+    assert len(own) == 0
+    assert sessions(engine) == before
