@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 
+from app import create_app
 from ledger.config import Settings
 from ledger.db.driver import ThreadConnections
 from ledger.db.engine import make_engine
 from tests.conftest import TEST_MASTER_KEY
+from tests.helpers import make_sender, send
+from tests.integration.pg_cluster import ledger_env
 
 
 @pytest.fixture
@@ -133,3 +136,22 @@ def test_close_ends_every_thread_connection(engine: Engine) -> None:
     own.close()
     assert len(own) == 0
     assert sessions(engine) == before
+
+
+def test_the_app_claims_on_its_own_connection_and_closes_it_when_it_stops(
+        pg_url: str, tmp_path: Path) -> None:
+    app = create_app(ledger_env(pg_url, tmp_path))
+    services = app.extensions["ledger"]
+    sender = make_sender(app)
+    try:
+        send(app, sender, "evt_own_1", expect=202)
+        again = send(app, sender, "evt_own_1")
+        assert again.get_json()["status"] == "duplicate"  # answered as recorded
+    finally:
+        services.close()
+    # Nothing of the app's is left connected: the claim's own connection is outside the
+    # pool, so only the intake's close ends it.
+    with create_engine(pg_url).connect() as conn:
+        assert conn.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()")).scalar_one() == 0
