@@ -72,7 +72,7 @@ class ThreadConnections:
     """Autocommit driver connections of the threads' own, for one hot statement.
 
     Checking a connection out of the pool for each statement and back, switching it to
-    autocommit and back, cost a served delivery about 7 % of its web CPU (the docs'
+    autocommit and back, cost a served delivery about 8 % of its web CPU (the docs'
     performance page). A thread that runs the statement keeps a connection of its own
     instead. It is opened by the engine's pool (the same connect arguments, timeouts
     and checks) and detached from it, so the pool keeps its connections for everything
