@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import namedtuple
 from collections.abc import Callable
 from contextlib import suppress
@@ -91,7 +92,7 @@ class ThreadConnections:
         self._recycle = recycle_seconds
         self._permits = threading.BoundedSemaphore(limit) if limit > 0 else None
         self._local = threading.local()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a finalizer may run while it is held
         self._open: set[Any] = set()  # every thread's connection, for close()
 
     def run(self, work: DriverWork[T], *args: Any, what: str) -> T:
@@ -108,12 +109,12 @@ class ThreadConnections:
 
     def _connection(self, what: str) -> Any:
         local = self._local
-        connection = getattr(local, "connection", None)
-        if connection is not None and (time.monotonic() >= local.expires
-                                       or not connection_is_alive(connection)):
-            self._discard(connection)
-            connection = None
-        if connection is None:
+        held: _Held | None = getattr(local, "held", None)
+        if held is not None and (time.monotonic() >= held.expires
+                                 or not connection_is_alive(held.connection)):
+            self._discard(held.connection)
+            held = None
+        if held is None:
             if self._permits is None or not self._permits.acquire(blocking=False):
                 return None
             try:
@@ -121,10 +122,13 @@ class ThreadConnections:
             except BaseException:
                 self._permits.release()
                 raise
-            local.connection, local.expires = connection, time.monotonic() + self._recycle
             with self._lock:
                 self._open.add(connection)
-        return connection
+            held = local.held = _Held(connection, time.monotonic() + self._recycle)
+            # A thread that ends (a development server's thread per request) gives its
+            # connection and its place back when its thread-local state is dropped.
+            weakref.finalize(held, self._release, connection)
+        return held.connection
 
     def _open_one(self, what: str) -> Any:
         dialect = self._engine.dialect
@@ -142,7 +146,11 @@ class ThreadConnections:
         return opened
 
     def _discard(self, connection: Any) -> None:
-        self._local.connection = None
+        self._local.held = None
+        self._release(connection)
+
+    def _release(self, connection: Any) -> None:
+        """Close a thread's connection and free its place (once; close() may have taken it)."""
         with self._lock:
             if connection not in self._open:
                 return  # close() took it already
@@ -164,6 +172,16 @@ class ThreadConnections:
         """Return how many connections the threads keep."""
         with self._lock:
             return len(self._open)
+
+
+class _Held:
+    """A thread's own connection and when it is to be replaced."""
+
+    __slots__ = ("__weakref__", "connection", "expires")
+
+    def __init__(self, connection: Any, expires: float) -> None:
+        self.connection = connection
+        self.expires = expires
 
 
 def _autocommitted(connection: Any, work: DriverWork[T], *args: Any) -> T:

@@ -6,6 +6,7 @@ PostgreSQL only: SQLite claims through its group commit, on the pool.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
 
 from app import create_app
 from ledger.config import Settings
@@ -38,12 +40,18 @@ def backend(connection: Any) -> tuple[int, bool]:
     return connection.execute("SELECT pg_backend_pid()").fetchone()[0], connection.autocommit
 
 
-def sessions(engine: Engine) -> int:
-    """Return how many other sessions are connected to the test database."""
-    with engine.connect() as conn:
-        return int(conn.execute(text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid()")).scalar_one())
+def alive(engine: Engine, pids: set[int], *, wait: bool = True) -> set[int]:
+    """Return which of these server processes are still connected (waiting up to 5 s for
+    none: a closed connection's server process leaves a moment after the close)."""
+    deadline = time.monotonic() + 5
+    while True:
+        with engine.connect() as conn:
+            left = {int(pid) for pid in conn.execute(
+                text("SELECT pid FROM pg_stat_activity WHERE pid = ANY(:pids)"),
+                {"pids": list(pids)}).scalars()}
+        if not left or not wait or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def test_a_thread_keeps_one_connection_in_autocommit_outside_the_pool(engine: Engine) -> None:
@@ -65,11 +73,13 @@ def test_a_connection_the_server_closed_is_replaced_before_use(engine: Engine) -
         with engine.connect() as conn:
             conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
             conn.commit()
-        # No error for the claim: the closed connection is seen before it is used.
-        for _ in range(50):
-            again, _ = own.run(backend, what="claim")
-            if again != pid:
-                break
+            deadline = time.monotonic() + 5
+            while conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"),
+                               {"pid": pid}).scalar_one() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        # The server has closed it: no error for the claim, the closed connection is seen
+        # before it is used.
+        again, _ = own.run(backend, what="claim")
         assert again != pid
         assert len(own) == 1
     finally:
@@ -91,12 +101,13 @@ def test_after_a_driver_error_the_next_statement_opens_another_connection(
 
 def test_threads_beyond_the_limit_claim_on_a_pooled_connection(engine: Engine) -> None:
     own = ThreadConnections(engine, limit=2)
-    started = threading.Barrier(3)
+    holding, release = threading.Barrier(4), threading.Event()
     results: list[tuple[int, bool]] = []
     failures: list[BaseException] = []
 
     def held(connection: Any) -> tuple[int, bool]:
-        started.wait(timeout=10)  # all three threads hold a connection at once
+        holding.wait(timeout=10)  # all three threads hold a connection at once
+        release.wait(timeout=10)
         return backend(connection)
 
     def claim() -> None:
@@ -109,33 +120,69 @@ def test_threads_beyond_the_limit_claim_on_a_pooled_connection(engine: Engine) -
     try:
         for thread in threads:
             thread.start()
+        holding.wait(timeout=10)
+        assert len(own) == 2  # the third thread is on a pooled connection
+        assert engine.pool.checkedout() == 1
+        release.set()
         for thread in threads:
             thread.join(timeout=20)
         assert not failures
         assert len({pid for pid, _ in results}) == 3
         assert all(autocommit for _, autocommit in results)
-        assert len(own) == 2  # the third thread used the pool, and gave it back
-        assert engine.pool.checkedout() == 0
+        assert engine.pool.checkedout() == 0  # given back
         with engine.connect() as conn:  # the pooled connection left autocommit
             assert conn.connection.driver_connection.autocommit is False
+    finally:
+        release.set()
+        own.close()
+
+
+def test_a_thread_that_ends_gives_its_connection_back(engine: Engine) -> None:
+    # A development server runs each request on a thread of its own.
+    own = ThreadConnections(engine, limit=2)
+    try:
+        ended: set[int] = set()
+        for _ in range(5):  # more threads than places: each one's place comes back
+            thread = threading.Thread(
+                target=lambda: ended.add(own.run(backend, what="claim")[0]))
+            thread.start()
+            thread.join(timeout=20)
+            deadline = time.monotonic() + 5
+            while len(own) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(own) == 0
+        assert len(ended) == 5
+        assert alive(engine, ended) == set()  # each ended thread's connection was closed
+        assert own.run(backend, what="claim")[1] is True  # a place is free: its own
+        assert len(own) == 1
     finally:
         own.close()
 
 
 def test_close_ends_every_thread_connection(engine: Engine) -> None:
     own = ThreadConnections(engine, limit=2)
-    before = sessions(engine)
-    threads = [threading.Thread(target=own.run, args=(backend,), kwargs={"what": "claim"})
-               for _ in range(2)]
+    claimed, stop = threading.Barrier(3), threading.Event()
+    pids: set[int] = set()
+
+    def claim_and_stay() -> None:
+        pids.add(own.run(backend, what="claim")[0])
+        claimed.wait(timeout=10)
+        stop.wait(timeout=20)  # the thread lives on, as a server's threads do
+
+    threads = [threading.Thread(target=claim_and_stay) for _ in range(2)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join(timeout=20)
-    assert len(own) == 2
-    assert sessions(engine) == before + 2
-    own.close()
-    assert len(own) == 0
-    assert sessions(engine) == before
+    try:
+        claimed.wait(timeout=10)
+        assert len(own) == 2
+        assert alive(engine, pids, wait=False) == pids
+        own.close()
+        assert len(own) == 0
+        assert alive(engine, pids) == set()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=20)
 
 
 def test_the_app_claims_on_its_own_connection_and_closes_it_when_it_stops(
@@ -151,7 +198,14 @@ def test_the_app_claims_on_its_own_connection_and_closes_it_when_it_stops(
         services.close()
     # Nothing of the app's is left connected: the claim's own connection is outside the
     # pool, so only the intake's close ends it.
-    with create_engine(pg_url).connect() as conn:
-        assert conn.execute(text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid()")).scalar_one() == 0
+    engine = create_engine(pg_url, poolclass=NullPool)  # one connection: the one asking
+    deadline = time.monotonic() + 5
+    while True:
+        with engine.connect() as conn:
+            others = conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()")).scalar_one()
+        if others == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert others == 0
