@@ -90,10 +90,8 @@ class ThreadConnections:
                  recycle_seconds: float = RECYCLE_SECONDS) -> None:
         self._engine = engine
         self._recycle = recycle_seconds
-        self._permits = threading.BoundedSemaphore(limit) if limit > 0 else None
         self._local = threading.local()
-        self._lock = threading.RLock()  # reentrant: a finalizer may run while it is held
-        self._open: set[Any] = set()  # every thread's connection, for close()
+        self._places = _Places(limit)
 
     def run(self, work: DriverWork[T], *args: Any, what: str) -> T:
         """Return `work(a connection in autocommit, *args)`; driver errors as SQLAlchemy's."""
@@ -115,19 +113,20 @@ class ThreadConnections:
             self._discard(held.connection)
             held = None
         if held is None:
-            if self._permits is None or not self._permits.acquire(blocking=False):
+            places = self._places
+            if not places.take():
                 return None
             try:
                 connection = self._open_one(what)
             except BaseException:
-                self._permits.release()
+                places.give_back()
                 raise
-            with self._lock:
-                self._open.add(connection)
+            places.add(connection)
             held = local.held = _Held(connection, time.monotonic() + self._recycle)
-            # A thread that ends (a development server's thread per request) gives its
-            # connection and its place back when its thread-local state is dropped.
-            weakref.finalize(held, self._release, connection)
+            # A thread that ends (a development server's thread per request), or the end of
+            # this object, gives the connection and its place back: the finalizer holds the
+            # places, never this object, so neither keeps the other alive.
+            weakref.finalize(held, places.release, connection)
         return held.connection
 
     def _open_one(self, what: str) -> Any:
@@ -147,29 +146,61 @@ class ThreadConnections:
 
     def _discard(self, connection: Any) -> None:
         self._local.held = None
-        self._release(connection)
-
-    def _release(self, connection: Any) -> None:
-        """Close a thread's connection and free its place (once; close() may have taken it)."""
-        with self._lock:
-            if connection not in self._open:
-                return  # close() took it already
-            self._open.discard(connection)
-        if self._permits is not None:
-            self._permits.release()
-        with suppress(Exception):
-            connection.close()
+        self._places.release(connection)
 
     def close(self) -> None:
         """Close every thread's connection (the process is stopping)."""
+        self._places.close_all()
+
+    def __len__(self) -> int:
+        """Return how many connections the threads keep."""
+        return len(self._places)
+
+
+class _Places:
+    """The threads' open connections and the free places for more (shared with finalizers)."""
+
+    __slots__ = ("_lock", "_open", "_permits")
+
+    def __init__(self, limit: int) -> None:
+        self._permits = threading.BoundedSemaphore(limit) if limit > 0 else None
+        self._lock = threading.RLock()  # reentrant: a finalizer may run while it is held
+        self._open: set[Any] = set()
+
+    def take(self) -> bool:
+        """Take a free place, if there is one."""
+        return self._permits is not None and self._permits.acquire(blocking=False)
+
+    def give_back(self) -> None:
+        """Give back a place taken for a connection that did not open."""
+        if self._permits is not None:
+            self._permits.release()
+
+    def add(self, connection: Any) -> None:
+        """Count an opened connection in."""
         with self._lock:
-            connections, self._open = self._open, set()
+            self._open.add(connection)
+
+    def release(self, connection: Any) -> None:
+        """Close a thread's connection and free its place (once; close_all may have taken it)."""
+        with self._lock:
+            if connection not in self._open:
+                return
+            self._open.discard(connection)
+        self.give_back()
+        with suppress(Exception):
+            connection.close()
+
+    def close_all(self) -> None:
+        """Close every connection (their places stay taken: the process is stopping)."""
+        with self._lock:
+            connections = list(self._open)
+            self._open.clear()
         for connection in connections:
             with suppress(Exception):
                 connection.close()
 
     def __len__(self) -> int:
-        """Return how many connections the threads keep."""
         with self._lock:
             return len(self._open)
 
