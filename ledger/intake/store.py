@@ -182,8 +182,9 @@ class DriverClaim:
       the same statements as on SQLite, in one transaction on the scope's node.
 
     Driver errors are raised as the SQLAlchemy errors the rest of the ledger
-    handles (`storage_guard`), without parameters in the message, and a
-    broken connection is invalidated instead of going back to the pool.
+    handles (`storage_guard`), without parameters in the message; a broken pooled
+    connection is invalidated instead of going back to the pool, and a thread's own
+    is closed after any driver error.
     """
 
     def __init__(self, engine: Engine, group_limit: int = GROUP_COMMIT_LIMIT) -> None:
@@ -246,7 +247,8 @@ class DriverClaim:
 
     def _claim_postgresql(self, conn: Any, event: NewEvent) -> Any:
         assert self._prepared is not None  # built for PostgreSQL in __init__
-        # `conn` is the thread's own, in autocommit: the statement is its own transaction.
+        # `conn` is in autocommit (the thread's own, or a pooled one switched for this
+        # claim): the statement is its own transaction.
         row = self._prepared.fetch_one(conn, {
             "scope_id": event.scope_id, "event_id": event.event_id,
             "event_type": event.event_type, "accepted_at": event.accepted_at,
