@@ -233,7 +233,8 @@ class DriverClaim:
             row = run_pooled(self._engine, self._claim_distributed, event,
                              what=_DRIVER_CLAIM.what)
         else:
-            row = self._own.run(self._claim_postgresql, event, what=_DRIVER_CLAIM.what)
+            row = self._own.run_on_cursor(self._claim_postgresql, event,
+                                          what=_DRIVER_CLAIM.what)
         if row is True:
             return True, None
         if row is None:
@@ -245,11 +246,11 @@ class DriverClaim:
         """Close the threads' own claim connections (the process is stopping)."""
         self._own.close()
 
-    def _claim_postgresql(self, conn: Any, event: NewEvent) -> Any:
+    def _claim_postgresql(self, cursor: Any, event: NewEvent) -> Any:
         assert self._prepared is not None  # built for PostgreSQL in __init__
-        # `conn` is in autocommit (the thread's own, or a pooled one switched for this
-        # claim): the statement is its own transaction.
-        row = self._prepared.fetch_one(conn, {
+        # `cursor` is of a connection in autocommit (the thread's own, or a pooled one
+        # switched for this claim): the statement is its own transaction.
+        row = self._prepared.fetch_one_on(cursor, {
             "scope_id": event.scope_id, "event_id": event.event_id,
             "event_type": event.event_type, "accepted_at": event.accepted_at,
             "body_sha256": event.body_sha256, "payload": event.payload,

@@ -66,6 +66,48 @@ def test_a_thread_keeps_one_connection_in_autocommit_outside_the_pool(engine: En
         own.close()
 
 
+def test_a_thread_runs_its_statements_on_one_cursor_of_its_connection(engine: Engine) -> None:
+    own = ThreadConnections(engine, limit=2)
+    seen: list[Any] = []
+
+    def on_cursor(cursor: Any) -> tuple[int, bool]:
+        seen.append(cursor)
+        return cursor.execute("SELECT pg_backend_pid()").fetchone()[0], \
+            cursor.connection.autocommit
+
+    try:
+        first = own.run_on_cursor(on_cursor, what="claim")
+        assert own.run_on_cursor(on_cursor, what="claim") == first
+        assert first[1] is True
+        assert seen[0] is seen[1] and not seen[0].closed  # kept, not reopened
+        assert own.run(backend, what="claim") == first  # the same connection under both
+        with pytest.raises(DBAPIError):
+            own.run_on_cursor(lambda c: c.execute("SELECT 1 / 0").fetchone(), what="claim")
+        # The failed statement's connection is closed; the next one has its own cursor.
+        assert own.run_on_cursor(on_cursor, what="claim")[0] != first[0]
+        assert seen[-1] is not seen[0] and seen[0].connection.closed
+    finally:
+        own.close()
+
+
+def test_a_thread_without_a_place_runs_on_a_pooled_cursor_it_closes(engine: Engine) -> None:
+    own = ThreadConnections(engine, limit=0)  # no places: every statement on the pool
+    seen: list[Any] = []
+
+    def on_cursor(cursor: Any) -> bool:
+        seen.append(cursor)
+        return bool(cursor.connection.autocommit)
+
+    try:
+        assert own.run_on_cursor(on_cursor, what="claim") is True
+        assert len(own) == 0 and seen[0].closed
+        assert engine.pool.checkedout() == 0
+        with engine.connect() as conn:  # back in the pool out of autocommit
+            assert conn.connection.driver_connection.autocommit is False
+    finally:
+        own.close()
+
+
 def test_a_connection_the_server_closed_is_replaced_before_use(engine: Engine) -> None:
     own = ThreadConnections(engine, limit=2)
     try:
