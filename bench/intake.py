@@ -307,7 +307,9 @@ SWEEP = {"2 processes": {"WEB_CONCURRENCY": "2"},
          "recycled every 5000": {"GUNICORN_CMD_ARGS": "--max-requests 5000"},
          "no keep-alive": {"GUNICORN_CMD_ARGS": "--keep-alive 0"},
          # gunicorn's own gthread: each request head read by a thread, not the event loop
-         "plain gthread": {"GUNICORN_CMD_ARGS": "--worker-class gthread"}}
+         "plain gthread": {"GUNICORN_CMD_ARGS": "--worker-class gthread"},
+         # every claim on a pooled connection: no connection of a thread's own
+         "claim connections 0": {"LEDGER_DB_CLAIM_CONNECTIONS": "0"}}
 # What two of the features around the claim cost: the defaults beside the ledger without them.
 FEATURES = {"delivery log off": {"LEDGER_DELIVERY_LOG": "0"},
             "no per-delivery log line": {"LEDGER_LOG_LEVEL": "WARNING"}}

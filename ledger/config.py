@@ -161,6 +161,11 @@ DECLARED: tuple[Setting, ...] = (
             parser=Integer(1), default=5, example="6",
             meaning="database connections per process, no overflow: at most this many of a "
                     "web process's threads use the database at once, the others wait"),
+    Setting(name="LEDGER_DB_CLAIM_CONNECTIONS", attribute="claim_connections", section=_DB,
+            parser=Integer(0), shown_default="`LEDGER_DB_POOL_SIZE`",
+            meaning="PostgreSQL: how many of a web process's threads claim deliveries on a "
+                    "connection of their own, outside the pool (one more server connection "
+                    "each); `0` claims every delivery on a pooled connection"),
     Setting(name="LEDGER_DB_POOL_TIMEOUT_MS", attribute="pool_timeout_seconds", section=_DB,
             parser=Integer(1), default=2000, convert=lambda ms: ms / 1000, example="2000",
             meaning="how long a request waits for a pooled connection before it answers 503"),
@@ -486,6 +491,7 @@ class Settings:
     demo_handlers: bool = _default("LEDGER_DEMO_HANDLERS")
     handler_modules: tuple[str, ...] = _default("LEDGER_HANDLER_MODULES")
     pool_size: int = _default("LEDGER_DB_POOL_SIZE")
+    claim_connections: int | None = _default("LEDGER_DB_CLAIM_CONNECTIONS")  # None: pool_size
     pool_timeout_seconds: float = _default("LEDGER_DB_POOL_TIMEOUT_MS")
     statement_timeout_ms: int = _default("LEDGER_DB_STATEMENT_TIMEOUT_MS")
     lock_timeout_ms: int = _default("LEDGER_DB_LOCK_TIMEOUT_MS")

@@ -78,7 +78,8 @@ def build_services(settings: Settings, clock: Clock | None = None,
                          else keyed(snapshot, load_audit_key(settings)))
     return Services(settings=settings, engine=engine, box=box, clock=clock, view=view,
                     reads=reads,
-                    intake=Intake(engine, view, clock, max_json_depth=settings.max_json_depth),
+                    intake=Intake(engine, view, clock, max_json_depth=settings.max_json_depth,
+                                  claim_connections=settings.claim_connections),
                     delivery_log=DeliveryLog(
                         engine, clock, enabled=settings.delivery_log,
                         refusals_per_minute=settings.delivery_log_refusals_per_minute),

@@ -73,10 +73,10 @@ class Intake:
     """Accepts deliveries for every integration, against one database."""
 
     def __init__(self, engine: Engine, view: CredentialView, clock: Clock, *,
-                 max_json_depth: int = 64) -> None:
+                 max_json_depth: int = 64, claim_connections: int | None = None) -> None:
         self._engine = engine
         self._max_json_depth = max_json_depth
-        self._driver_claim = DriverClaim(engine)
+        self._driver_claim = DriverClaim(engine, own_connections=claim_connections)
         self._view = view
         self._clock = clock
 

@@ -187,16 +187,20 @@ class DriverClaim:
     is closed after any driver error.
     """
 
-    def __init__(self, engine: Engine, group_limit: int = GROUP_COMMIT_LIMIT) -> None:
+    def __init__(self, engine: Engine, group_limit: int = GROUP_COMMIT_LIMIT, *,
+                 own_connections: int | None = None) -> None:
         self._engine = engine
         dialect = engine.dialect
         self._postgresql = dialect.name == "postgresql"
         self._when = time_to_driver(dialect)
         self._prepared = _DRIVER_CLAIM.prepared(dialect) if self._postgresql else None
         self._distributed: bool | None = None  # read on the first claim: no I/O here
-        # PostgreSQL: as many web threads as the pool has connections claim on one of
-        # their own (opened on the first claim), not one checked out for every claim.
-        self._own = ThreadConnections(engine, limit=getattr(engine.pool, "size", lambda: 0)())
+        # PostgreSQL: up to `own_connections` web threads (LEDGER_DB_CLAIM_CONNECTIONS; as
+        # many as the pool has connections when None) claim on one of their own, opened on
+        # the first claim, not one checked out for every claim. SQLite claims on the pool.
+        if own_connections is None:
+            own_connections = getattr(engine.pool, "size", lambda: 0)()
+        self._own = ThreadConnections(engine, limit=own_connections if self._postgresql else 0)
         # SQLite: the claims that reach this process together share one transaction
         # (ledger.intake.group_commit); a limit of 1 writes each claim alone.
         self._group: GroupCommit[NewEvent, Any] | None = None

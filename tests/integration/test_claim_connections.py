@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -251,3 +252,32 @@ def test_the_app_claims_on_its_own_connection_and_closes_it_when_it_stops(
             break
         time.sleep(0.05)
     assert others == 0
+
+
+
+@pytest.mark.parametrize(("setting", "outside_the_pool"), [(None, True), ("1", True),
+                                                            ("0", False)])
+def test_claim_connections_sets_whether_claims_run_outside_the_pool(
+        pg_url: str, tmp_path: Path, setting: str | None, outside_the_pool: bool) -> None:
+    # LEDGER_DB_CLAIM_CONNECTIONS: unset or 1, a thread claims on a connection of its own,
+    # one more to the server; 0, every claim runs on a pooled connection.
+    extra = {} if setting is None else {"LEDGER_DB_CLAIM_CONNECTIONS": setting}
+    app = create_app(ledger_env(pg_url, tmp_path, **extra))
+    services = app.extensions["ledger"]
+    sender = make_sender(app)
+    try:
+        for n in range(3):
+            send(app, sender, f"evt_budget_{n}", expect=202)
+        assert send(app, sender, "evt_budget_0").get_json()["status"] == "duplicate"
+        with ExitStack() as held:  # every connection the pool can give, at once
+            pooled = {held.enter_context(services.engine.connect()).execute(
+                text("SELECT pg_backend_pid()")).scalar_one()
+                for _ in range(services.engine.pool.size())}
+            connected = set(held.enter_context(create_engine(pg_url, poolclass=NullPool)
+                                               .connect()).execute(text(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()")).scalars())
+        # The one connection besides the pool's is the claim's own.
+        assert len(connected - pooled) == (1 if outside_the_pool else 0)
+    finally:
+        services.close()
