@@ -165,7 +165,8 @@ DECLARED: tuple[Setting, ...] = (
             parser=Integer(0), shown_default="`LEDGER_DB_POOL_SIZE`",
             meaning="PostgreSQL: how many of a web process's threads claim deliveries on a "
                     "connection of their own, outside the pool (one more server connection "
-                    "each); `0` claims every delivery on a pooled connection"),
+                    "each); `0` claims every delivery on a pooled connection, as a ledger "
+                    "distributed by Citus always does"),
     Setting(name="LEDGER_DB_POOL_TIMEOUT_MS", attribute="pool_timeout_seconds", section=_DB,
             parser=Integer(1), default=2000, convert=lambda ms: ms / 1000, example="2000",
             meaning="how long a request waits for a pooled connection before it answers 503"),
