@@ -6,7 +6,10 @@ Builds the app on a fresh PostgreSQL ledger, sends `--requests` signed new event
 to its WSGI callable (no HTTP server: what the web processes' Python spends around the
 claim), profiled by CPU time (cProfile with `time.process_time`), and sums each function's
 own time into the parts the ledger adds to the floor. Profiling slows every call, so read
-the shares, not the absolute figures. Writes bench/results/intake_profile.json.
+the shares, not the absolute figures. Before the profile, the same number of deliveries
+is timed unprofiled on the ledger's callable and on the floor's (bench/floor_intake.py, on
+a database of its own), in alternating rounds: the CPU per delivery each app costs before
+any server serves it. Writes bench/results/intake_profile.json.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from statistics import median
 from typing import Any
 
 from bench import env as benv
-from bench.intake import ours_app
+from bench import floor_intake, thin_intake
+from bench.intake import ours_app, thin_env
 
 # First match wins: a function's file path (or name) -> the part it belongs to.
 PARTS = (("structlog", "request log line"), ("logging/", "request log line"),
@@ -77,6 +82,8 @@ def measure(e: benv.BenchEnv, requests: int) -> dict[str, Any]:
     try:
         for _ in range(200):  # warm: pool filled, statements prepared
             b"".join(app.wsgi_app(_environ(public_id, key), start_response))
+        unprofiled = _apps_unprofiled(e, app.wsgi_app, start_response, public_id, key,
+                                      requests)
         environs = [_environ(public_id, key) for _ in range(requests)]
         profile = cProfile.Profile(time.process_time)
         started = time.process_time()
@@ -88,7 +95,48 @@ def measure(e: benv.BenchEnv, requests: int) -> dict[str, Any]:
     finally:
         app.extensions["ledger"].close()
     return {"requests": requests, "cpu_ms_per_delivery_profiled": 1000 * spent / requests,
-            "share": shares(pstats.Stats(profile), _part)}
+            **unprofiled, "share": shares(pstats.Stats(profile), _part)}
+
+
+def _apps_unprofiled(e: benv.BenchEnv, ledger_app: Callable[..., Any],
+                     start_response: Callable[..., Any], public_id: str, key: bytes,
+                     requests: int, rounds: int = 5) -> dict[str, Any]:
+    """Return the median CPU µs per delivery of the ledger's app and the floor's, unprofiled."""
+    from bench.schemas import create_thin_pg
+
+    floor_url = e.pg_url("profile_floor")
+    create_thin_pg(floor_url)
+    # The floor reads its database and key from the environment at import: set them here.
+    floor_intake.URL = thin_env(floor_url)["THIN_DATABASE_URL"]
+    thin_intake.KEY = key
+    apps = {"ledger": ledger_app, "floor": floor_intake.app}
+    spent: dict[str, list[float]] = {name: [] for name in apps}
+    statuses: Counter[str] = Counter()
+
+    def counted(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        statuses[status.split(" ", 1)[0]] += 1
+        return start_response(status, headers, exc_info)
+
+    try:
+        for _ in range(200):  # the floor's thread connection opened, its statement prepared
+            b"".join(floor_intake.app(_environ(public_id, key), counted))
+        for n in range(rounds):
+            for name in sorted(apps, reverse=n % 2 == 1):  # alternating order
+                environs = [_environ(public_id, key) for _ in range(requests)]
+                started = time.process_time()
+                for environ in environs:
+                    b"".join(apps[name](environ, counted))
+                spent[name].append(1e6 * (time.process_time() - started) / requests)
+        if set(statuses) != {"202"}:  # each app accepted every new event, or nothing counts
+            raise RuntimeError(f"the apps answered {dict(statuses)}, not only 202")
+    finally:
+        connection = getattr(floor_intake.LOCAL, "conn", None)
+        if connection is not None:
+            connection.close()
+            floor_intake.LOCAL.conn = None
+    return {"ledger_app_us": median(spent["ledger"]), "floor_app_us": median(spent["floor"]),
+            "app_us_per_round": {name: [round(us, 1) for us in runs]
+                                 for name, runs in spent.items()}}
 
 
 def shares(stats: pstats.Stats, part_of: Callable[[str, str], str],
