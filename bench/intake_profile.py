@@ -33,6 +33,7 @@ from typing import Any
 from bench import env as benv
 from bench import floor_intake, thin_intake
 from bench.intake import ours_app, thin_env
+from bench.schemas import create_thin_pg
 
 # First match wins: a function's file path (or name) -> the part it belongs to.
 PARTS = (("structlog", "request log line"), ("logging/", "request log line"),
@@ -102,8 +103,6 @@ def _apps_unprofiled(e: benv.BenchEnv, ledger_app: Callable[..., Any],
                      start_response: Callable[..., Any], public_id: str, key: bytes,
                      requests: int, rounds: int = 5) -> dict[str, Any]:
     """Return the median CPU µs per delivery of the ledger's app and the floor's, unprofiled."""
-    from bench.schemas import create_thin_pg
-
     floor_url = e.pg_url("profile_floor")
     create_thin_pg(floor_url)
     # The floor reads its database and key from the environment at import: set them here.

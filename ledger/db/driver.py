@@ -70,7 +70,7 @@ def run_pooled(engine: Engine, work: DriverWork[T], *args: Any, what: str) -> T:
 
 
 class ThreadConnections:
-    """Autocommit driver connections of the threads' own, for one hot statement.
+    """Autocommit driver connections of the threads' own, for one hot statement (on a cursor).
 
     Checking a connection out of the pool for each statement and back, switching it to
     autocommit and back, cost a served delivery about 8 % of its web CPU (the docs'
@@ -94,26 +94,19 @@ class ThreadConnections:
         self._places = _Places(limit)
 
     def run(self, work: DriverWork[T], *args: Any, what: str) -> T:
-        """Return `work(a connection in autocommit, *args)`; driver errors as SQLAlchemy's."""
-        return self._run(work, args, what, cursor=False)
+        """Return `work(a cursor of a connection in autocommit, *args)`; driver errors as
+        SQLAlchemy's.
 
-    def run_on_cursor(self, work: DriverWork[T], *args: Any, what: str) -> T:
-        """Return `work(a cursor of a connection in autocommit, *args)`, as `run` does.
-
-        A thread's own connection keeps one cursor for every statement: a cursor opened
-        and closed around each statement costs a third of the driver's Python around it.
+        A thread's own connection keeps one cursor for all its statements, where opening and
+        closing one around each statement cost the claim a measurable share of its driver
+        time; a pooled connection's cursor is closed after its statement.
         """
-        return self._run(work, args, what, cursor=True)
-
-    def _run(self, work: DriverWork[T], args: tuple[Any, ...], what: str, *,
-             cursor: bool) -> T:
         dialect = self._engine.dialect
         held = self._held(what)
         if held is None:  # as many threads as the limit keep one: the pool's way
-            return cast(T, run_pooled(self._engine, _autocommitted, work, cursor, *args,
-                                      what=what))
+            return cast(T, run_pooled(self._engine, _autocommitted, work, *args, what=what))
         try:
-            return work(held.cursor() if cursor else held.connection, *args)
+            return work(held.cursor(), *args)
         except dialect.loaded_dbapi.Error as error:
             self._discard(held.connection)  # whatever it was, the next statement starts afresh
             raise driver_error(dialect, error, what=what) from error
@@ -235,18 +228,16 @@ class _Held:
         return self._cursor
 
 
-def _autocommitted(connection: Any, work: DriverWork[T], cursor: bool, *args: Any) -> T:
-    """Run `work` on a pooled connection (or a cursor of it, when `cursor`) in autocommit,
-    and give the pool the connection back as it was."""
+def _autocommitted(connection: Any, work: DriverWork[T], *args: Any) -> T:
+    """Run `work` on a cursor of a pooled connection in autocommit, and give the pool the
+    connection back as it was."""
     connection.autocommit = True
     try:
-        if not cursor:
-            return work(connection, *args)
-        opened = connection.cursor()
+        cursor = connection.cursor()
         try:
-            return work(opened, *args)
+            return work(cursor, *args)
         finally:
-            opened.close()
+            cursor.close()
     finally:
         if not connection.closed:
             connection.autocommit = False

@@ -237,8 +237,7 @@ class DriverClaim:
             row = run_pooled(self._engine, self._claim_distributed, event,
                              what=_DRIVER_CLAIM.what)
         else:
-            row = self._own.run_on_cursor(self._claim_postgresql, event,
-                                          what=_DRIVER_CLAIM.what)
+            row = self._own.run(self._claim_postgresql, event, what=_DRIVER_CLAIM.what)
         if row is True:
             return True, None
         if row is None:

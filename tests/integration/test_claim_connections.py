@@ -36,9 +36,10 @@ def engine(pg_url: str, tmp_path: Path) -> Iterator[Engine]:
     engine.dispose()
 
 
-def backend(connection: Any) -> tuple[int, bool]:
-    """Return the server process serving `connection`, and whether it is in autocommit."""
-    return connection.execute("SELECT pg_backend_pid()").fetchone()[0], connection.autocommit
+def backend(cursor: Any) -> tuple[int, bool]:
+    """Return the server process serving `cursor`'s connection, and whether it is in
+    autocommit."""
+    return cursor.execute("SELECT pg_backend_pid()").fetchone()[0], cursor.connection.autocommit
 
 
 def alive(engine: Engine, pids: set[int], *, wait: bool = True) -> set[int]:
@@ -77,15 +78,14 @@ def test_a_thread_runs_its_statements_on_one_cursor_of_its_connection(engine: En
             cursor.connection.autocommit
 
     try:
-        first = own.run_on_cursor(on_cursor, what="claim")
-        assert own.run_on_cursor(on_cursor, what="claim") == first
+        first = own.run(on_cursor, what="claim")
+        assert own.run(on_cursor, what="claim") == first
         assert first[1] is True
         assert seen[0] is seen[1] and not seen[0].closed  # kept, not reopened
-        assert own.run(backend, what="claim") == first  # the same connection under both
         with pytest.raises(DBAPIError):
-            own.run_on_cursor(lambda c: c.execute("SELECT 1 / 0").fetchone(), what="claim")
+            own.run(lambda c: c.execute("SELECT 1 / 0").fetchone(), what="claim")
         # The failed statement's connection is closed; the next one has its own cursor.
-        assert own.run_on_cursor(on_cursor, what="claim")[0] != first[0]
+        assert own.run(on_cursor, what="claim")[0] != first[0]
         assert seen[-1] is not seen[0] and seen[0].connection.closed
     finally:
         own.close()
@@ -100,7 +100,7 @@ def test_a_thread_without_a_place_runs_on_a_pooled_cursor_it_closes(engine: Engi
         return bool(cursor.connection.autocommit)
 
     try:
-        assert own.run_on_cursor(on_cursor, what="claim") is True
+        assert own.run(on_cursor, what="claim") is True
         assert len(own) == 0 and seen[0].closed
         assert engine.pool.checkedout() == 0
         with engine.connect() as conn:  # back in the pool out of autocommit
@@ -148,10 +148,10 @@ def test_threads_beyond_the_limit_claim_on_a_pooled_connection(engine: Engine) -
     results: list[tuple[int, bool]] = []
     failures: list[BaseException] = []
 
-    def held(connection: Any) -> tuple[int, bool]:
+    def held(cursor: Any) -> tuple[int, bool]:
         holding.wait(timeout=10)  # all three threads hold a connection at once
         release.wait(timeout=10)
-        return backend(connection)
+        return backend(cursor)
 
     def claim() -> None:
         try:
