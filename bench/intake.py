@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -357,6 +358,20 @@ def _spread(runs: list[Run], key: str) -> list[float]:
     return [round(r.wrk.p99_ms, 1) for r in runs]
 
 
+def sides_summary(runs: dict[str, Any], sides: Iterable[str]) -> dict[str, Any]:
+    """Each side's runs, and its accepted/s, mean p99, their spread, errors and CPU."""
+    out: dict[str, Any] = {"runs": {k: [r.to_json() for r in runs[k]] for k in sides}}
+    for name in sides:
+        out[name] = {"accepted_per_s": accepted_per_s(runs[name]),
+                     "p99_ms": mean(r.wrk.p99_ms for r in runs[name]),
+                     "accepted_per_s_runs": _spread(runs[name], "accepted_per_s"),
+                     "p99_ms_runs": _spread(runs[name], "p99_ms"),
+                     "errors": sum(r.wrk.errors + r.wrk.status_errors for r in runs[name]),
+                     "cpu": cpu.summed([r.cpu for r in runs[name] if r.cpu],
+                                       sum(r.wrk.requests for r in runs[name]))}
+    return out
+
+
 def measure_async(e: benv.BenchEnv, seconds: float, rounds: int = 3) -> dict[str, Any]:
     """The async intake vs the ledger as shipped vs the floor vs the thin intake as written,
     on PostgreSQL, in the same run: every side in turn then in reverse, `rounds` times;
@@ -388,17 +403,8 @@ def measure_async(e: benv.BenchEnv, seconds: float, rounds: int = 3) -> dict[str
         dup = {name: duplicates(e, sides[name], {"files": runs["files"], "ours": runs[name]},
                                 seconds, cycles=rounds)
                for name in ("async", "ours")}
-    out: dict[str, Any] = {"runs": {k: [r.to_json() for r in runs[k]] for k in sides}}
-    for name in sides:
-        out[name] = {"accepted_per_s": accepted_per_s(runs[name]),
-                     "p99_ms": mean(r.wrk.p99_ms for r in runs[name]),
-                     "accepted_per_s_runs": _spread(runs[name], "accepted_per_s"),
-                     "p99_ms_runs": _spread(runs[name], "p99_ms"),
-                     "errors": sum(r.wrk.errors + r.wrk.status_errors for r in runs[name]),
-                     "cpu": cpu.summed([r.cpu for r in runs[name] if r.cpu],
-                                       sum(r.wrk.requests for r in runs[name]))}
-    return out | {"duplicates": dup, "workers": web.workers, "threads": web.threads,
-                  "rounds": rounds}
+    return sides_summary(runs, sides) | {
+        "duplicates": dup, "workers": web.workers, "threads": web.threads, "rounds": rounds}
 
 
 # The memory measure: how far a web process grows over as many requests as it serves between

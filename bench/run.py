@@ -4,6 +4,7 @@
     python -m bench.run --only scale --scale 10m     # purge and pages at 10M receipts
     python -m bench.run --only sweep                 # the web defaults against other shapes
     python -m bench.run --only async                 # the experimental async intake
+    python -m bench.run --only granian               # the ledger's app served by granian
     python -m bench.run --only intake --against REF  # this tree's intake against REF's
 
 Prints a Markdown table (each row met or missed, with what this run measured) and writes
@@ -26,13 +27,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import against, big, cli_start, destination_bench, intake, report, scale, worker_bench
+from bench import (
+    against,
+    big,
+    cli_start,
+    destination_bench,
+    granian_intake,
+    intake,
+    report,
+    scale,
+    worker_bench,
+)
 from bench import env as benv
 from bench.loadgen import wrk_binary
 from bench.report import Figure, at_least, at_most, failed, shown
 
 MEASURES = ("intake", "sqlite", "worker", "destinations", "big", "scale", "cli", "memory",
-            "sweep", "features", "async")
+            "sweep", "features", "async", "granian")
 DEFAULT_MEASURES = ("intake", "sqlite", "worker", "destinations", "big", "scale", "cli",
                     "memory")
 # A web process may grow this much between two recycles (gunicorn.conf.py's max_requests).
@@ -134,6 +145,52 @@ def async_figures(r: dict[str, Any]) -> list[Figure]:
               "new events, interleaved", dup_ours["new_accepted_per_s"],
               f"{dup_ours['dup_new_receipts']} receipts created by the duplicate runs"),
     ]
+
+
+def granian_figures(r: dict[str, Any]) -> list[Figure]:
+    """The ledger's app under granian (two shapes) against the thin intake as written and
+    the floor, all in one run; then the slow-body probe against the ledger as shipped."""
+    thin, floor = r["thin"], r["floor"]
+    n, threads = r["workers"], r["threads"]
+    written = f"thin intake, gunicorn -w {n} (sync)"
+
+    def web(side: dict[str, Any]) -> float:
+        return float((side.get("cpu") or {}).get("web_ms", 0.0))
+
+    def runs(side: dict[str, Any], key: str) -> str:
+        return ", ".join(f"{v:.0f}" for v in side[f"{key}_runs"])
+
+    figures: list[Figure] = []
+    for name, workers in (("granian", n), ("half", r["half_workers"])):
+        g, label = r[name], f"granian {workers} x {threads}"
+        figures += [
+            at_least(f"accepted/s, {label} vs thin as written", g["accepted_per_s"], "/s",
+                     written, thin["accepted_per_s"], 1.3,
+                     f"per run {runs(g, 'accepted_per_s')}; thin"
+                     f" {runs(thin, 'accepted_per_s')}; errors {g['errors']}"),
+            at_most(f"p99, {label} vs thin as written", g["p99_ms"], "ms", written,
+                    thin["p99_ms"], 0.7, f"per run (ms) {runs(g, 'p99_ms')}; thin"
+                    f" {runs(thin, 'p99_ms')}"),
+            at_most(f"web CPU per delivery, {label} vs the floor", web(g), "ms",
+                    "bench/floor_intake.py, same run", web(floor), 1.35,
+                    f"thin {web(thin):.2f} ms in the same run"),
+        ]
+    probe = r["probe"]
+    slow, ok = probe["granian"], probe["ours"]
+
+    def healthz(found: dict[str, Any]) -> str:
+        seconds = found["healthz_seconds"]
+        return (f"{seconds} s" if seconds is not None
+                else f"not within {found['healthz_wait_seconds']:.0f} s")
+
+    figures.append(at_least(
+        "slow bodies ended by the body deadline, granian vs shipped", slow["ended"],
+        "sockets", "shipped, same probe", ok["ended"], 1.0,
+        f"{slow['slow_sockets']} bodies sent a byte a second to 1 process x"
+        f" {granian_intake.PROBE_THREADS}"
+        f" threads, deadline {slow['deadline_seconds']} s (+{slow['margin_seconds']} s);"
+        f" /healthz beside them: granian {healthz(slow)}, shipped {healthz(ok)}"))
+    return figures
 
 
 def against_figures(r: dict[str, Any]) -> list[Figure]:
@@ -312,6 +369,7 @@ def plan(e: benv.BenchEnv, args: argparse.Namespace
                      features_figures),
         "async": (lambda: intake.measure_async(e, args.seconds, args.async_rounds),
                   async_figures),
+        "granian": (lambda: granian_intake.measure(e, args.seconds), granian_figures),
     }
 
 

@@ -73,3 +73,48 @@ def test_the_memory_row_judges_the_process_that_grew_most() -> None:
     [row] = run.memory_figures({"requests": 200_000, "processes": 2,
                             "rss_before_mb": [80.0, 100.0], "rss_after_mb": [84.0, 101.0]})
     assert row.met and row.ratio == 1.05
+
+
+def test_the_granian_rows_judge_each_shape_and_the_slow_body_probe() -> None:
+    def side(rate: float, p99: float, web_ms: float) -> dict[str, object]:
+        return {"accepted_per_s": rate, "p99_ms": p99, "accepted_per_s_runs": [rate, rate],
+                "p99_ms_runs": [p99, p99], "errors": 0, "cpu": {"web_ms": web_ms}}
+
+    def probe(ended: int, healthz: float | None) -> dict[str, object]:
+        return {"slow_sockets": 4, "healthz_seconds": healthz, "healthz_wait_seconds": 3.0,
+                "ended": ended, "deadline_seconds": 3, "margin_seconds": 3}
+
+    rows = {f.measure: f for f in run.granian_figures({
+        "granian": side(1400, 40, 0.6), "half": side(1200, 90, 0.5),
+        "thin": side(1000, 100, 1.0), "floor": side(2000, 30, 0.4),
+        "probe": {"granian": probe(0, None), "ours": probe(4, 0.01)},
+        "workers": 4, "half_workers": 2, "threads": 4, "rounds": 2})}
+    assert rows["accepted/s, granian 4 x 4 vs thin as written"].met  # 1.4x >= 1.3x
+    assert not rows["accepted/s, granian 2 x 4 vs thin as written"].met  # 1.2x
+    assert rows["p99, granian 4 x 4 vs thin as written"].met  # 0.4x <= 0.7x
+    assert not rows["web CPU per delivery, granian 4 x 4 vs the floor"].met  # 1.5x
+    assert rows["web CPU per delivery, granian 2 x 4 vs the floor"].met  # 1.25x
+    slow = rows["slow bodies ended by the body deadline, granian vs shipped"]
+    assert (slow.value, slow.baseline_value, slow.met) == (0, 4, False)
+    assert "granian not within 3 s, shipped 0.01 s" in slow.note
+
+
+def test_the_slow_body_probe_counts_the_sockets_the_server_answered_or_closed() -> None:
+    import socket
+    import time
+
+    from bench import granian_intake
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        kept = [socket.create_connection(server.getsockname()) for _ in range(3)]
+        accepted = [server.accept()[0] for _ in kept]
+        try:
+            accepted[0].sendall(b"HTTP/1.1 408 Request Timeout\r\n\r\n")  # answered
+            accepted[1].close()  # closed
+            started = time.monotonic()
+            assert granian_intake._trickle(kept, started + 1.5) == 2
+            assert time.monotonic() - started >= 1.4  # the third stayed open to the end
+            assert accepted[2].recv(16).startswith(b" ")  # and was sent a byte a second
+        finally:
+            for connection in kept + accepted:
+                connection.close()
