@@ -36,7 +36,7 @@ import requests
 from sqlalchemy.engine import make_url
 
 from bench import env as benv
-from bench.intake import Target, abba, ours_app, sides_summary, thin_env
+from bench.intake import abba, ours_app, sides_summary, started, thin_env
 from bench.schemas import create_thin_pg
 from ledger.config import WebServerSettings
 
@@ -130,10 +130,7 @@ def measure(e: benv.BenchEnv, seconds: float, rounds: int = 2) -> dict[str, Any]
             "floor": benv.gunicorn("bench.floor_intake:app", thin_env(urls["floor"]), shape,
                                    cwd=benv.ROOT, log=log),
             "thin": benv.thin_as_written(thin_env(urls["thin"]), web.workers, log=log)}
-        sides = {}
-        for name, server in servers.items():
-            base, process = stack.enter_context(server)
-            sides[name] = Target(base, urls[name], path, process.pid)
+        sides = started(stack, servers, urls, path)
         # abba names its first side "ours": the path every side is sent to.
         sides = {"ours": sides.pop("granian"), **sides}
         runs = abba(e, sides, seconds, "granian", cycles=rounds)

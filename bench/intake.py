@@ -160,6 +160,16 @@ def ours_app(e: benv.BenchEnv, url: str) -> str:
         engine.dispose()
 
 
+def started(stack: ExitStack, servers: dict[str, AbstractContextManager[Any]],
+            urls: dict[str, str], path: str) -> dict[str, Target]:
+    """Start each server in `stack` (stopped when it closes); return each as a Target."""
+    sides = {}
+    for name, server in servers.items():
+        base, process = stack.enter_context(server)
+        sides[name] = Target(base, urls[name], path, process.pid)
+    return sides
+
+
 def abba(e: benv.BenchEnv, sides: dict[str, Target], seconds: float, tag: str,
          cycles: int = 2) -> dict[str, Any]:
     """Load every side in order, then in reverse (`cycles` times), with fresh events each run.
@@ -237,10 +247,7 @@ def measure_pg(e: benv.BenchEnv, seconds: float,
             # The floor as the thin intake is served: what no ledger code could go below.
             "floor_sync": benv.gunicorn("bench.floor_intake:app", thin_env(urls["floor_sync"]),
                                         sync, cwd=benv.ROOT, log=log)}
-        sides = {}
-        for name, server in servers.items():
-            base, process = stack.enter_context(server)
-            sides[name] = Target(base, urls[name], path, process.pid)
+        sides = started(stack, servers, urls, path)
         runs = abba(e, sides, seconds, "pg")
         dup = duplicates(e, sides["ours"], runs, seconds)
     return summarize(runs) | {"duplicates": dup, "workers": web.workers,
@@ -394,10 +401,7 @@ def measure_async(e: benv.BenchEnv, seconds: float, rounds: int = 3) -> dict[str
             "floor": benv.gunicorn("bench.floor_intake:app", thin_env(urls["floor"]), shape,
                                    cwd=benv.ROOT, log=log),
             "thin": benv.thin_as_written(thin_env(urls["thin"]), web.workers, log=log)}
-        sides = {}
-        for name, server in servers.items():
-            base, process = stack.enter_context(server)
-            sides[name] = Target(base, urls[name], path, process.pid)
+        sides = started(stack, servers, urls, path)
         runs = abba(e, sides, seconds, "async", cycles=rounds)
         # abba keeps the files every side was sent; each side replays its own runs.
         dup = {name: duplicates(e, sides[name], {"files": runs["files"], "ours": runs[name]},
