@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 from bench import env as benv
 from bench.intake import abba, ours_app, sides_summary, started, thin_env
 from bench.schemas import create_thin_pg
-from ledger.config import WebServerSettings
+from ledger.config import WebServerSettings, declared
 
 PROBE_DEADLINE_SECONDS = 3
 PROBE_MARGIN_SECONDS = 3
@@ -52,7 +52,8 @@ def granian_server(env: dict[str, str], workers: int, threads: int, *,
     """Serve `app:create_app()` with granian's WSGI interface: `workers` processes of
     `threads` blocking threads, a head deadline of LEDGER_BODY_READ_TIMEOUT_SECONDS."""
     port = benv.free_port()
-    head_ms = int(1000 * float(env.get("LEDGER_BODY_READ_TIMEOUT_SECONDS", "10")))
+    # The deadline the ledger reads from the same environment (its declared default if unset).
+    head_ms = int(1000 * declared("LEDGER_BODY_READ_TIMEOUT_SECONDS").read(env))
     return benv.serve([str(benv.BIN / "granian"), "--interface", "wsgi", "--factory",
                        "--workers", str(workers), "--blocking-threads", str(threads),
                        "--http1-header-read-timeout", str(head_ms), "--no-ws",

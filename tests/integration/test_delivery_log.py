@@ -434,7 +434,8 @@ def test_a_refused_flush_drops_only_its_rows_and_the_next_one_writes(test_env) -
 
 def test_a_flood_over_many_integration_ids_shares_one_bound(test_env) -> None:  # type: ignore[no-untyped-def]
     """Every public id had its own bucket: a flood over 33 of them wrote 33 times the rows."""
-    app = create_app({**test_env, "LEDGER_DELIVERY_LOG_REFUSALS_PER_MINUTE": "10"})
+    per_minute = 10
+    app = create_app({**test_env, "LEDGER_DELIVERY_LOG_REFUSALS_PER_MINUTE": str(per_minute)})
     try:
         senders = [make_sender(app, name=f"tenant-{n}") for n in range(8)]
         body = event_body(senders[0].profile, "evt_f")
@@ -455,5 +456,6 @@ def test_a_flood_over_many_integration_ids_shares_one_bound(test_env) -> None:  
     assert sum(r["count"] for r in refused) == 260  # every refusal is counted...
     # ...but exact rows share one bucket: 5 to start, refilling 2 x 10 a minute while the
     # flood lasts (a bucket per id would have let 8 x 5 through at once).
-    assert len(exact) <= STARTING_TOKENS + int(TOTAL_REFUSAL_FACTOR * 10 * elapsed / 60)
+    refilled = int(TOTAL_REFUSAL_FACTOR * per_minute * elapsed / 60)
+    assert len(exact) <= STARTING_TOKENS + refilled
     assert len(refused) - len(exact) <= 2 * (len(senders) + 1)  # a count row per id and minute
