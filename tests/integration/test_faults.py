@@ -480,6 +480,12 @@ def test_pooled_connections_killed_while_idle_cost_no_request(pg_env, admin):
         with thread_server(app) as base_url:
             warm = _concurrent(base_url, sender, [f"warm-{i}" for i in range(8)])
             assert {a.status for a in warm} == {202}
+            # The claims ran on their threads' own connections, which close with the
+            # development server's threads: hold two of the pool's at once, so that at
+            # least two sit idle in it, whatever the requests above happened to overlap.
+            engine = app.extensions["ledger"].engine
+            with engine.connect(), engine.connect():
+                pass
             assert _kill_every_backend_but_ours(admin) >= 2
             time.sleep(0.2)  # the backends are gone
             after = _concurrent(base_url, sender, [f"after-{i}" for i in range(20)])
