@@ -6,7 +6,9 @@ profile:
 
 - the web server: its master and every worker, live or exited during the run
   (gunicorn recycles workers; an exited worker's CPU moves into the master's
-  children's counters, which are read too);
+  children's counters, which are read too), and of that the system time: the
+  kernel's work for its processes (their sockets, and the waits and wake-ups of
+  threads handing work and the interpreter's lock to one another);
 - wrk: this process's waited-for children (`RUSAGE_CHILDREN`);
 - the rest: the machine's busy time (`/proc/stat`) minus both: PostgreSQL's
   backends on the intake runs, and whatever else the machine runs (its idle
@@ -37,6 +39,7 @@ class CpuUse:
     """CPU seconds spent during one run, by whom, over `wall` seconds."""
 
     web: float = 0.0
+    web_system: float = 0.0  # the part of `web` spent in the kernel
     wrk: float = 0.0
     busy: float = 0.0
     stolen: float = 0.0
@@ -61,7 +64,8 @@ class CpuUse:
         return self.stolen / available if available else 0.0
 
     def __add__(self, other: CpuUse) -> CpuUse:
-        return CpuUse(web=self.web + other.web, wrk=self.wrk + other.wrk,
+        return CpuUse(web=self.web + other.web, web_system=self.web_system + other.web_system,
+                      wrk=self.wrk + other.wrk,
                       busy=self.busy + other.busy,
                       stolen=self.stolen + other.stolen, wall=self.wall + other.wall,
                       cores=max(self.cores, other.cores))
@@ -71,8 +75,10 @@ class CpuUse:
         shares = {"idle_share": round(self.idle_share, 3),
                   "stolen_share": round(self.stolen_share, 3)}
         if requests <= 0:
-            return {"web_ms": 0.0, "rest_ms": 0.0, "wrk_ms": 0.0, **shares}
+            return {"web_ms": 0.0, "web_system_ms": 0.0, "rest_ms": 0.0, "wrk_ms": 0.0,
+                    **shares}
         return {"web_ms": round(1000 * self.web / requests, 3),
+                "web_system_ms": round(1000 * self.web_system / requests, 3),
                 "rest_ms": round(1000 * self.rest / requests, 3),
                 "wrk_ms": round(1000 * self.wrk / requests, 3), **shares}
 
@@ -104,23 +110,39 @@ def _stat(pid: int) -> list[str] | None:
     return raw.rsplit(")", 1)[1].split()  # [0] is the state, field 3 of proc(5)
 
 
-def pid_seconds(pids: Iterable[int]) -> float:
-    """Return the user + system CPU seconds the live processes `pids` used so far."""
-    total = 0
+class Seconds(NamedTuple):
+    """CPU seconds used so far: in all (user + system), and of them in the kernel."""
+
+    all: float
+    system: float
+
+
+def pid_times(pids: Iterable[int]) -> Seconds:
+    """Return the CPU seconds the live processes `pids` used so far."""
+    user = system = 0
     for pid in pids:
         fields = _stat(pid)
         if fields is not None:
-            total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14, 15
-    return total / TICK
+            user += int(fields[11])  # utime: field 14 of proc(5)
+            system += int(fields[12])  # stime: field 15
+    return Seconds((user + system) / TICK, system / TICK)
 
 
-def tree_seconds(master_pid: int) -> float:
+def pid_seconds(pids: Iterable[int]) -> float:
+    """Return the user + system CPU seconds the live processes `pids` used so far."""
+    return pid_times(pids).all
+
+
+def tree_times(master_pid: int) -> Seconds:
     """Return the CPU seconds of a server's master, its live workers and its exited ones."""
     master = _stat(master_pid)
     if master is None:
-        return 0.0
+        return Seconds(0.0, 0.0)
     # utime, stime, cutime, cstime are fields 14-17 of proc(5): [11:15] here.
-    return sum(int(x) for x in master[11:15]) / TICK + pid_seconds(benv.worker_pids(master_pid))
+    own = sum(int(x) for x in master[11:15]) / TICK
+    own_system = (int(master[12]) + int(master[14])) / TICK
+    workers = pid_times(benv.worker_pids(master_pid))
+    return Seconds(own + workers.all, own_system + workers.system)
 
 
 def _waited_children() -> float:
@@ -132,14 +154,16 @@ def _waited_children() -> float:
 def measured(master_pid: int | None) -> Iterator[CpuUse]:
     """Fill a CpuUse with what the `with` block's run cost (wrk must be waited for in it)."""
     use = CpuUse(cores=os.cpu_count() or 1)
-    web0 = tree_seconds(master_pid) if master_pid else 0.0
+    web0 = tree_times(master_pid) if master_pid else Seconds(0.0, 0.0)
     wrk0, ticks0, wall0 = _waited_children(), machine_ticks(), time.monotonic()
     yield use
     use.wall = time.monotonic() - wall0
     ticks = machine_ticks()
     use.busy, use.stolen = (ticks.busy - ticks0.busy) / TICK, (ticks.stolen - ticks0.stolen) / TICK
     use.wrk = _waited_children() - wrk0
-    use.web = (tree_seconds(master_pid) - web0) if master_pid else 0.0
+    if master_pid:
+        web = tree_times(master_pid)
+        use.web, use.web_system = web.all - web0.all, web.system - web0.system
 
 
 def summed(uses: list[CpuUse], requests: int) -> dict[str, Any]:

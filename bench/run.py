@@ -51,8 +51,8 @@ MEMORY_GROWTH_MAX = 1.2
 TEN_M = 10_000_000
 
 
-def _cpu(r: dict[str, Any], side: str) -> float:
-    return float((r.get(f"{side}_cpu") or {}).get("web_ms", 0.0))
+def _cpu(r: dict[str, Any], side: str, figure: str = "web_ms") -> float:
+    return float((r.get(f"{side}_cpu") or {}).get(figure, 0.0))
 
 
 def _p(r: dict[str, Any], side: str, key: str) -> str:
@@ -88,7 +88,9 @@ def intake_figures(r: dict[str, Any]) -> list[Figure]:
         at_most("web CPU per delivery, shipped vs the floor", _cpu(r, "ours"), "ms",
                 "bench/floor_intake.py, same run", _cpu(r, "floor"), 1.35,
                 f"the rest of a delivery (PostgreSQL, wrk, the machine): ours"
-                f" {(r.get('ours_cpu') or {}).get('rest_ms', 0):.2f} ms"),
+                f" {(r.get('ours_cpu') or {}).get('rest_ms', 0):.2f} ms; of the web CPU, in"
+                f" the kernel: ours {_cpu(r, 'ours', 'web_system_ms'):.2f} ms, the floor"
+                f" {_cpu(r, 'floor', 'web_system_ms'):.2f} ms"),
         shown("accepted/s, shipped vs thin in the ledger's shape", r["ours_accepted_per_s"],
               "/s", f"thin intake, {n} x {r['threads']} gthread", r["thin_shaped_accepted_per_s"],
               f"p99 {r['ours_p99_ms']:.0f} vs {r['thin_shaped_p99_ms']:.0f} ms"),
