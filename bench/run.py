@@ -88,7 +88,7 @@ def intake_figures(r: dict[str, Any]) -> list[Figure]:
         at_most("web CPU per delivery, shipped vs the floor", _cpu(r, "ours"), "ms",
                 "bench/floor_intake.py, same run", _cpu(r, "floor"), 1.35,
                 f"the rest of a delivery (PostgreSQL, wrk, the machine): ours"
-                f" {(r.get('ours_cpu') or {}).get('rest_ms', 0):.2f} ms; of the web CPU, in"
+                f" {_cpu(r, 'ours', 'rest_ms'):.2f} ms; of the web CPU, in"
                 f" the kernel: ours {_cpu(r, 'ours', 'web_system_ms'):.2f} ms, the floor"
                 f" {_cpu(r, 'floor', 'web_system_ms'):.2f} ms"),
         shown("accepted/s, shipped vs thin in the ledger's shape", r["ours_accepted_per_s"],
