@@ -58,6 +58,12 @@ def _lines(log: Path) -> Counter:
     return Counter(line.split()[0] for line in text.splitlines())
 
 
+def _ticks_by_pid(log: Path) -> Counter:
+    """Return how many ticks each scheduler process ran, from its lines in the log."""
+    return Counter(int(line.split()[1]) for line in log.read_text().splitlines()
+                   if line.startswith("tick "))
+
+
 def _pid(run) -> int:  # type: ignore[no-untyped-def]
     """Return the pid of the scheduler instance that claimed `run` (host:pid:token)."""
     return int(run.instance.split(":")[1])
@@ -112,8 +118,18 @@ def test_three_schedulers_run_each_period_once_and_survive_a_killed_holder(test_
         _stop(procs)
     ticks, slows = _runs(engine, "tick"), _runs(engine, "slow")
     executions = _lines(log)
-    # every recorded run executed exactly once: no period ran twice
-    assert executions["tick"] == len(ticks), (executions, len(ticks))
+    # every recorded run executed exactly once: no period ran twice. The one exception is
+    # the killed holder's: a tick it had claimed and not yet run when it was killed is lost
+    # with it (like its slow run, the lease runs out and the run is not ok), and one it had
+    # run but not yet recorded is not ok either.
+    ticks_run = _ticks_by_pid(log)
+    for holder, claimed in Counter(_pid(r) for r in ticks).items():
+        if holder != pid:
+            assert ticks_run[holder] == claimed, (holder, ticks_run, claimed)
+    victims = [r for r in ticks if _pid(r) == pid]
+    recorded_ok = sum(r.outcome == "ok" for r in victims)
+    assert recorded_ok <= ticks_run[pid] <= len(victims) <= recorded_ok + 1, (
+        ticks_run[pid], [r.outcome for r in victims])
     assert executions["slow-start"] == len(slows)
     starts = [r.period_start.timestamp() for r in ticks]
     assert len(starts) == len(set(starts))
