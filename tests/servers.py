@@ -92,6 +92,30 @@ def asgi_intake_server(env: dict[str, str], *, workers: int = 2
             _stop(process)
 
 
+@contextmanager
+def granian_rsgi_server(env: dict[str, str], *, workers: int = 2
+                        ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run the ledger's app behind granian's RSGI interface (bench/granian_rsgi.py, not
+    shipped) on a free loopback port, the head deadline LEDGER_BODY_READ_TIMEOUT_SECONDS."""
+    port = free_port()
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    head_ms = int(1000 * float(full_env.get("LEDGER_BODY_READ_TIMEOUT_SECONDS", "10")))
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe (gunicorn_server says why)
+        process = subprocess.Popen(
+            [str(BIN / "granian"), "--interface", "rsgi", "--factory", "--workers",
+             str(workers), "--http1-header-read-timeout", str(head_ms), "--no-ws",
+             "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port),
+             "bench.granian_rsgi:create"],
+            cwd=str(ROOT), env=full_env, stdout=subprocess.DEVNULL, stderr=log,
+            start_new_session=True)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_up(base_url, process)
+            yield base_url, process
+        finally:
+            _stop(process)
+
+
 def _stop(process: subprocess.Popen) -> None:
     """Stop a server we started: TERM, then KILL after a grace period."""
     if process.poll() is None:

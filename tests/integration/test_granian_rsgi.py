@@ -1,0 +1,168 @@
+"""The ledger's app behind granian's RSGI interface (bench/granian_rsgi.py, measured, not
+shipped), on both databases: the CONTRACT's answers as the shipped server gives them, slow
+heads and bodies ended while other senders are served, a declared or streamed body past
+the largest limit refused unread; and what it does not hold: a delivery waiting on the
+database holds its process."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sqlite3
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+from sqlalchemy import text, update
+from sqlalchemy.engine import make_url
+
+from bench import granian_rsgi
+from ledger.db.schema import receipts
+from ledger.domain import ReceiptState
+from tests.helpers import event_body, ledger_counts, make_sender, signed_headers, trickling
+from tests.integration.test_slow_headers import (
+    DEADLINE,
+    SLOW_HEADERS,
+    _answers_meanwhile,
+    _slow_clients,
+)
+from tests.servers import granian_rsgi_server, gunicorn_server
+
+WORKERS = 2
+
+
+def _env(test_env: dict[str, str]) -> dict[str, str]:
+    return {**test_env, "LEDGER_BODY_READ_TIMEOUT_SECONDS": str(DEADLINE),
+            "LEDGER_LOG_LEVEL": "WARNING"}
+
+
+def _post(base: str, sender: Any, event_id: str, body: bytes) -> requests.Response:
+    return requests.post(f"{base}/hooks/{sender.public_id}", data=body, timeout=30,
+                         headers=signed_headers(sender, body, event_id))
+
+
+def test_the_contracts_answers(app, test_env) -> None:  # type: ignore[no-untyped-def]
+    """202, a duplicate with its recorded outcome, 409, 413 by the integration's limit,
+    a chunked delivery, and the dashboard's pages behind the same server."""
+    sender = make_sender(app)
+    small = make_sender(app, name="small", max_body_bytes=200)
+    with granian_rsgi_server(_env(test_env), workers=WORKERS) as (base, _process):
+        first = event_body(sender, "evt_1")
+        accepted = _post(base, sender, "evt_1", first)
+        assert (accepted.status_code, accepted.json()) == (
+            202, {"status": "accepted", "event_id": "evt_1", "state": "pending"})
+        with app.extensions["ledger"].engine.begin() as conn:
+            conn.execute(update(receipts).where(receipts.c.event_id == "evt_1").values(
+                state=ReceiptState.COMPLETE.code, result_ref="ref-1"))
+        done = _post(base, sender, "evt_1", first)
+        assert (done.status_code, done.json()) == (
+            200, {"status": "duplicate", "event_id": "evt_1", "state": "complete",
+                  "result_ref": "ref-1"})
+        other = _post(base, sender, "evt_1", event_body(sender, "evt_1", data={"amount": 2}))
+        assert (other.status_code, other.json()) == (
+            409, {"status": "conflict", "event_id": "evt_1"})
+        refused = _post(base, small, "evt_2", event_body(small, "evt_2", data={"p": "x" * 500}))
+        assert (refused.status_code, refused.json()) == (413, {"error": "body_too_large"})
+        chunked_body = event_body(sender, "evt_3")
+        chunked = requests.post(f"{base}/hooks/{sender.public_id}", timeout=30,
+                                data=iter([chunked_body[:10], chunked_body[10:]]),
+                                headers=signed_headers(sender, chunked_body, "evt_3"))
+        assert chunked.status_code == 202, chunked.text
+        assert requests.get(f"{base}/healthz", timeout=30).status_code == 200
+        assert requests.get(f"{base}/login", timeout=30).status_code == 200
+    assert ledger_counts(app) == {"receipts": 2, "jobs": 2, "conflicts": 1}
+
+
+def test_slow_heads_and_bodies_end_while_others_are_served(app, test_env) -> None:  # type: ignore[no-untyped-def]
+    """test_slow_headers' slow sockets, against the adapter: none holds a process, and the
+    deadline ends each; a slow body is answered 408, a slow head closed (granian's own
+    head deadline closes without an answer, where the shipped server answers 408)."""
+    sender = make_sender(app)
+    path = f"/hooks/{sender.public_id}"
+    with granian_rsgi_server(_env(test_env), workers=WORKERS) as (base, _process):
+        clients = _slow_clients(base, path, signed_headers(sender, b"{}", "evt_slow"))
+        with trickling(clients, every=0.5):
+            _answers_meanwhile(base, sender, path)
+            for client in clients:
+                assert client.closed.wait(timeout=DEADLINE + 15)
+    heads, bodies = clients[:SLOW_HEADERS], clients[SLOW_HEADERS:]
+    assert all(c.reply == b"" for c in heads), sorted({c.reply[:30] for c in heads})
+    assert all(c.reply.startswith(b"HTTP/1.1 408") for c in bodies), \
+        sorted({c.reply[:30] for c in bodies})
+    assert ledger_counts(app)["receipts"] == 3
+
+
+def _exchange(base: str, head: bytes, then: bytes = b"") -> bytes:
+    parts = urlsplit(base)
+    with socket.create_connection((parts.hostname or "", parts.port or 80), timeout=10) as s:
+        s.sendall(head + then)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    return reply
+
+
+def test_a_body_past_the_largest_limit_is_refused_unread(app, test_env) -> None:  # type: ignore[no-untyped-def]
+    """Declared past MAX_BODY_BYTES: 413 and closed with the body unsent; streamed past
+    it: 413 once the count passes it. Nothing is written."""
+    sender = make_sender(app)
+    path = f"/hooks/{sender.public_id}"
+    with granian_rsgi_server(_env(test_env), workers=1) as (base, _process):
+        declared = _exchange(base, (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                                    f"{granian_rsgi.MAX_BODY_BYTES + 1}\r\n\r\n").encode())
+        assert declared.startswith(b"HTTP/1.1 413"), declared[:40]
+        assert b"body_too_large" in declared
+        chunk = b"x" * (1024 * 1024)
+        size = f"{len(chunk):x}\r\n".encode()
+        streamed = _exchange(
+            base, f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            .encode(), (size + chunk + b"\r\n") * 65)
+        assert streamed.startswith(b"HTTP/1.1 413"), streamed[:40]
+        assert requests.get(f"{base}/healthz", timeout=30).status_code == 200
+    assert ledger_counts(app)["receipts"] == 0
+
+
+@contextlib.contextmanager
+def _writes_held(app: Any, url: str) -> Iterator[None]:
+    """Hold the receipts' write lock: every claim waits on it until the block ends."""
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(make_url(url).database or "", isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+        return
+    with app.extensions["ledger"].engine.begin() as held:
+        held.execute(text("LOCK TABLE receipts IN ACCESS EXCLUSIVE MODE"))
+        yield
+
+
+@pytest.mark.parametrize("server", ["shipped", "rsgi"])
+def test_a_delivery_waiting_on_the_database_holds_an_rsgi_process(  # type: ignore[no-untyped-def]
+        app, test_env, server: str) -> None:
+    """One process each: while a delivery waits on a held lock, the shipped server's other
+    thread answers /healthz; the RSGI adapter's process answers nothing until it is done."""
+    sender = make_sender(app)
+    # The lock is held past PostgreSQL's default lock_timeout (2 s, then 503): wait it out.
+    env = {**_env(test_env), "LEDGER_WEB_THREADS": "2", "LEDGER_DB_LOCK_TIMEOUT_MS": "10000"}
+    serve = (granian_rsgi_server(env, workers=1) if server == "rsgi"
+             else gunicorn_server(env, workers=1))
+    with serve as (base, _process), ThreadPoolExecutor(max_workers=1) as pool:
+        assert _post(base, sender, "evt_warm", event_body(sender, "evt_warm")).status_code == 202
+        with _writes_held(app, test_env["DATABASE_URL"]):
+            held = pool.submit(_post, base, sender, "evt_held", event_body(sender, "evt_held"))
+            time.sleep(0.5)  # the held delivery has reached the app and waits on the lock
+            try:
+                healthz = requests.get(f"{base}/healthz", timeout=1.5).status_code
+            except requests.Timeout:
+                healthz = None
+            assert not held.done()
+        assert held.result(timeout=30).status_code == 202
+    assert healthz == (None if server == "rsgi" else 200)
+    assert ledger_counts(app)["receipts"] == 2
