@@ -5,20 +5,22 @@ threads' handoff are Rust (hyper on tokio), so it spends less of a web process's
 request than gunicorn; this measure tells how much of the intake targets that buys with
 the ledger's code unchanged, and whether granian keeps the intake's slow-sender bound.
 
-The load: the thin intake as written, the floor, and the ledger's `app:create_app()` under
-`granian --interface wsgi` in two shapes (the shipped processes and threads, and half the
-processes), each side in turn then in reverse, fresh events every run, the same wrk load
-as the intake measure. The ledger as shipped is not loaded beside them: with it, the five
-servers' connections would pass a default PostgreSQL's 100; `--only intake` measures it
-against the same baselines.
+The load: the thin intake as written, the floor, and the ledger's app under granian two
+ways, each with the shipped number of processes: `app:create_app()` on granian's WSGI
+interface (the shipped threads per process), and bench/granian_rsgi.py on its RSGI
+interface (each body read on the process's event loop within the deadline, then the app
+called on the loop, one request at a time). Each side runs in turn then in reverse, fresh
+events every run, the same wrk load as the intake measure. The ledger as shipped is not
+loaded beside them: with it, the five servers' connections would pass a default
+PostgreSQL's 100; `--only intake` measures it against the same baselines.
 
-The slow-body probe, on two small servers of one process and two threads each (granian's,
-and the ledger as shipped) with a body deadline of PROBE_DEADLINE_SECONDS: open
-SLOW_SOCKETS connections that send a delivery's head and one byte of its body, then one
-more byte every second; ask /healthz beside them; count the slow sockets answered or
-closed by the deadline plus PROBE_MARGIN_SECONDS. granian hands the request to a thread
-before its body has arrived, and a read of `wsgi.input` waits for the body with no
-deadline of its own.
+The slow-body probe, on three small servers of one process each (granian's WSGI interface
+and the ledger as shipped with two threads, and the RSGI adapter) with a body deadline of
+PROBE_DEADLINE_SECONDS: open SLOW_SOCKETS connections that send a delivery's head and one
+byte of its body, then one more byte every second; ask /healthz beside them; count the
+slow sockets answered or closed by the deadline plus PROBE_MARGIN_SECONDS. granian hands
+the request to a thread before its body has arrived, and a read of `wsgi.input` waits for
+the body with no deadline of its own; the RSGI adapter waits for bodies as coroutines.
 """
 
 from __future__ import annotations
@@ -108,17 +110,30 @@ def _trickle(slow: list[socket.socket], until: float) -> int:
     return ended
 
 
+def rsgi_server(env: dict[str, str], workers: int, *,
+                log: Path) -> AbstractContextManager[tuple[str, Popen[bytes]]]:
+    """Serve `bench.granian_rsgi:create` with granian's RSGI interface: `workers`
+    processes, each reading bodies on its event loop, a head deadline as granian_server's."""
+    port = benv.free_port()
+    head_ms = int(1000 * declared("LEDGER_BODY_READ_TIMEOUT_SECONDS").read(env))
+    return benv.serve([str(benv.BIN / "granian"), "--interface", "rsgi", "--factory",
+                       "--workers", str(workers), "--http1-header-read-timeout", str(head_ms),
+                       "--no-ws", "--log-level", "warning", "--host", "127.0.0.1",
+                       "--port", str(port), "bench.granian_rsgi:create"], env, cwd=benv.ROOT,
+                      log=log, port=port)
+
+
 def measure(e: benv.BenchEnv, seconds: float, rounds: int = 2) -> dict[str, Any]:
-    """granian serving the ledger (two shapes) vs the floor vs the thin intake as written,
-    on PostgreSQL, in one run; then the slow-body probe."""
+    """granian serving the ledger (its WSGI interface, and RSGI with bodies read on the
+    loop) vs the floor vs the thin intake as written, on PostgreSQL, in one run; then the
+    slow-body probe."""
     ours_url = e.migrated_pg("granian_granian")
     web = WebServerSettings.from_env({"DATABASE_URL": ours_url})
     shape = benv.ServerShape(workers=web.workers, threads=web.threads)
-    half = max(web.workers // 2, 1)
     path = f"/hooks/{ours_app(e, ours_url)}"
     ours_db = str(make_url(ours_url).database)
-    # The second shape gets a copy of the first one's ledger: the same integration.
-    urls = {"granian": ours_url, "half": e.pg_url("granian_half", template=ours_db)} | {
+    # The RSGI side gets a copy of the WSGI side's ledger: the same integration.
+    urls = {"granian": ours_url, "rsgi": e.pg_url("granian_rsgi", template=ours_db)} | {
         name: e.pg_url(f"granian_{name}") for name in ("thin", "floor")}
     for name in ("thin", "floor"):
         create_thin_pg(urls[name])
@@ -127,7 +142,7 @@ def measure(e: benv.BenchEnv, seconds: float, rounds: int = 2) -> dict[str, Any]
         servers = {
             "granian": granian_server(e.app_env(urls["granian"]), web.workers, web.threads,
                                       log=log),
-            "half": granian_server(e.app_env(urls["half"]), half, web.threads, log=log),
+            "rsgi": rsgi_server(e.app_env(urls["rsgi"]), web.workers, log=log),
             "floor": benv.gunicorn("bench.floor_intake:app", thin_env(urls["floor"]), shape,
                                    cwd=benv.ROOT, log=log),
             "thin": benv.thin_as_written(thin_env(urls["thin"]), web.workers, log=log)}
@@ -137,12 +152,12 @@ def measure(e: benv.BenchEnv, seconds: float, rounds: int = 2) -> dict[str, Any]
         runs = abba(e, sides, seconds, "granian", cycles=rounds)
         runs["granian"], sides["granian"] = runs.pop("ours"), sides.pop("ours")
     return sides_summary(runs, sides) | {
-        "probe": probe(e), "workers": web.workers, "half_workers": half,
-        "threads": web.threads, "rounds": rounds}
+        "probe": probe(e), "workers": web.workers, "threads": web.threads, "rounds": rounds}
 
 
 def probe(e: benv.BenchEnv) -> dict[str, Any]:
-    """Run the slow-body probe on granian and on the ledger as shipped (one process each)."""
+    """Run the slow-body probe on granian (WSGI, then RSGI) and on the ledger as shipped
+    (one process each)."""
     url = e.migrated_pg("granian_probe")
     path = f"/hooks/{ours_app(e, url)}"
     env = e.app_env(url) | {"LEDGER_BODY_READ_TIMEOUT_SECONDS": str(PROBE_DEADLINE_SECONDS),
@@ -151,6 +166,8 @@ def probe(e: benv.BenchEnv) -> dict[str, Any]:
     found = {}
     with granian_server(env, 1, PROBE_THREADS, log=log) as (base, _):
         found["granian"] = slow_body_probe(base, path)
+    with rsgi_server(env, 1, log=log) as (base, _):
+        found["rsgi"] = slow_body_probe(base, path)
     with benv.shipped(env, log=log) as (base, _):
         found["ours"] = slow_body_probe(base, path)
     return found

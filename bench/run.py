@@ -150,8 +150,9 @@ def async_figures(r: dict[str, Any]) -> list[Figure]:
 
 
 def granian_figures(r: dict[str, Any]) -> list[Figure]:
-    """The ledger's app under granian (two shapes) against the thin intake as written and
-    the floor, all in one run; then the slow-body probe against the ledger as shipped."""
+    """The ledger's app under granian (WSGI, and RSGI with bodies read on the loop) against
+    the thin intake as written and the floor, all in one run; then the slow-body probe of
+    each against the ledger as shipped."""
     thin, floor = r["thin"], r["floor"]
     n, threads = r["workers"], r["threads"]
     written = f"thin intake, gunicorn -w {n} (sync)"
@@ -163,8 +164,9 @@ def granian_figures(r: dict[str, Any]) -> list[Figure]:
         return ", ".join(f"{v:.0f}" for v in side[f"{key}_runs"])
 
     figures: list[Figure] = []
-    for name, workers in (("granian", n), ("half", r["half_workers"])):
-        g, label = r[name], f"granian {workers} x {threads}"
+    for name, label in (("granian", f"granian WSGI {n} x {threads}"),
+                        ("rsgi", f"granian RSGI {n} x 1, bodies on the loop")):
+        g = r[name]
         figures += [
             at_least(f"accepted/s, {label} vs thin as written", g["accepted_per_s"], "/s",
                      written, thin["accepted_per_s"], 1.3,
@@ -178,20 +180,23 @@ def granian_figures(r: dict[str, Any]) -> list[Figure]:
                     f"thin {web(thin):.2f} ms in the same run"),
         ]
     probe = r["probe"]
-    slow, ok = probe["granian"], probe["ours"]
+    ok = probe["ours"]
 
     def healthz(found: dict[str, Any]) -> str:
         seconds = found["healthz_seconds"]
         return (f"{seconds} s" if seconds is not None
                 else f"not within {found['healthz_wait_seconds']:.0f} s")
 
-    figures.append(at_least(
-        "slow bodies ended by the body deadline, granian vs shipped", slow["ended"],
-        "sockets", "shipped, same probe", ok["ended"], 1.0,
-        f"{slow['slow_sockets']} bodies sent a byte a second to 1 process x"
-        f" {granian_intake.PROBE_THREADS}"
-        f" threads, deadline {slow['deadline_seconds']} s (+{slow['margin_seconds']} s);"
-        f" /healthz beside them: granian {healthz(slow)}, shipped {healthz(ok)}"))
+    for name, label, shape in (
+            ("granian", "granian WSGI", f"{granian_intake.PROBE_THREADS} threads"),
+            ("rsgi", "granian RSGI", "its event loop")):
+        slow = probe[name]
+        figures.append(at_least(
+            f"slow bodies ended by the body deadline, {label} vs shipped", slow["ended"],
+            "sockets", "shipped, same probe", ok["ended"], 1.0,
+            f"{slow['slow_sockets']} bodies sent a byte a second to 1 process ({shape}),"
+            f" deadline {slow['deadline_seconds']} s (+{slow['margin_seconds']} s);"
+            f" /healthz beside them: {label} {healthz(slow)}, shipped {healthz(ok)}"))
     return figures
 
 
