@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,23 +47,21 @@ def wait_until_up(base_url: str, process: subprocess.Popen | None = None,
 
 
 @contextmanager
-def gunicorn_server(env: dict[str, str], *, workers: int = 4, extra_args: tuple[str, ...] = (),
-                    log_path: Path | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Run `gunicorn 'app:create_app()'` on a free loopback port; stop it afterwards.
+def _served(command: list[str], port: int, env: dict[str, str], *,
+            log_path: Path | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run a server `command` listening on `port`; yield its base URL once it answers
+    /healthz, and its process; stop it afterwards, however the block ends.
 
     Its stderr goes to `log_path` when given (a test reads it), else to a temporary file.
     """
-    port = free_port()
     full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     # A file, not a pipe: nobody reads a pipe while the server runs, and once its
     # buffer fills (many warning lines while a test stops the database) every
     # worker blocks writing its log and requests hang.
     with (open(log_path, "wb") if log_path else tempfile.TemporaryFile()) as log:
-        process = subprocess.Popen(
-            [str(BIN / "gunicorn"), "app:create_app()", "--bind", f"127.0.0.1:{port}",
-             "--workers", str(workers), "--log-level", "warning", *extra_args],
-            cwd=str(ROOT), env=full_env, stdout=subprocess.DEVNULL, stderr=log,
-            start_new_session=True)
+        process = subprocess.Popen(command, cwd=str(ROOT), env=full_env,
+                                   stdout=subprocess.DEVNULL, stderr=log,
+                                   start_new_session=True)
         base_url = f"http://127.0.0.1:{port}"
         try:
             wait_until_up(base_url, process)
@@ -72,48 +70,34 @@ def gunicorn_server(env: dict[str, str], *, workers: int = 4, extra_args: tuple[
             _stop(process)
 
 
-@contextmanager
+def gunicorn_server(env: dict[str, str], *, workers: int = 4, extra_args: tuple[str, ...] = (),
+                    log_path: Path | None = None
+                    ) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    """Run `gunicorn 'app:create_app()'` on a free loopback port; stop it afterwards."""
+    port = free_port()
+    return _served([str(BIN / "gunicorn"), "app:create_app()", "--bind", f"127.0.0.1:{port}",
+                    "--workers", str(workers), "--log-level", "warning", *extra_args],
+                   port, env, log_path=log_path)
+
+
 def asgi_intake_server(env: dict[str, str], *, workers: int = 2
-                       ) -> Iterator[tuple[str, subprocess.Popen]]:
+                       ) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
     """Run the experimental async intake (bench/asgi_intake.py) on a free loopback port."""
     port = free_port()
-    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-    with tempfile.TemporaryFile() as log:  # a file, not a pipe (gunicorn_server says why)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bench.asgi_intake", "--bind", f"127.0.0.1:{port}",
-             "--workers", str(workers)],
-            cwd=str(ROOT), env=full_env, stdout=subprocess.DEVNULL, stderr=log,
-            start_new_session=True)
-        base_url = f"http://127.0.0.1:{port}"
-        try:
-            wait_until_up(base_url, process)
-            yield base_url, process
-        finally:
-            _stop(process)
+    return _served([sys.executable, "-m", "bench.asgi_intake", "--bind", f"127.0.0.1:{port}",
+                    "--workers", str(workers)], port, env)
 
 
-@contextmanager
 def granian_rsgi_server(env: dict[str, str], *, workers: int = 2
-                        ) -> Iterator[tuple[str, subprocess.Popen]]:
+                        ) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
     """Run the ledger's app behind granian's RSGI interface (bench/granian_rsgi.py, not
     shipped) on a free loopback port, the head deadline LEDGER_BODY_READ_TIMEOUT_SECONDS."""
     port = free_port()
-    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-    head_ms = int(1000 * float(full_env.get("LEDGER_BODY_READ_TIMEOUT_SECONDS", "10")))
-    with tempfile.TemporaryFile() as log:  # a file, not a pipe (gunicorn_server says why)
-        process = subprocess.Popen(
-            [str(BIN / "granian"), "--interface", "rsgi", "--factory", "--workers",
-             str(workers), "--http1-header-read-timeout", str(head_ms), "--no-ws",
-             "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port),
-             "bench.granian_rsgi:create"],
-            cwd=str(ROOT), env=full_env, stdout=subprocess.DEVNULL, stderr=log,
-            start_new_session=True)
-        base_url = f"http://127.0.0.1:{port}"
-        try:
-            wait_until_up(base_url, process)
-            yield base_url, process
-        finally:
-            _stop(process)
+    seconds = {**os.environ, **env}.get("LEDGER_BODY_READ_TIMEOUT_SECONDS", "10")
+    return _served([str(BIN / "granian"), "--interface", "rsgi", "--factory", "--workers",
+                    str(workers), "--http1-header-read-timeout", str(int(1000 * float(seconds))),
+                    "--no-ws", "--log-level", "warning", "--host", "127.0.0.1",
+                    "--port", str(port), "bench.granian_rsgi:create"], port, env)
 
 
 def _stop(process: subprocess.Popen) -> None:

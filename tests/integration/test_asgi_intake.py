@@ -13,11 +13,9 @@ from typing import Any
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import update
 
-from ledger.db.schema import receipts
-from ledger.domain import ReceiptState
 from tests.helpers import event_body, ledger_counts, make_sender, signed_headers
+from tests.integration.intake_answers import check_claim_answers, post
 from tests.integration.test_http_parser import _exchange
 from tests.integration.test_slow_headers import DEADLINE, served_while_slow_clients_get_408
 from tests.servers import asgi_intake_server, gunicorn_server
@@ -55,44 +53,21 @@ def _server(kind: str, env: dict[str, str]) -> Iterator[tuple[str, Any]]:
             yield served
 
 
-def _post(base: str, sender: Any, event_id: str, body: bytes,
-          secret: str | None = None) -> requests.Response:
-    return requests.post(f"{base}/hooks/{sender.public_id}", data=body, timeout=30,
-                         headers=signed_headers(sender, body, event_id, secret=secret))
-
-
 @pytest.mark.parametrize("kind", ["shipped", "async"])
 def test_the_contracts_answers(pg_app, pg_env, kind: str) -> None:  # type: ignore[no-untyped-def]
     """202, duplicates with the recorded outcome, 409, 401, 404, 413: the same on both."""
     sender = make_sender(pg_app)
     small = make_sender(pg_app, name="small", max_body_bytes=200)
     with _server(kind, pg_env) as (base, _process):
-        first = event_body(sender, "evt_1")
-        accepted = _post(base, sender, "evt_1", first)
-        assert (accepted.status_code, accepted.json()) == (
-            202, {"status": "accepted", "event_id": "evt_1", "state": "pending"})
-        assert accepted.headers["Content-Type"] == "application/json"
-        again = _post(base, sender, "evt_1", first)
-        assert (again.status_code, again.json()) == (
-            202, {"status": "duplicate", "event_id": "evt_1", "state": "pending"})
-        with pg_app.extensions["ledger"].engine.begin() as conn:
-            conn.execute(update(receipts).where(receipts.c.event_id == "evt_1").values(
-                state=ReceiptState.COMPLETE.code, result_ref="ref-1"))
-        done = _post(base, sender, "evt_1", first)
-        assert (done.status_code, done.json()) == (
-            200, {"status": "duplicate", "event_id": "evt_1", "state": "complete",
-                  "result_ref": "ref-1"})
-        other = _post(base, sender, "evt_1", event_body(sender, "evt_1", data={"amount": 2}))
-        assert (other.status_code, other.json()) == (
-            409, {"status": "conflict", "event_id": "evt_1"})
-        forged = _post(base, sender, "evt_2", event_body(sender, "evt_2"), secret="whsec_no")
+        check_claim_answers(pg_app, base, sender)
+        forged = post(base, sender, "evt_2", event_body(sender, "evt_2"), secret="whsec_no")
         assert (forged.status_code, forged.json()) == (401, {"error": "unauthenticated"})
         unknown = requests.post(f"{base}/hooks/in_{'x' * 22}", data=b"{}", timeout=30)
         assert (unknown.status_code, unknown.json()) == (404, {"error": "unknown_integration"})
         large = event_body(small, "evt_3", data={"pad": "x" * 500})
-        refused = _post(base, small, "evt_3", large)
+        refused = post(base, small, "evt_3", large)
         assert (refused.status_code, refused.json()) == (413, {"error": "body_too_large"})
-        invalid = _post(base, sender, "evt 4", event_body(sender, "evt 4"))
+        invalid = post(base, sender, "evt 4", event_body(sender, "evt 4"))
         assert invalid.status_code == 400
         assert invalid.json()["error"] == "invalid_event"
     assert ledger_counts(pg_app) == {"receipts": 1, "jobs": 1, "conflicts": 1}

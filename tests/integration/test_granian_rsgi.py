@@ -17,13 +17,12 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
-from sqlalchemy import text, update
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from bench import granian_rsgi
-from ledger.db.schema import receipts
-from ledger.domain import ReceiptState
 from tests.helpers import event_body, ledger_counts, make_sender, signed_headers, trickling
+from tests.integration.intake_answers import check_claim_answers, post
 from tests.integration.test_slow_headers import (
     DEADLINE,
     SLOW_HEADERS,
@@ -40,32 +39,14 @@ def _env(test_env: dict[str, str]) -> dict[str, str]:
             "LEDGER_LOG_LEVEL": "WARNING"}
 
 
-def _post(base: str, sender: Any, event_id: str, body: bytes) -> requests.Response:
-    return requests.post(f"{base}/hooks/{sender.public_id}", data=body, timeout=30,
-                         headers=signed_headers(sender, body, event_id))
-
-
 def test_the_contracts_answers(app, test_env) -> None:  # type: ignore[no-untyped-def]
     """202, a duplicate with its recorded outcome, 409, 413 by the integration's limit,
     a chunked delivery, and the dashboard's pages behind the same server."""
     sender = make_sender(app)
     small = make_sender(app, name="small", max_body_bytes=200)
     with granian_rsgi_server(_env(test_env), workers=WORKERS) as (base, _process):
-        first = event_body(sender, "evt_1")
-        accepted = _post(base, sender, "evt_1", first)
-        assert (accepted.status_code, accepted.json()) == (
-            202, {"status": "accepted", "event_id": "evt_1", "state": "pending"})
-        with app.extensions["ledger"].engine.begin() as conn:
-            conn.execute(update(receipts).where(receipts.c.event_id == "evt_1").values(
-                state=ReceiptState.COMPLETE.code, result_ref="ref-1"))
-        done = _post(base, sender, "evt_1", first)
-        assert (done.status_code, done.json()) == (
-            200, {"status": "duplicate", "event_id": "evt_1", "state": "complete",
-                  "result_ref": "ref-1"})
-        other = _post(base, sender, "evt_1", event_body(sender, "evt_1", data={"amount": 2}))
-        assert (other.status_code, other.json()) == (
-            409, {"status": "conflict", "event_id": "evt_1"})
-        refused = _post(base, small, "evt_2", event_body(small, "evt_2", data={"p": "x" * 500}))
+        check_claim_answers(app, base, sender)
+        refused = post(base, small, "evt_2", event_body(small, "evt_2", data={"p": "x" * 500}))
         assert (refused.status_code, refused.json()) == (413, {"error": "body_too_large"})
         chunked_body = event_body(sender, "evt_3")
         chunked = requests.post(f"{base}/hooks/{sender.public_id}", timeout=30,
@@ -170,9 +151,9 @@ def test_a_delivery_waiting_on_the_database_holds_an_rsgi_process(  # type: igno
     serve = (granian_rsgi_server(env, workers=1) if server == "rsgi"
              else gunicorn_server(env, workers=1))
     with serve as (base, _process), ThreadPoolExecutor(max_workers=1) as pool:
-        assert _post(base, sender, "evt_warm", event_body(sender, "evt_warm")).status_code == 202
+        assert post(base, sender, "evt_warm", event_body(sender, "evt_warm")).status_code == 202
         with _writes_held(app, test_env["DATABASE_URL"]):
-            held = pool.submit(_post, base, sender, "evt_held", event_body(sender, "evt_held"))
+            held = pool.submit(post, base, sender, "evt_held", event_body(sender, "evt_held"))
             _until_waiting(app, test_env["DATABASE_URL"])
             try:
                 healthz = requests.get(f"{base}/healthz", timeout=1.5).status_code

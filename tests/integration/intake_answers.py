@@ -1,0 +1,42 @@
+"""The CONTRACT's claim answers, checked the same way against any server of the intake."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+from sqlalchemy import update
+
+from ledger.db.schema import receipts
+from ledger.domain import ReceiptState
+from tests.helpers import event_body, signed_headers
+
+
+def post(base: str, sender: Any, event_id: str, body: bytes,
+         secret: str | None = None) -> requests.Response:
+    """POST a delivery of `sender` signed with its secret (or `secret`)."""
+    return requests.post(f"{base}/hooks/{sender.public_id}", data=body, timeout=30,
+                         headers=signed_headers(sender, body, event_id, secret=secret))
+
+
+def check_claim_answers(app: Any, base: str, sender: Any) -> None:
+    """evt_1 accepted (202), a duplicate while pending (202), a duplicate once complete
+    (200 with its result_ref), the same id with another body (409)."""
+    first = event_body(sender, "evt_1")
+    accepted = post(base, sender, "evt_1", first)
+    assert (accepted.status_code, accepted.json()) == (
+        202, {"status": "accepted", "event_id": "evt_1", "state": "pending"})
+    assert accepted.headers["Content-Type"] == "application/json"
+    again = post(base, sender, "evt_1", first)
+    assert (again.status_code, again.json()) == (
+        202, {"status": "duplicate", "event_id": "evt_1", "state": "pending"})
+    with app.extensions["ledger"].engine.begin() as conn:
+        conn.execute(update(receipts).where(receipts.c.event_id == "evt_1").values(
+            state=ReceiptState.COMPLETE.code, result_ref="ref-1"))
+    done = post(base, sender, "evt_1", first)
+    assert (done.status_code, done.json()) == (
+        200, {"status": "duplicate", "event_id": "evt_1", "state": "complete",
+              "result_ref": "ref-1"})
+    other = post(base, sender, "evt_1", event_body(sender, "evt_1", data={"amount": 2}))
+    assert (other.status_code, other.json()) == (
+        409, {"status": "conflict", "event_id": "evt_1"})
