@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import select
 import socket
+import tempfile
 import time
 from contextlib import AbstractContextManager, ExitStack, suppress
 from pathlib import Path
@@ -49,11 +50,19 @@ SLOW_SOCKETS = 2 * PROBE_THREADS
 HEALTHZ_WAIT_SECONDS = 3.0
 
 
+def metrics_env(env: dict[str, str], log: Path) -> dict[str, str]:
+    """Return `env` with a fresh PROMETHEUS_MULTIPROC_DIR beside `log`: granian's processes
+    keep their metrics in shared files, as the shipped server's do."""
+    metrics = Path(tempfile.mkdtemp(prefix="granian-metrics-", dir=log.parent))
+    return {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
+
+
 def granian_server(env: dict[str, str], workers: int, threads: int, *,
                    log: Path) -> AbstractContextManager[tuple[str, Popen[bytes]]]:
     """Serve `app:create_app()` with granian's WSGI interface: `workers` processes of
     `threads` blocking threads, a head deadline of LEDGER_BODY_READ_TIMEOUT_SECONDS."""
     port = benv.free_port()
+    env = metrics_env(env, log)
     # The deadline the ledger reads from the same environment (its declared default if unset).
     head_ms = int(1000 * declared("LEDGER_BODY_READ_TIMEOUT_SECONDS").read(env))
     return benv.serve([str(benv.BIN / "granian"), "--interface", "wsgi", "--factory",
@@ -115,6 +124,7 @@ def rsgi_server(env: dict[str, str], workers: int, *,
     """Serve `bench.granian_rsgi:create` with granian's RSGI interface: `workers`
     processes, each reading bodies on its event loop, a head deadline as granian_server's."""
     port = benv.free_port()
+    env = metrics_env(env, log)
     head_ms = int(1000 * declared("LEDGER_BODY_READ_TIMEOUT_SECONDS").read(env))
     return benv.serve([str(benv.BIN / "granian"), "--interface", "rsgi", "--factory",
                        "--workers", str(workers), "--http1-header-read-timeout", str(head_ms),

@@ -13,7 +13,11 @@ holding the process. granian's own `--http1-header-read-timeout` bounds the head
 Its limits against the shipped server's: a body over the integration's own limit but under
 MAX_BODY_BYTES (the largest limit an integration may set) is read whole before the app
 answers 413; gunicorn.conf.py's head limits (request line, header count and size) are
-granian's own HTTP/1 buffer limit instead; a stopped worker's live gauges are not dropped.
+granian's own HTTP/1 buffer limit instead; an answer the app streams (an export) is
+gathered whole before it is sent. /metrics sums every process only when
+PROMETHEUS_MULTIPROC_DIR names a directory the processes share (granian has no hook to make
+one before its workers start, as gunicorn.conf.py does), and a stopped worker's live
+gauges are not dropped.
 
     granian --interface rsgi --factory --workers N bench.granian_rsgi:create
 """

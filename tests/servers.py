@@ -91,7 +91,8 @@ def asgi_intake_server(env: dict[str, str], *, workers: int = 2
 def granian_rsgi_server(env: dict[str, str], *, workers: int = 2
                         ) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
     """Run the ledger's app behind granian's RSGI interface (bench/granian_rsgi.py, not
-    shipped) on a free loopback port, the head deadline LEDGER_BODY_READ_TIMEOUT_SECONDS."""
+    shipped) on a free loopback port, the head deadline LEDGER_BODY_READ_TIMEOUT_SECONDS;
+    `env` names the metrics' shared directory (PROMETHEUS_MULTIPROC_DIR) if it wants one."""
     port = free_port()
     seconds = {**os.environ, **env}.get("LEDGER_BODY_READ_TIMEOUT_SECONDS", "10")
     return _served([str(BIN / "granian"), "--interface", "rsgi", "--factory", "--workers",

@@ -1,10 +1,12 @@
-"""The CONTRACT's claim answers, checked the same way against any server of the intake."""
+"""The CONTRACT's claim answers and the accepted count on /metrics, read the same way from any
+server of the intake."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from ledger.db.schema import receipts
@@ -40,3 +42,13 @@ def check_claim_answers(app: Any, base: str, sender: Any) -> None:
     other = post(base, sender, "evt_1", event_body(sender, "evt_1", data={"amount": 2}))
     assert (other.status_code, other.json()) == (
         409, {"status": "conflict", "event_id": "evt_1"})
+
+
+def accepted_count(base_url: str) -> float:
+    """Return the deliveries /metrics counts as accepted."""
+    page = requests.get(f"{base_url}/metrics", timeout=30).text
+    return sum(sample.value for family in text_string_to_metric_families(page)
+               if family.name == "ledger_deliveries"
+               for sample in family.samples
+               if sample.name == "ledger_deliveries_total"
+               and sample.labels.get("outcome") == "accepted")

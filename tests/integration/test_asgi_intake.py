@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import event_body, ledger_counts, make_sender, signed_headers
-from tests.integration.intake_answers import check_claim_answers, post
+from tests.integration.intake_answers import accepted_count, check_claim_answers, post
 from tests.integration.test_http_parser import _exchange
 from tests.integration.test_slow_headers import DEADLINE, served_while_slow_clients_get_408
 from tests.servers import asgi_intake_server, gunicorn_server
@@ -96,15 +95,6 @@ def test_a_head_over_the_limits_is_refused(pg_app, pg_env) -> None:  # type: ign
     assert ledger_counts(pg_app)["receipts"] == 0
 
 
-def _accepted_count(base_url: str) -> float:
-    page = requests.get(f"{base_url}/metrics", timeout=30).text
-    return sum(sample.value for family in text_string_to_metric_families(page)
-               if family.name == "ledger_deliveries"
-               for sample in family.samples
-               if sample.name == "ledger_deliveries_total"
-               and sample.labels.get("outcome") == "accepted")
-
-
 def test_metrics_sum_every_process_and_sigterm_stops_cleanly(  # type: ignore[no-untyped-def]
         pg_app, pg_env) -> None:
     """/metrics counts the deliveries of every worker; SIGTERM ends the server with 0."""
@@ -117,7 +107,7 @@ def test_metrics_sum_every_process_and_sigterm_stops_cleanly(  # type: ignore[no
                                       headers=signed_headers(sender, body, f"evt_m{n}"),
                                       timeout=30)
             assert answer.status_code == 202
-        assert _accepted_count(base_url) == 20
+        assert accepted_count(base_url) == 20
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
     assert ledger_counts(pg_app)["receipts"] == 20

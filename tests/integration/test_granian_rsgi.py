@@ -7,6 +7,7 @@ database holds its process."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import sqlite3
 import time
@@ -22,7 +23,7 @@ from sqlalchemy.engine import make_url
 
 from bench import granian_rsgi
 from tests.helpers import event_body, ledger_counts, make_sender, signed_headers, trickling
-from tests.integration.intake_answers import check_claim_answers, post
+from tests.integration.intake_answers import accepted_count, check_claim_answers, post
 from tests.integration.test_slow_headers import (
     DEADLINE,
     SLOW_HEADERS,
@@ -163,3 +164,26 @@ def test_a_delivery_waiting_on_the_database_holds_an_rsgi_process(  # type: igno
         assert held.result(timeout=30).status_code == 202
     assert healthz == (None if server == "rsgi" else 200)
     assert ledger_counts(app)["receipts"] == 2
+
+
+def test_metrics_sum_every_process_and_sigterm_stops_cleanly(  # type: ignore[no-untyped-def]
+        app, test_env, tmp_path) -> None:
+    """With a shared PROMETHEUS_MULTIPROC_DIR, /metrics counts the deliveries every worker
+    accepted; SIGTERM ends the server with 0."""
+    sender = make_sender(app)
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    env = {**_env(test_env), "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
+    with granian_rsgi_server(env, workers=WORKERS) as (base, process):
+        for n in range(20):  # new connections: the kernel spreads them over the workers
+            with requests.Session() as session:
+                body = event_body(sender, f"evt_m{n}")
+                answer = session.post(f"{base}/hooks/{sender.public_id}", data=body,
+                                      headers=signed_headers(sender, body, f"evt_m{n}"),
+                                      timeout=30)
+            assert answer.status_code == 202
+        assert accepted_count(base) == 20
+        assert len(list(metrics.glob("counter_*.db"))) == WORKERS  # both keep theirs there
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    assert ledger_counts(app)["receipts"] == 20
