@@ -57,19 +57,34 @@ def metrics_env(env: dict[str, str], log: Path) -> dict[str, str]:
     return {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
 
 
-def granian_server(env: dict[str, str], workers: int, threads: int, *,
-                   log: Path) -> AbstractContextManager[tuple[str, Popen[bytes]]]:
-    """Serve `app:create_app()` with granian's WSGI interface: `workers` processes of
-    `threads` blocking threads, a head deadline of LEDGER_BODY_READ_TIMEOUT_SECONDS."""
+def _granian(env: dict[str, str], log: Path, interface: str, target: str, workers: int,
+             *extra: str) -> AbstractContextManager[tuple[str, Popen[bytes]]]:
+    """Serve `target` with granian's `interface` in `workers` processes, on a free port, a
+    head deadline of LEDGER_BODY_READ_TIMEOUT_SECONDS, the metrics in shared files."""
     port = benv.free_port()
     env = metrics_env(env, log)
     # The deadline the ledger reads from the same environment (its declared default if unset).
     head_ms = int(1000 * declared("LEDGER_BODY_READ_TIMEOUT_SECONDS").read(env))
-    return benv.serve([str(benv.BIN / "granian"), "--interface", "wsgi", "--factory",
-                       "--workers", str(workers), "--blocking-threads", str(threads),
+    return benv.serve([str(benv.BIN / "granian"), "--interface", interface, "--factory",
+                       "--workers", str(workers), *extra,
                        "--http1-header-read-timeout", str(head_ms), "--no-ws",
                        "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port),
-                       "app:create_app"], env, cwd=benv.ROOT, log=log, port=port)
+                       target], env, cwd=benv.ROOT, log=log, port=port)
+
+
+def granian_server(env: dict[str, str], workers: int, threads: int, *,
+                   log: Path) -> AbstractContextManager[tuple[str, Popen[bytes]]]:
+    """Serve `app:create_app()` with granian's WSGI interface: `workers` processes of
+    `threads` blocking threads."""
+    return _granian(env, log, "wsgi", "app:create_app", workers,
+                    "--blocking-threads", str(threads))
+
+
+def rsgi_server(env: dict[str, str], workers: int, *,
+                log: Path) -> AbstractContextManager[tuple[str, Popen[bytes]]]:
+    """Serve bench/granian_rsgi.py with granian's RSGI interface: `workers` processes,
+    each reading bodies on its event loop."""
+    return _granian(env, log, "rsgi", "bench.granian_rsgi:create", workers)
 
 
 def slow_body_probe(base: str, path: str) -> dict[str, Any]:
@@ -117,20 +132,6 @@ def _trickle(slow: list[socket.socket], until: float) -> int:
                 open_.remove(connection)
                 ended += 1
     return ended
-
-
-def rsgi_server(env: dict[str, str], workers: int, *,
-                log: Path) -> AbstractContextManager[tuple[str, Popen[bytes]]]:
-    """Serve `bench.granian_rsgi:create` with granian's RSGI interface: `workers`
-    processes, each reading bodies on its event loop, a head deadline as granian_server's."""
-    port = benv.free_port()
-    env = metrics_env(env, log)
-    head_ms = int(1000 * declared("LEDGER_BODY_READ_TIMEOUT_SECONDS").read(env))
-    return benv.serve([str(benv.BIN / "granian"), "--interface", "rsgi", "--factory",
-                       "--workers", str(workers), "--http1-header-read-timeout", str(head_ms),
-                       "--no-ws", "--log-level", "warning", "--host", "127.0.0.1",
-                       "--port", str(port), "bench.granian_rsgi:create"], env, cwd=benv.ROOT,
-                      log=log, port=port)
 
 
 def measure(e: benv.BenchEnv, seconds: float, rounds: int = 2) -> dict[str, Any]:
