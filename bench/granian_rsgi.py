@@ -33,10 +33,12 @@ from typing import Any
 
 from flask import Flask
 
+from ledger.access.integrations import MAX_BODY_BYTES_LIMIT as MAX_BODY_BYTES
 from ledger.config import declared
+from ledger.web.buffering_worker import TIMEOUT_ANSWER
 
-MAX_BODY_BYTES = 64 * 1024 * 1024  # ledger.access.integrations' largest integration limit
-TIMEOUT_BODY = b'{"error": "request_timeout"}\n'
+# The shipped server's own 408 body; 413's is the intake's answer to a body too large.
+TIMEOUT_BODY = TIMEOUT_ANSWER.split(b"\r\n\r\n", 1)[1]
 TOO_LARGE_BODY = b'{"error": "body_too_large"}\n'
 _CLOSE = [("content-type", "application/json"), ("connection", "close")]
 

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 OPTION_CHECKS = {HMAC: check_options, TOKEN: check_token_options}
 TYPE_PATH = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}")
 URL = re.compile(r"https?://[!-~]{1,2040}")
+# The largest body limit an integration may set (`--max-body-bytes`).
+MAX_BODY_BYTES_LIMIT = 64 * 1024 * 1024
 
 
 def profile_settings(profile: str, *, type_path: str | None = None,
@@ -84,8 +86,8 @@ def create_integration(
     settings = settings if settings is not None else profile_settings(profile)
     if tolerance < 1 or tolerance > 86400:
         raise Refused("tolerance must be between 1 and 86400 seconds")
-    if max_body_bytes is not None and not 1 <= max_body_bytes <= 64 * 1024 * 1024:
-        raise Refused("max-body-bytes must be between 1 and 67108864")
+    if max_body_bytes is not None and not 1 <= max_body_bytes <= MAX_BODY_BYTES_LIMIT:
+        raise Refused(f"max-body-bytes must be between 1 and {MAX_BODY_BYTES_LIMIT}")
     try:
         with conn.begin_nested():
             new_id = conn.execute(
