@@ -48,9 +48,11 @@ def wait_until_up(base_url: str, process: subprocess.Popen | None = None,
 
 @contextmanager
 def _served(command: list[str], port: int, env: dict[str, str], *,
-            log_path: Path | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+            log_path: Path | None = None, grace: float = 10.0
+            ) -> Iterator[tuple[str, subprocess.Popen]]:
     """Run a server `command` listening on `port`; yield its base URL once it answers
-    /healthz, and its process; stop it afterwards, however the block ends.
+    /healthz, and its process; stop it afterwards, however the block ends (killed if it
+    has not exited `grace` seconds after SIGTERM).
 
     Its stderr goes to `log_path` when given (a test reads it), else to a temporary file.
     """
@@ -67,7 +69,7 @@ def _served(command: list[str], port: int, env: dict[str, str], *,
             wait_until_up(base_url, process)
             yield base_url, process
         finally:
-            _stop(process)
+            _stop(process, grace)
 
 
 def gunicorn_server(env: dict[str, str], *, workers: int = 4, extra_args: tuple[str, ...] = (),
@@ -98,15 +100,17 @@ def granian_rsgi_server(env: dict[str, str], *, workers: int = 2
     return _served([str(BIN / "granian"), "--interface", "rsgi", "--factory", "--workers",
                     str(workers), "--http1-header-read-timeout", str(int(1000 * float(seconds))),
                     "--no-ws", "--log-level", "warning", "--host", "127.0.0.1",
-                    "--port", str(port), "bench.granian_rsgi:create"], port, env)
+                    "--port", str(port), "bench.granian_rsgi:create"], port, env,
+                   # granian sometimes leaves a worker running after SIGTERM: kill it sooner.
+                   grace=3.0)
 
 
-def _stop(process: subprocess.Popen) -> None:
-    """Stop a server we started: TERM, then KILL after a grace period."""
+def _stop(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop a server we started: TERM, then KILL after `grace` seconds."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
