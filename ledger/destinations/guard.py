@@ -32,7 +32,7 @@ def system_resolver(host: str, port: int) -> list[str]:
 
 
 # The deadline of the forward in progress (time.monotonic), read by the guarded streams:
-# httpx's timeouts bound each read or write, this bounds the request as a whole.
+# httpcore's timeouts bound each read or write, this bounds the request as a whole.
 DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "ledger_destination_deadline", default=None)
 

@@ -7,8 +7,11 @@ platform team's service in any language would with its own.
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 import standardwebhooks
@@ -232,3 +235,44 @@ def test_attempts_and_backoff_are_kept_on_the_ledger(app, forwarder):
 def test_a_url_no_retry_can_fix_fails_at_once(forwarder, url):
     result = forwarder.forward(_target(url), EVENT, BODY, "application/json")
     assert (result.outcome, result.http_status) == (Outcome.FAILED, None)
+
+
+class _KeepAlive(BaseHTTPRequestHandler):
+    """An HTTP/1.1 service that keeps connections open and notes each request's client port."""
+
+    protocol_version = "HTTP/1.1"
+    seen: ClassVar[list[tuple[int, str]]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append((self.client_address[1], self.path))
+        self.send_response(200)
+        self.send_header("X-Result-Ref", "first")
+        self.send_header("X-Result-Ref", "second")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Log nothing."""
+
+
+def test_a_kept_alive_connection_carries_the_next_forwards(forwarder):
+    """Forwards to one destination reuse its pooled connection, the URL's path and query
+    travel as written, and a header answered twice is read as both values."""
+    _KeepAlive.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAlive)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/in/a%20b?tenant=acme&x=1"
+        results = [forwarder.forward(_target(url), EVENT, BODY, "application/json")
+                   for _ in range(3)]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    assert [r.outcome for r in results] == [Outcome.COMPLETE] * 3
+    assert {r.result_ref for r in results} == {"first, second"}
+    ports = {port for port, _ in _KeepAlive.seen}
+    assert len(_KeepAlive.seen) == 3 and len(ports) == 1  # one connection for all three
+    assert {path for _, path in _KeepAlive.seen} == {"/in/a%20b?tenant=acme&x=1"}
