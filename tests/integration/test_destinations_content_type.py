@@ -136,6 +136,26 @@ def test_a_twilio_form_goes_out_byte_for_byte_and_its_handler_reads_fields(fixed
     assert _forwarded(found, secret) == (body, content_type)
 
 
+def test_one_round_sends_each_event_its_own_body_and_type(fixed_app, receiver):
+    """A JSON event and a form event claimed in one round: each goes out as it came in."""
+    url, found = receiver
+    fields = {"MessageSid": "SM2", "Body": "round", "From": "+15005550006"}
+    _sender, form_secret, form = _twilio_form_to(fixed_app, url, fields, "idem-2", FORM)
+    sender = make_sender(fixed_app, name="shop")
+    json_secret = _destination(fixed_app, sender, url, "order.paid")
+    body = event_body(sender, "evt_r", "order.paid", {"amount": 7})
+    _post(fixed_app, sender, body, signed_headers(
+        sender, body, "evt_r", "order.paid",
+        timestamp=unix(fixed_app.extensions["ledger"].clock.now())))
+    assert _run(fixed_app) == 2
+    sent = {r.headers["content-type"]: r for r in found.requests}
+    assert (sent[FORM].body, sent["application/json"].body) == (form, body)
+    standardwebhooks.Webhook(form_secret).verify(form, dict(sent[FORM].headers),
+                                                 json_parse=False)
+    standardwebhooks.Webhook(json_secret).verify(body, dict(sent["application/json"].headers),
+                                                 json_parse=False)
+
+
 def test_a_python_handler_of_a_form_sender_still_reads_the_decoded_fields(fixed_app):
     sender = _twilio(fixed_app)
     fields = {"MessageSid": "SM2", "Body": "a=b&c"}
