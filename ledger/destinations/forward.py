@@ -8,7 +8,8 @@ handler's answer: a `result_ref`, `RetryAfter`, `PermanentFailure`, or a plain e
 that the worker retries with its own backoff.
 
 The call runs outside any database transaction (STYLE rule 7). One Forwarder per
-process: its connection pool keeps connections per destination host.
+process; each thread that sends through it has a connection pool of its own, which keeps
+that thread's connections per destination host (see `Forwarder`).
 
 The request is made with httpcore, the connection layer httpx is built on, and not with an
 httpx client: the client's request and response models, header merging and cookie jar cost
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import math
 import ssl
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,8 +52,10 @@ RETRYABLE_STATUSES = frozenset({408, 425, 429})
 # What an httpx client added to each request besides the forwarder's own headers.
 DEFAULT_HEADERS = (("Accept", "*/*"), ("Connection", "keep-alive"))
 USER_AGENT = "replay-ledger-destination/1"
-MAX_CONNECTIONS = 100  # per process, every destination host together
-MAX_KEEPALIVE_CONNECTIONS = 20
+# Per sending thread, every destination host together. A thread sends one request at a
+# time, so it uses one connection at once; the others are kept for the next hosts it sends to.
+MAX_CONNECTIONS = 4
+MAX_KEEPALIVE_CONNECTIONS = 4
 KEEPALIVE_SECONDS = 5.0  # an idle pooled connection is closed after this long
 
 
@@ -167,11 +171,16 @@ def excerpt_of(head: bytes) -> str:
     return head[:EXCERPT_BYTES].decode("utf-8", errors="replace")
 
 
+def verified_tls() -> ssl.SSLContext:
+    """Return the TLS context of destinations: the system's trusted certificates, verified."""
+    return httpx.create_ssl_context(verify=True, trust_env=False)
+
+
 def guarded_pool(policy: AddressPolicy, *, resolver: Resolver = system_resolver,
                  ssl_context: ssl.SSLContext | None = None) -> httpcore.ConnectionPool:
     """Return a connection pool whose connections go through GuardedBackend (verified TLS)."""
     return httpcore.ConnectionPool(
-        ssl_context=ssl_context or httpx.create_ssl_context(verify=True, trust_env=False),
+        ssl_context=ssl_context or verified_tls(),
         max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS,
         keepalive_expiry=KEEPALIVE_SECONDS, retries=0,
         network_backend=GuardedBackend(policy, resolver=resolver))
@@ -194,14 +203,25 @@ def header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str | None:
 
 
 class Forwarder:
-    """Sends events to destinations over one pooled, guarded HTTP client."""
+    """Sends events to destinations over pooled, guarded connections: a pool per thread.
+
+    A worker sends a round's requests on several threads at once. One pool shared by them
+    checked every idle connection of every thread (a readiness poll each) whenever a
+    request took a connection or gave one back; a pool of the thread's own checks only the
+    few that thread keeps. A pool whose thread has ended is closed when the next thread
+    makes one, and `close` closes them all.
+    """
 
     def __init__(self, *, policy: AddressPolicy, retry_cap_seconds: float,
                  resolver: Resolver = system_resolver,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         """`ssl_context` replaces the system's trusted certificates (a private CA)."""
         self._cap = retry_cap_seconds
-        self._pool = guarded_pool(policy, resolver=resolver, ssl_context=ssl_context)
+        self._policy, self._resolver = policy, resolver
+        self._tls = ssl_context or verified_tls()  # loaded once, shared by every pool
+        self._local = threading.local()
+        self._pools: list[tuple[threading.Thread, httpcore.ConnectionPool]] = []
+        self._lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Forwarder:
@@ -210,8 +230,26 @@ class Forwarder:
                    retry_cap_seconds=settings.retry_cap_seconds)
 
     def close(self) -> None:
-        """Close every pooled connection."""
-        self._pool.close()
+        """Close every pooled connection, of every thread."""
+        with self._lock:
+            pools = [pool for _thread, pool in self._pools]
+        for pool in pools:
+            pool.close()
+
+    def _pool(self) -> httpcore.ConnectionPool:
+        """Return this thread's pool, made on its first forward."""
+        pool: httpcore.ConnectionPool | None = getattr(self._local, "pool", None)
+        if pool is None:
+            pool = self._local.pool = guarded_pool(self._policy, resolver=self._resolver,
+                                                   ssl_context=self._tls)
+            with self._lock:
+                ended = [kept for thread, kept in self._pools if not thread.is_alive()]
+                self._pools = [(thread, kept) for thread, kept in self._pools
+                               if thread.is_alive()]
+                self._pools.append((threading.current_thread(), pool))
+            for idle in ended:  # nobody sends on them any more
+                idle.close()
+        return pool
 
     def forward(self, target: ForwardTarget, event: ForwardEvent, body: bytes,
                 content_type: str, *, now: datetime | None = None) -> ForwardResult:
@@ -233,7 +271,7 @@ class Forwarder:
         """Make the request; map every way it can end to a ForwardResult."""
         try:
             target = request_url(url)
-            with self._pool.stream("POST", target, content=body,
+            with self._pool().stream("POST", target, content=body,
                                    headers=[*DEFAULT_HEADERS, *headers.items()],
                                    extensions={"timeout": timeout}) as response:
                 head = _read_head(response)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -276,3 +277,69 @@ def test_a_kept_alive_connection_carries_the_next_forwards(forwarder):
     ports = {port for port, _ in _KeepAlive.seen}
     assert len(_KeepAlive.seen) == 3 and len(ports) == 1  # one connection for all three
     assert {path for _, path in _KeepAlive.seen} == {"/in/a%20b?tenant=acme&x=1"}
+
+
+class _Connections(_KeepAlive):
+    """_KeepAlive that also notes each connection's end (the client closed it)."""
+
+    closed: ClassVar[list[int]] = []
+
+    def finish(self) -> None:
+        super().finish()
+        self.closed.append(self.client_address[1])
+
+
+def _forward_on_threads(forwarder: Forwarder, url: str, threads: int, times: int) -> None:
+    """Forward `times` events on each of `threads` threads, all alive until all are done."""
+    together = threading.Barrier(threads)
+    results: list[Outcome] = []
+
+    def send() -> None:
+        together.wait(timeout=10)
+        results.extend(forwarder.forward(_target(url), EVENT, BODY, "application/json").outcome
+                       for _ in range(times))
+        together.wait(timeout=10)
+
+    running = [threading.Thread(target=send) for _ in range(threads)]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join(timeout=30)
+    assert results == [Outcome.COMPLETE] * threads * times
+
+
+def _closed_within(ports: set[int], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ports <= set(_Connections.closed):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_each_sending_thread_keeps_its_own_connection_and_none_outlives_its_use(forwarder):
+    """A worker's send threads each reuse a connection of their own; the connections of a
+    thread that ended are closed once another thread sends, and `close` closes the rest."""
+    _Connections.seen, _Connections.closed = [], []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Connections)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/in"
+        _forward_on_threads(forwarder, url, 2, 3)
+        first = [port for port, _ in _Connections.seen]
+        assert len(first) == 6 and len(set(first)) == 2  # one connection per thread, reused
+        assert all(first.count(port) == 3 for port in set(first))
+        assert not set(first) & set(_Connections.closed)  # kept alive while nobody else sends
+
+        _forward_on_threads(forwarder, url, 1, 1)  # a new thread: the ended ones' pools close
+        assert _closed_within(set(first))
+        last = _Connections.seen[-1][0]
+        assert last not in first and last not in _Connections.closed
+
+        forwarder.close()
+        assert _closed_within({last})
+    finally:
+        server.shutdown()
+        server.server_close()
+        serving.join(timeout=10)
