@@ -281,6 +281,17 @@ class PreparedStatement:
             return values
         return self._convert_row(values)
 
+    def execute(self, driver_connection: Any, params: dict[str, Any]) -> int:
+        """Execute a statement that returns no rows (`params` may change); return its row count."""
+        for name in self._times:
+            params[name] = self._to_driver(params[name])
+        cursor = driver_connection.cursor()
+        try:
+            cursor.execute(self.sql, params)
+            return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
     def fetch_all(self, driver_connection: Any, params: dict[str, Any]) -> list[Any]:
         """Execute on the driver connection (`params` may change); return every row."""
         for name in self._times:
@@ -344,3 +355,8 @@ class DriverStatement:
     def rows(self, conn: Connection, params: dict[str, Any]) -> list[Any]:
         """Run in `conn`'s transaction with `params` (a dict it may change); return all rows."""
         return run_in(conn, self.prepared(conn.dialect).fetch_all, params, what=self.what)
+
+    def execute(self, conn: Connection, params: dict[str, Any]) -> int:
+        """Run in `conn`'s transaction with `params` (a dict it may change); return the count
+        of rows it changed."""
+        return run_in(conn, self.prepared(conn.dialect).execute, params, what=self.what)

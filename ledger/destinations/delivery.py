@@ -38,7 +38,9 @@ from ledger.destinations.secrets import live_secrets
 from ledger.destinations.store import (
     Destination,
     answer_attempt,
+    answer_success,
     destination_for,
+    on_driver,
     stored_request,
 )
 from ledger.worker.retry import RetryPolicy
@@ -235,6 +237,12 @@ class DestinationDelivery:
         ok = result.outcome is Outcome.COMPLETE
         assert admission.attempt_id is not None
         with self._engine.begin() as conn:
+            if ok and on_driver(conn):
+                answer_success(conn, admission.attempt_id, destination.id,
+                               latency_ms=result.latency_ms, http_status=result.http_status,
+                               outcome=result.outcome.value,
+                               response_excerpt=result.response_excerpt)
+                return
             answer_attempt(conn, admission.attempt_id, latency_ms=result.latency_ms,
                            http_status=result.http_status, outcome=result.outcome.value,
                            error=result.error, response_excerpt=result.response_excerpt)

@@ -21,10 +21,12 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, Text, bindparam, column, delete, insert, select, text, update
 
 from ledger.access import audit
 from ledger.access.secrets_box import SecretBox
+from ledger.db import citus
+from ledger.db.driver import DriverStatement
 from ledger.db.schema import destination_attempts, destinations, integrations, jobs
 from ledger.destinations.addresses import AddressPolicy, check_url
 from ledger.destinations.secrets import add_secret
@@ -235,6 +237,22 @@ FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 _STORED_REQUEST = select(jobs.c.content_type, jobs.c.raw_body).where(
     jobs.c.scope_id == bindparam("scope"), jobs.c.event_id == bindparam("event"))
+# The same, on the driver connection (see on_driver).
+_DRIVER_STORED_REQUEST = DriverStatement(text(
+    "SELECT content_type, raw_body FROM jobs WHERE scope_id = :scope AND event_id = :event"
+).columns(column("content_type", Text), column("raw_body", Text)), what="a stored request")
+
+
+def on_driver(conn: Connection) -> bool:
+    """Tell whether a forwarded event's own statements run on the driver connection.
+
+    Each forwarded event reads its stored request and records its answer: on PostgreSQL
+    without Citus they skip SQLAlchemy's execution setup (ledger.db.driver), which cost
+    about as much client CPU as the driver call, and a success is recorded in one
+    statement instead of two. SQLite (no data-modifying WITH) and Citus run them as
+    SQLAlchemy statements.
+    """
+    return conn.dialect.name == "postgresql" and not citus.distributed(conn.engine)
 
 
 def stored_request(conn: Connection, scope_id: int, event_id: str,
@@ -244,7 +262,9 @@ def stored_request(conn: Connection, scope_id: int, event_id: str,
     A JSON sender's `payload` is its body as received; a form sender's is the decoded
     fields its handlers read, and the form as received is kept in `raw_body`.
     """
-    row = conn.execute(_STORED_REQUEST, {"scope": scope_id, "event": event_id}).first()
+    params = {"scope": scope_id, "event": event_id}
+    row = (_DRIVER_STORED_REQUEST.row(conn, params) if on_driver(conn)
+           else conn.execute(_STORED_REQUEST, params).first())
     content_type, raw_body = (row.content_type, row.raw_body) if row is not None else (None, None)
     if raw_body is not None:
         return raw_body.encode(), content_type or FORM_CONTENT_TYPE
@@ -320,6 +340,33 @@ def answer_attempt(conn: Connection, attempt_id: int, *, latency_ms: float,
     conn.execute(_ANSWER_ATTEMPT, {
         "attempt": attempt_id, "latency_ms": latency_ms, "http_status": http_status,
         "outcome": outcome, "error": error, "response_excerpt": response_excerpt})
+
+
+# A success's answer and the clearing of its destination's backoff (as admission's
+# note_outcome clears it: only when there is one), in one statement (on_driver).
+_DRIVER_ANSWERED_AND_CLEARED = DriverStatement(text("""
+WITH answered AS (
+    UPDATE destination_attempts
+    SET latency_ms = :latency_ms, http_status = :http_status, outcome = :outcome,
+        error = :error, response_excerpt = :response_excerpt
+    WHERE id = :attempt
+)
+UPDATE destinations SET consecutive_failures = 0, blocked_until = NULL
+WHERE id = :destination AND (consecutive_failures != 0 OR blocked_until IS NOT NULL)
+"""), what="a destination's answer")
+
+
+def answer_success(conn: Connection, attempt_id: int, destination_id: int, *,
+                   latency_ms: float, http_status: int | None, outcome: str,
+                   response_excerpt: str | None) -> None:
+    """Record a successful answer and clear its destination's backoff, in one statement.
+
+    Only where on_driver(conn) holds; elsewhere answer_attempt and admission's note_outcome.
+    """
+    _DRIVER_ANSWERED_AND_CLEARED.execute(conn, {
+        "attempt": attempt_id, "destination": destination_id, "latency_ms": latency_ms,
+        "http_status": http_status, "outcome": outcome, "error": None,
+        "response_excerpt": response_excerpt})
 
 
 def release_held_jobs(conn: Connection, destination: Destination, *, now: datetime) -> int:
