@@ -69,6 +69,12 @@ def run_pooled(engine: Engine, work: DriverWork[T], *args: Any, what: str) -> T:
         fairy.close()
 
 
+def run_autocommit(engine: Engine, work: DriverWork[T], *args: Any, what: str) -> T:
+    """Return `work(a cursor, *args)` on a pooled connection in autocommit: one statement is
+    its own transaction, with no BEGIN and COMMIT round trips around it."""
+    return cast(T, run_pooled(engine, _autocommitted, work, *args, what=what))
+
+
 class ThreadConnections:
     """Autocommit driver connections of the threads' own, for one hot statement (on a cursor).
 
@@ -104,7 +110,7 @@ class ThreadConnections:
         dialect = self._engine.dialect
         held = self._held(what)
         if held is None:  # as many threads as the limit keep one: the pool's way
-            return cast(T, run_pooled(self._engine, _autocommitted, work, *args, what=what))
+            return run_autocommit(self._engine, work, *args, what=what)
         try:
             return work(held.cursor(), *args)
         except dialect.loaded_dbapi.Error as error:
@@ -281,16 +287,12 @@ class PreparedStatement:
             return values
         return self._convert_row(values)
 
-    def execute(self, driver_connection: Any, params: dict[str, Any]) -> int:
-        """Execute a statement that returns no rows (`params` may change); return its row count."""
+    def execute_on(self, cursor: Any, params: dict[str, Any]) -> int:
+        """Execute on a driver cursor a statement that returns no rows; return its row count."""
         for name in self._times:
             params[name] = self._to_driver(params[name])
-        cursor = driver_connection.cursor()
-        try:
-            cursor.execute(self.sql, params)
-            return int(cursor.rowcount)
-        finally:
-            cursor.close()
+        cursor.execute(self.sql, params)
+        return int(cursor.rowcount)
 
     def fetch_all(self, driver_connection: Any, params: dict[str, Any]) -> list[Any]:
         """Execute on the driver connection (`params` may change); return every row."""
@@ -356,7 +358,8 @@ class DriverStatement:
         """Run in `conn`'s transaction with `params` (a dict it may change); return all rows."""
         return run_in(conn, self.prepared(conn.dialect).fetch_all, params, what=self.what)
 
-    def execute(self, conn: Connection, params: dict[str, Any]) -> int:
-        """Run in `conn`'s transaction with `params` (a dict it may change); return the count
-        of rows it changed."""
-        return run_in(conn, self.prepared(conn.dialect).execute, params, what=self.what)
+    def execute_alone(self, engine: Engine, params: dict[str, Any]) -> int:
+        """Run as a transaction of its own (autocommit, on a pooled connection) with `params`
+        (a dict it may change); return the count of rows it changed."""
+        return run_autocommit(engine, self.prepared(engine.dialect).execute_on, params,
+                              what=self.what)

@@ -236,13 +236,12 @@ class DestinationDelivery:
         """
         ok = result.outcome is Outcome.COMPLETE
         assert admission.attempt_id is not None
+        if ok and on_driver(self._engine):
+            answer_success(self._engine, admission.attempt_id, destination.id,
+                           latency_ms=result.latency_ms, http_status=result.http_status,
+                           outcome=result.outcome.value, response_excerpt=result.response_excerpt)
+            return
         with self._engine.begin() as conn:
-            if ok and on_driver(conn):
-                answer_success(conn, admission.attempt_id, destination.id,
-                               latency_ms=result.latency_ms, http_status=result.http_status,
-                               outcome=result.outcome.value,
-                               response_excerpt=result.response_excerpt)
-                return
             answer_attempt(conn, admission.attempt_id, latency_ms=result.latency_ms,
                            http_status=result.http_status, outcome=result.outcome.value,
                            error=result.error, response_excerpt=result.response_excerpt)

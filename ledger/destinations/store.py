@@ -21,7 +21,18 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, Text, bindparam, column, delete, insert, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Text,
+    bindparam,
+    column,
+    delete,
+    insert,
+    select,
+    text,
+    update,
+)
 
 from ledger.access import audit
 from ledger.access.secrets_box import SecretBox
@@ -243,16 +254,16 @@ _DRIVER_STORED_REQUEST = DriverStatement(text(
 ).columns(column("content_type", Text), column("raw_body", Text)), what="a stored request")
 
 
-def on_driver(conn: Connection) -> bool:
+def on_driver(bind: Connection | Engine) -> bool:
     """Tell whether a forwarded event's own statements run on the driver connection.
 
     Each forwarded event reads its stored request and records its answer: on PostgreSQL
     without Citus they skip SQLAlchemy's execution setup (ledger.db.driver), which cost
     about as much client CPU as the driver call, and a success is recorded in one
-    statement instead of two. SQLite (no data-modifying WITH) and Citus run them as
-    SQLAlchemy statements.
+    statement, its own transaction, instead of a transaction of two. SQLite (no
+    data-modifying WITH) and Citus run them as SQLAlchemy statements.
     """
-    return conn.dialect.name == "postgresql" and not citus.distributed(conn.engine)
+    return bind.dialect.name == "postgresql" and not citus.distributed(bind.engine)
 
 
 def stored_request(conn: Connection, scope_id: int, event_id: str,
@@ -356,14 +367,15 @@ WHERE id = :destination AND (consecutive_failures != 0 OR blocked_until IS NOT N
 """), what="a destination's answer")
 
 
-def answer_success(conn: Connection, attempt_id: int, destination_id: int, *,
+def answer_success(engine: Engine, attempt_id: int, destination_id: int, *,
                    latency_ms: float, http_status: int | None, outcome: str,
                    response_excerpt: str | None) -> None:
-    """Record a successful answer and clear its destination's backoff, in one statement.
+    """Record a successful answer and clear its destination's backoff: one statement, a
+    transaction of its own.
 
-    Only where on_driver(conn) holds; elsewhere answer_attempt and admission's note_outcome.
+    Only where on_driver holds; elsewhere answer_attempt and admission's note_outcome.
     """
-    _DRIVER_ANSWERED_AND_CLEARED.execute(conn, {
+    _DRIVER_ANSWERED_AND_CLEARED.execute_alone(engine, {
         "attempt": attempt_id, "destination": destination_id, "latency_ms": latency_ms,
         "http_status": http_status, "outcome": outcome, "error": None,
         "response_excerpt": response_excerpt})
