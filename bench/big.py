@@ -67,7 +67,7 @@ def load(e: benv.BenchEnv, receipts: int, scopes: int) -> tuple[str, Any]:
 
 
 def bytes_and_raw_purge(e: benv.BenchEnv, url: str) -> dict[str, Any]:
-    """Measure bytes per receipt (as loaded and after REINDEX), then the raw purge."""
+    """Measure bytes per receipt as loaded (after VACUUM ANALYZE), then the raw purge."""
     engine = ledger_engine(e.settings(url).with_(statement_timeout_ms=600_000))
     try:
         sizes = storage.measure_bytes(engine)
