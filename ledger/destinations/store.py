@@ -222,6 +222,21 @@ def list_destinations(conn: Connection, *, integration_id: int | None = None
     return [Destination.from_row(r) for r in rows]
 
 
+_OF_INTEGRATIONS = (_select()
+                    .where(destinations.c.integration_id.in_(bindparam("ids", expanding=True)))
+                    .order_by(destinations.c.id))
+
+
+def destinations_of(conn: Connection, integration_ids: Collection[int]
+                    ) -> dict[int, list[Destination]]:
+    """Return the destinations of these integrations, each one's oldest first (one read)."""
+    found: dict[int, list[Destination]] = {i: [] for i in integration_ids}
+    if found:
+        for row in conn.execute(_OF_INTEGRATIONS, {"ids": sorted(found)}).all():
+            found[row.integration_id].append(Destination.from_row(row))
+    return found
+
+
 def get_destination(conn: Connection, public_id: str) -> Destination:
     """Return the destination with this public id, or raise NotFound."""
     if not isinstance(public_id, str) or not DESTINATION_ID.fullmatch(public_id):

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine
 
 from ledger.destinations.delivery import DeliveryJob, DestinationDelivery, Prepared
 from ledger.destinations.forward import Forwarder
-from ledger.destinations.store import Destination, list_destinations
+from ledger.destinations.store import destinations_of, list_destinations
 from ledger.handlers import Event
 from ledger.services import Services
 from ledger.worker.handlers import HandlerSpec, Registry
@@ -61,15 +61,14 @@ def delivery_spec(delivery: DestinationDelivery, job: WorkItem) -> HandlerSpec:
 
 
 def routed(conn: Connection, jobs: Iterable[WorkItem]) -> set[Key]:
-    """Return the keys of the jobs a destination takes (one read of the destinations)."""
+    """Return the keys of the jobs a destination takes (one read of their scopes'
+    destinations: a round costs the same whatever the number of destinations elsewhere)."""
     pending = list(jobs)
     if not pending:
         return set()
-    by_scope: dict[int, list[Destination]] = {}
-    for destination in list_destinations(conn):
-        by_scope.setdefault(destination.integration_id, []).append(destination)
+    by_scope = destinations_of(conn, {job.scope_id for job in pending})
     return {(job.scope_id, job.event_id) for job in pending
-            if any(d.covers(job.event_type) for d in by_scope.get(job.scope_id, ()))}
+            if any(d.covers(job.event_type) for d in by_scope[job.scope_id])}
 
 
 def handler_conflicts(conn: Connection, registry: Registry) -> list[str]:

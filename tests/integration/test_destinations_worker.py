@@ -85,7 +85,7 @@ def _destination(app, sender, url: str, **settings: Any):  # type: ignore[no-unt
     with svc.engine.begin() as conn:
         return create_destination(
             conn, svc.box, ADMIN, get_integration(conn, sender.public_id),
-            DestinationSettings(url=url + "/in", event_types=["order.paid"], **settings),
+            DestinationSettings(**{"url": url + "/in", "event_types": ["order.paid"], **settings}),
             policy=LOOPBACK, handled_types=(), now=svc.clock.now())
 
 
@@ -434,3 +434,27 @@ def test_a_worker_loop_sends_on_its_own_threads_and_ends_them(setup):
     assert {r.headers["x-ledger-attempt"] for r in receiver.requests} == {"1"}
     assert len(receiver.requests) == 3
     assert [t.name for t in threading.enumerate() if t.name.startswith("ledger-send")] == []
+
+
+def test_one_round_routes_each_scope_by_its_own_destinations(setup):
+    """Events of three scopes claimed together: each goes to its own scope's destination,
+    one whose scope has none, or whose type its destination does not take, is not sent."""
+    app, shop, receiver, url = setup
+    _destination(app, shop, url)  # order.paid only
+    kiosk = make_sender(app, account="acme", name="kiosk")  # no destination
+    mall = make_sender(app, account="acme", name="mall")
+    _destination(app, mall, url, event_types=["order.paid", "order.shipped"])
+    for sender, event_id, event_type in ((shop, "evt_s1", "order.paid"),
+                                         (shop, "evt_s2", "order.shipped"),
+                                         (mall, "evt_m1", "order.shipped"),
+                                         (kiosk, "evt_k1", "order.paid")):
+        send(app, sender, event_id, event_type, AMOUNT, expect=ACCEPTED)
+    assert _run(app, 8) == 4
+    sent = sorted((r.headers["x-ledger-scope"], r.headers["webhook-id"])
+                  for r in receiver.requests)
+    assert sent == [("acme/mall", "acme/mall:evt_m1"), ("acme/shop", "acme/shop:evt_s1")]
+    for sender, event_id, result in ((shop, "evt_s1", "http:200"),
+                                     (mall, "evt_m1", "http:200"),
+                                     (shop, "evt_s2", "ignored:no-handler"),
+                                     (kiosk, "evt_k1", "ignored:no-handler")):
+        assert _receipt(app, sender, event_id)["result_ref"] == result
