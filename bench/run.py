@@ -255,7 +255,12 @@ def destination_figures(r: dict[str, Any]) -> list[Figure]:
                      f"CPU per job, workers + PostgreSQL: forward {r['forward_cpu_ms_per_job']:.2f}"
                      f" + {r['forward_db_cpu_ms_per_job']:.2f} ms, handler"
                      f" {r['handler_cpu_ms_per_job']:.2f} + {r['handler_db_cpu_ms_per_job']:.2f}"
-                     " ms")]
+                     " ms")] + ([at_least(
+        f"forwarded events/s beside {r['other_destinations']:,} other scopes' destinations",
+        r["crowded_per_s"], "/s", "forwarded events/s without them, same run",
+        r["forward_per_s"], r["crowded_target"],
+        f"CPU per job, workers + PostgreSQL: {r['crowded_cpu_ms_per_job']:.2f}"
+        f" + {r['crowded_db_cpu_ms_per_job']:.2f} ms")] if "crowded_per_s" in r else [])
 
 
 def big_figures(r: dict[str, Any]) -> list[Figure]:
