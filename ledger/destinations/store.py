@@ -207,21 +207,16 @@ def create_destination(conn: Connection, box: SecretBox, actor: audit.Actor,
     return NewDestination(destination=get_destination(conn, public_id), signing_secret=secret)
 
 
-# Built once: a worker reads one scope's destinations for every event it forwards.
-_OF_INTEGRATION = (_select().where(destinations.c.integration_id == bindparam("integration_id"))
-                   .order_by(destinations.c.id))
-
-
 def list_destinations(conn: Connection, *, integration_id: int | None = None
                       ) -> list[Destination]:
     """Return destinations (of one integration, or all), oldest first."""
     if integration_id is not None:
-        rows = conn.execute(_OF_INTEGRATION, {"integration_id": integration_id}).all()
-    else:
-        rows = conn.execute(_select().order_by(destinations.c.id)).all()
-    return [Destination.from_row(r) for r in rows]
+        return destinations_of(conn, [integration_id])[integration_id]
+    return [Destination.from_row(r)
+            for r in conn.execute(_select().order_by(destinations.c.id)).all()]
 
 
+# Built once: a worker reads its round's scopes' destinations (or one scope's) per round.
 _OF_INTEGRATIONS = (_select()
                     .where(destinations.c.integration_id.in_(bindparam("ids", expanding=True)))
                     .order_by(destinations.c.id))
